@@ -1,0 +1,2 @@
+"""Device backends, one folder per device family, each with the same files:
+renderer, compiler, runtime, allocator, device. Installed as `morok_py.backends`."""

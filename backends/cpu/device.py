@@ -1,0 +1,46 @@
+"""The CPU device: host allocator, one LLVM compiler pair, in-process runtime."""
+from __future__ import annotations
+
+from morok_py import config
+from morok_py.device import CompiledSpec, Device, DeviceSpec
+
+from .allocator import HostAllocator
+from .compiler import CPUCompiler, host_cpu, llvm
+from .renderer import CPURenderer
+from .runtime import CPUProgram
+
+
+class CPUDevice(Device):
+    def __init__(self, spec: DeviceSpec) -> None:
+        arch = config.arch_override("CPU")
+        compiler = CPUCompiler(arch)
+        host, _ = host_cpu()
+        self._tm = compiler.target_machine if compiler.arch == host else CPUCompiler(None).target_machine
+        renderer = CPURenderer(spec, llvm().get_process_triple())
+        super().__init__(spec, HostAllocator(str(spec)), [(renderer, compiler)], self._load, arch=host)
+
+    def _load(self, compiled: CompiledSpec) -> CPUProgram:
+        return CPUProgram(self, compiled, self._tm)
+
+    def info(self) -> dict:
+        import os
+        return {"arch": self.arch, "name": _cpu_model(), "cores": os.cpu_count(),
+                "threads": config.cpu_threads(), "compilers": [c.cache_key for _, c in self.compilers]}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine()
+
+
+def create_device(spec: DeviceSpec) -> CPUDevice:
+    if spec.ordinal != 0:
+        raise ValueError(f"there is one CPU device; got {spec.type}:{spec.ordinal}")
+    return CPUDevice(spec)

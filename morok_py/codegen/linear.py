@@ -1,0 +1,110 @@
+"""The linear kernel: what lowering hands a renderer.
+
+A tree of blocks holding SSA instructions, `Loop`s and `If`s. Renderers only print it.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ..dtypes import DType
+from ..ir import AxisType, Ops
+
+
+class L(enum.Enum):
+    """Instruction kinds of the linear kernel; ALU carries an `Ops` as its arg."""
+
+    PARAM = "param"          # arg: slot; dtype: element dtype (the value is the buffer pointer)
+    VAR = "var"              # arg: variable name
+    CONST = "const"          # arg: python value
+    SPECIAL = "special"      # arg: ('group_id'|'local_id', dim); GPU work-item ids
+    THREAD_RANGE = "thread_range"  # arg: 'start'|'end'; CPU thread-split bounds
+    LOOPVAR = "loopvar"      # the variable of a Loop
+    LOAD = "load"            # src: (param, index)
+    STORE = "store"          # src: (param, index, value)
+    ACC = "acc"              # a mutable accumulator; arg: initial value
+    ACC_LOAD = "acc_load"    # src: (acc,)
+    ACC_STORE = "acc_store"  # src: (acc, value)
+    ALU = "alu"              # arg: Ops; src: operands
+
+
+@dataclass(eq=False)
+class Instr:
+    kind: L
+    dtype: DType | None
+    src: tuple["Instr", ...]
+    arg: Any
+    id: int
+    index_math: bool = False  # proven (by the launch check) not to overflow: renderers may add nsw
+    reassoc: bool = False     # a reduction step: the renderer may reorder it (vectorized reductions)
+
+    def __repr__(self) -> str:
+        a = self.arg.name if isinstance(self.arg, Ops) else self.arg
+        return f"%{self.id}={self.kind.value}{'' if a is None else f'[{a}]'}({', '.join(f'%{s.id}' for s in self.src)})"
+
+
+@dataclass(eq=False)
+class Loop:
+    var: Instr
+    start: Instr
+    end: Instr
+    kind: AxisType
+    body: list["Item"] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class If:
+    cond: Instr
+    body: list["Item"] = field(default_factory=list)
+
+
+Item = Union[Instr, Loop, If]
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    slot: int
+    dtype: DType
+    read: bool
+    written: bool
+
+
+@dataclass
+class LinearKernel:
+    name: str
+    params: list[ParamInfo]
+    var_names: list[str]
+    body: list[Item]
+    local_size: tuple[int, int, int]
+    thread_split: bool          # CPU: the function takes (start, end) of the outermost global axis
+    gpu: bool
+
+    def walk(self):
+        """Every instruction, depth first, in program order."""
+        def go(items):
+            for it in items:
+                if isinstance(it, Instr):
+                    yield it
+                elif isinstance(it, Loop):
+                    yield it.var; yield it.start; yield it.end
+                    yield from go(it.body)
+                else:
+                    yield it.cond
+                    yield from go(it.body)
+        yield from go(self.body)
+
+    def dump(self) -> str:
+        lines: list[str] = []
+        def go(items, pad):
+            for it in items:
+                if isinstance(it, Instr):
+                    lines.append(pad + repr(it))
+                elif isinstance(it, Loop):
+                    lines.append(f"{pad}for %{it.var.id} in [%{it.start.id}, %{it.end.id}) ({it.kind.value}):")
+                    go(it.body, pad + "  ")
+                else:
+                    lines.append(f"{pad}if %{it.cond.id}:")
+                    go(it.body, pad + "  ")
+        go(self.body, "")
+        return "\n".join(lines)

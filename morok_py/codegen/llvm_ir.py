@@ -1,0 +1,314 @@
+"""LLVM IR text for a LinearKernel, shared by the CPU, NVPTX and AMDGPU renderers.
+
+Subclasses set the target (triple, pointer address space, calling convention, attributes) and
+how work-item ids are read; everything else -- ALU ops, casts, loops, accumulators -- is here.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+from ..dtypes import DType, dtypes
+from ..ir import Ops
+from .linear import If, Instr, L, LinearKernel, Loop
+
+
+def llvm_float(value: float, dt: DType) -> str:
+    """An exact LLVM literal for a float of type dt (hex forms are exact and cover inf/nan)."""
+    if dt.name == "float64":
+        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", value))[0]
+    if dt.name == "float32":
+        f32 = struct.unpack("<f", struct.pack("<f", value))[0] if math.isfinite(value) and abs(value) < 3.5e38 \
+            else value
+        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", f32))[0]
+    if dt.name == "float16":
+        return "0xH%04X" % struct.unpack("<H", struct.pack("<e", value))[0]
+    if dt.name == "bfloat16":
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        if math.isnan(value):
+            return "0xR7FC0"
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16   # round to nearest even
+        return "0xR%04X" % (rounded & 0xFFFF)
+    raise TypeError(dt)
+
+
+_HALF = ("float16", "bfloat16")
+
+
+class LLVMIRPrinter:
+    """Prints one kernel; override the hooks for a target."""
+
+    ptr = "ptr"                     # pointer type of buffer parameters
+    triple = ""
+    datalayout = ""
+    param_attrs = "noalias"
+
+    def __init__(self, kernel: LinearKernel) -> None:
+        self.k = kernel
+        self.lines: list[str] = []
+        self.allocas: list[str] = []
+        self.decls: dict[str, str] = {}
+        self.block = "entry"
+        self.label_id = 0
+
+    # ---- target hooks ---------------------------------------------------------------------
+    def signature(self) -> str:
+        args = [f"{self.ptr} {self.param_attrs} %p{p.slot}".replace("  ", " ") for p in self.k.params]
+        args += [f"i32 %var_{n}" for n in self.k.var_names]
+        if self.k.thread_split:
+            args += ["i32 %start", "i32 %end"]
+        return f"define void @{self.k.name}({', '.join(args)}) #0"
+
+    def attributes(self) -> str:
+        return 'attributes #0 = { nounwind }'
+
+    def special(self, ins: Instr) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no work-item ids")
+
+    def trailer(self) -> list[str]:
+        return []
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def declare(self, name: str, ret: str, *args: str) -> str:
+        self.decls[name] = f"declare {ret} @{name}({', '.join(args)})"
+        return name
+
+    def ty(self, dt: DType | None) -> str:
+        return "void" if dt is None else dt.llvm
+
+    def mem_ty(self, dt: DType) -> str:
+        return "i8" if dt.is_bool else dt.llvm
+
+    def ref(self, ins: Instr) -> str:
+        if ins.kind is L.CONST:
+            v, dt = ins.arg, ins.dtype
+            if dt.is_bool:
+                return "true" if v else "false"
+            if dt.is_float:
+                return llvm_float(v, dt)
+            if dt.is_unsigned and v >= 1 << (dt.bits - 1):
+                v -= 1 << dt.bits   # LLVM prints integers as signed
+            return str(int(v))
+        if ins.kind is L.PARAM:
+            return f"%p{ins.arg}"
+        if ins.kind is L.VAR:
+            return f"%var_{ins.arg}"
+        if ins.kind is L.THREAD_RANGE:
+            return f"%{ins.arg}"
+        return f"%v{ins.id}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def label(self, prefix: str) -> str:
+        self.label_id += 1
+        return f"{prefix}{self.label_id}"
+
+    def start_block(self, name: str) -> None:
+        self.lines.append(f"{name}:")
+        self.block = name
+
+    # ---- program ----------------------------------------------------------------------------
+    def render(self) -> str:
+        self.items(self.k.body)
+        self.emit("ret void")
+        out = []
+        if self.datalayout:
+            out.append(f'target datalayout = "{self.datalayout}"')
+        if self.triple:
+            out.append(f'target triple = "{self.triple}"')
+        out.extend(self.decls.values())
+        out.append(self.signature() + " {")
+        out.append("entry:")
+        out.extend("  " + a for a in self.allocas)
+        out.append("  br label %body")
+        out.append("body:")
+        out.extend(self.lines)
+        out.append("}")
+        out.append(self.attributes())
+        out.extend(self.trailer())
+        return "\n".join(out) + "\n"
+
+    def items(self, items) -> None:
+        if self.block == "entry":
+            self.block = "body"
+        for it in items:
+            if isinstance(it, Loop):
+                self.loop(it)
+            elif isinstance(it, If):
+                self.branch(it)
+            else:
+                self.instr(it)
+
+    def loop(self, lp: Loop) -> None:
+        head, body, done = self.label("loop"), self.label("body"), self.label("exit")
+        pred = self.block
+        self.emit(f"br label %{head}")
+        self.start_block(head)
+        var = self.ref(lp.var)
+        latch_val = f"%v{lp.var.id}.next"
+        # the latch block is only known after the body; patch the phi afterwards
+        phi_index = len(self.lines)
+        self.emit("PHI")
+        self.emit(f"%v{lp.var.id}.c = icmp slt i32 {var}, {self.ref(lp.end)}")
+        self.emit(f"br i1 %v{lp.var.id}.c, label %{body}, label %{done}")
+        self.start_block(body)
+        self.items(lp.body)
+        self.emit(f"{latch_val} = add nsw i32 {var}, 1")
+        self.emit(f"br label %{head}")
+        self.lines[phi_index] = (f"  {var} = phi i32 [ {self.ref(lp.start)}, %{pred} ], "
+                                 f"[ {latch_val}, %{self.block} ]")
+        self.start_block(done)
+
+    def branch(self, br: If) -> None:
+        then, done = self.label("then"), self.label("endif")
+        self.emit(f"br i1 {self.ref(br.cond)}, label %{then}, label %{done}")
+        self.start_block(then)
+        self.items(br.body)
+        self.emit(f"br label %{done}")
+        self.start_block(done)
+
+    def instr(self, ins: Instr) -> None:
+        k = ins.kind
+        if k in (L.CONST, L.PARAM, L.VAR, L.THREAD_RANGE):
+            return
+        r = self.ref(ins)
+        if k is L.SPECIAL:
+            self.emit(f"{r} = {self.special(ins)}")
+        elif k is L.LOAD:
+            buf, idx = ins.src
+            mt = self.mem_ty(ins.dtype)
+            self.emit(f"{r}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            if ins.dtype.is_bool:
+                self.emit(f"{r}.m = load i8, {self.ptr} {r}.p, align 1")
+                self.emit(f"{r} = icmp ne i8 {r}.m, 0")
+            else:
+                self.emit(f"{r} = load {mt}, {self.ptr} {r}.p, align {ins.dtype.itemsize}")
+        elif k is L.STORE:
+            buf, idx, val = ins.src
+            dt = val.dtype
+            mt = self.mem_ty(dt)
+            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            v = self.ref(val)
+            if dt.is_bool:
+                self.emit(f"%s{ins.id}.m = zext i1 {v} to i8")
+                v = f"%s{ins.id}.m"
+            self.emit(f"store {mt} {v}, {self.ptr} %s{ins.id}.p, align {dt.itemsize}")
+        elif k is L.ACC:
+            self.allocas.append(f"%acc{ins.id} = alloca {self.ty(ins.dtype)}")
+            init = self.ref(Instr(L.CONST, ins.dtype, (), ins.arg, -1))
+            self.emit(f"store {self.ty(ins.dtype)} {init}, ptr %acc{ins.id}")
+        elif k is L.ACC_LOAD:
+            self.emit(f"{r} = load {self.ty(ins.dtype)}, ptr %acc{ins.src[0].id}")
+        elif k is L.ACC_STORE:
+            acc, val = ins.src
+            self.emit(f"store {self.ty(acc.dtype)} {self.ref(val)}, ptr %acc{acc.id}")
+        elif k is L.ALU:
+            self.alu(ins)
+        else:
+            raise NotImplementedError(k)
+
+    # ---- ALU --------------------------------------------------------------------------------
+    def fmf(self, ins: Instr) -> str:
+        return "reassoc contract " if ins.reassoc else ""
+
+    def alu(self, ins: Instr) -> None:
+        op, r, dt = ins.arg, self.ref(ins), ins.dtype
+        srcs = list(ins.src)
+        if op is Ops.CAST:
+            fr = srcs[0].dtype
+            if fr.is_float and dt.is_float and fr.itemsize == dt.itemsize and fr != dt:
+                # half <-> bfloat16 go through float32
+                self.emit(f"{r}.w = fpext {fr.llvm} {self.ref(srcs[0])} to float")
+                self.emit(f"{r} = fptrunc float {r}.w to {dt.llvm}")
+                return
+            self.emit(f"{r} = {self.cast(srcs[0], dt)}")
+            return
+        if op is Ops.BITCAST:
+            self.emit(f"{r} = bitcast {self.ty(srcs[0].dtype)} {self.ref(srcs[0])} to {self.ty(dt)}")
+            return
+        if op is Ops.WHERE:
+            c, a, b = srcs
+            self.emit(f"{r} = select i1 {self.ref(c)}, {self.ty(dt)} {self.ref(a)}, {self.ty(dt)} {self.ref(b)}")
+            return
+        odt = srcs[0].dtype
+        if odt.name in _HALF and op is not Ops.NOT:
+            # half and bfloat16 arithmetic is done in float32, rounded back once
+            names = []
+            for i, s in enumerate(srcs):
+                self.emit(f"{r}.x{i} = fpext {odt.llvm} {self.ref(s)} to float")
+                names.append(f"{r}.x{i}")
+            res = self.alu_text(op, dtypes.float32, names, ins)
+            if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
+                self.emit(f"{r} = {res}")
+            else:
+                self.emit(f"{r}.f = {res}")
+                self.emit(f"{r} = fptrunc float {r}.f to {odt.llvm}")
+            return
+        self.emit(f"{r} = {self.alu_text(op, odt, [self.ref(s) for s in srcs], ins)}")
+
+    def intrinsic(self, base: str, dt: DType, nargs: int) -> str:
+        suffix = {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}.get(dt.llvm, dt.llvm)
+        name = f"llvm.{base}.{suffix}"
+        self.declare(name, dt.llvm, *([dt.llvm] * nargs))
+        return name
+
+    def unary_float(self, op: Ops, dt: DType, a: str) -> str:
+        base = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
+        return f"call {dt.llvm} @{self.intrinsic(base, dt, 1)}({dt.llvm} {a})"
+
+    def alu_text(self, op: Ops, dt: DType, a: list[str], ins: Instr) -> str:
+        t = dt.llvm
+        f = dt.is_float
+        u = dt.is_unsigned or dt.is_bool
+        nsw = "nsw " if ins.index_math else ""
+        fm = self.fmf(ins)
+        if op is Ops.ADD: return f"fadd {fm}{t} {a[0]}, {a[1]}" if f else f"add {nsw}{t} {a[0]}, {a[1]}"
+        if op is Ops.SUB: return f"fsub {t} {a[0]}, {a[1]}" if f else f"sub {nsw}{t} {a[0]}, {a[1]}"
+        if op is Ops.MUL: return f"fmul {fm}{t} {a[0]}, {a[1]}" if f else f"mul {nsw}{t} {a[0]}, {a[1]}"
+        if op is Ops.FDIV: return f"fdiv {t} {a[0]}, {a[1]}"
+        if op is Ops.IDIV: return f"{'udiv' if u else 'sdiv'} {t} {a[0]}, {a[1]}"
+        if op is Ops.MOD: return f"{'urem' if u else 'srem'} {t} {a[0]}, {a[1]}"
+        if op in (Ops.MAX, Ops.MIN):
+            if f:
+                # NaN-propagating like numpy.maximum / numpy.max
+                name = self.intrinsic("maximum" if op is Ops.MAX else "minimum", dt, 2)
+                return f"call {fm}{t} @{name}({t} {a[0]}, {t} {a[1]})"
+            if dt.is_bool:
+                return f"{'or' if op is Ops.MAX else 'and'} i1 {a[0]}, {a[1]}"
+            base = ("u" if u else "s") + ("max" if op is Ops.MAX else "min")
+            return f"call {t} @{self.intrinsic(base, dt, 2)}({t} {a[0]}, {t} {a[1]})"
+        if op is Ops.CMPLT: return f"fcmp olt {t} {a[0]}, {a[1]}" if f else f"icmp {'ult' if u else 'slt'} {t} {a[0]}, {a[1]}"
+        if op is Ops.CMPEQ: return f"fcmp oeq {t} {a[0]}, {a[1]}" if f else f"icmp eq {t} {a[0]}, {a[1]}"
+        if op is Ops.CMPNE: return f"fcmp une {t} {a[0]}, {a[1]}" if f else f"icmp ne {t} {a[0]}, {a[1]}"
+        if op is Ops.AND: return f"and {t} {a[0]}, {a[1]}"
+        if op is Ops.OR: return f"or {t} {a[0]}, {a[1]}"
+        if op is Ops.XOR: return f"xor {t} {a[0]}, {a[1]}"
+        if op is Ops.SHL: return f"shl {t} {a[0]}, {a[1]}"
+        if op is Ops.SHR: return f"{'lshr' if u else 'ashr'} {t} {a[0]}, {a[1]}"
+        if op is Ops.NEG: return f"fneg {t} {a[0]}" if f else f"sub {t} 0, {a[0]}"
+        if op is Ops.NOT: return f"xor {t} {a[0]}, {'true' if dt.is_bool else -1}"
+        if op is Ops.RECIP: return f"fdiv {t} {llvm_float(1.0, dt)}, {a[0]}"
+        if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.TRUNC): return self.unary_float(op, dt, a[0])
+        raise NotImplementedError(f"LLVM printer has no rule for {op}")
+
+    def cast(self, src: Instr, to: DType) -> str:
+        fr = src.dtype
+        v = self.ref(src)
+        if fr.is_bool:
+            if to.is_float:
+                return f"uitofp i1 {v} to {to.llvm}"
+            return f"zext i1 {v} to {to.llvm}"
+        if to.is_bool:
+            return f"fcmp une {fr.llvm} {v}, {llvm_float(0.0, fr)}" if fr.is_float else f"icmp ne {fr.llvm} {v}, 0"
+        if fr.is_int and to.is_int:
+            if fr.bits == to.bits:
+                return f"bitcast {fr.llvm} {v} to {to.llvm}"
+            if fr.bits > to.bits:
+                return f"trunc {fr.llvm} {v} to {to.llvm}"
+            return f"{'zext' if fr.is_unsigned else 'sext'} {fr.llvm} {v} to {to.llvm}"
+        if fr.is_int and to.is_float:
+            return f"{'uitofp' if fr.is_unsigned else 'sitofp'} {fr.llvm} {v} to {to.llvm}"
+        if fr.is_float and to.is_int:
+            return f"{'fptoui' if to.is_unsigned else 'fptosi'} {fr.llvm} {v} to {to.llvm}"
+        return f"{'fpext' if to.itemsize > fr.itemsize else 'fptrunc'} {fr.llvm} {v} to {to.llvm}"

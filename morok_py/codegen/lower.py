@@ -1,0 +1,488 @@
+"""Lowering: kernel AST -> LinearKernel, shared by every renderer and driven by its capabilities.
+
+GLOBAL ranges become launch dimensions (GPU) or the thread split (CPU), REDUCE becomes an
+accumulator loop, index arithmetic is simplified, and every load and store is recorded with its
+index expression so that launches can be bounds-checked for concrete variable values.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from ..dtypes import DType, dtypes
+from ..errors import LaunchError
+from ..ir import AxisType, Ops, UOp, REDUCE_OPS
+from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
+from .symbolic import evaluate, interval_of, rewrite, simplify
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a renderer's target offers; lowering reads these, renderers only print."""
+
+    has_local: bool = False            # GPU work-groups: GLOBAL ranges map to grid x block
+    has_shared: bool = False           # work-group shared memory and barriers
+    has_threads: bool = False          # CPU worker threads: outermost GLOBAL range is split
+    max_dims: int = 3                  # launch dimensions available
+    local_max: tuple[int, int, int] = (1024, 1024, 64)
+    max_threads_per_group: int = 1024
+    default_group: int = 256           # work-items per group for 1-D launches
+    grid_max: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    warp_size: int = 1
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A symbolic integer bound at launch time to a value in [min, max]."""
+
+    name: str
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class Access:
+    slot: int
+    store: bool
+    index: UOp
+    enclosing: tuple[UOp, ...]  # the ranges the access is nested in
+
+
+class LaunchInfo:
+    """Everything a launch needs beyond the binary: launch sizes and bounds checks per values."""
+
+    def __init__(self, params: list[ParamInfo], variables: list[Variable], dims: list[UOp],
+                 local_size: tuple[int, int, int], gpu: bool, accesses: list[Access],
+                 range_ends: list[UOp], grid_max: tuple[int, int, int]) -> None:
+        self.params = params
+        self.variables = variables
+        self.var_names = [v.name for v in variables]
+        self.dims = dims
+        self.local_size = local_size
+        self.gpu = gpu
+        self.accesses = accesses
+        self.range_ends = range_ends
+        self.grid_max = grid_max
+        self.buf_count = len(params)
+        self._cache: dict[tuple, tuple] = {}
+        self._lock = threading.Lock()
+        self.symbolic = bool(variables)
+
+    # -- values -------------------------------------------------------------------------------
+    def values_from(self, vals: Sequence[int] | Mapping[str, int]) -> dict[str, int]:
+        if isinstance(vals, Mapping):
+            unknown = set(vals) - set(self.var_names)
+            if unknown:
+                raise LaunchError(f"unknown variable(s) {sorted(unknown)}; this kernel takes {self.var_names}")
+            missing = [n for n in self.var_names if n not in vals]
+            if missing:
+                raise LaunchError(f"missing value(s) for variable(s) {missing}")
+            out = {n: vals[n] for n in self.var_names}
+        else:
+            if len(vals) != len(self.var_names):
+                raise LaunchError(f"expected {len(self.var_names)} variable value(s) for {self.var_names}, got {len(vals)}")
+            out = dict(zip(self.var_names, vals))
+        for v in self.variables:
+            x = out[v.name]
+            if isinstance(x, bool) or not isinstance(x, int):
+                try:
+                    import numpy as np
+                    if isinstance(x, np.integer):
+                        out[v.name] = x = int(x)
+                    else:
+                        raise TypeError
+                except TypeError:
+                    raise LaunchError(f"variable {v.name} must be an int, got {type(x).__name__}") from None
+            if not v.min <= x <= v.max:
+                raise LaunchError(f"variable {v.name}={x} is outside its range [{v.min}, {v.max}]")
+        return out
+
+    # -- launch sizes and bounds, cached per values -------------------------------------------
+    def prepare(self, values: Mapping[str, int]) -> tuple:
+        """(global_size, local_size, bounds) for these values; raises LaunchError on overflow."""
+        key = tuple(values[n] for n in self.var_names)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        ends = {}
+        def range_end(r: UOp) -> int:
+            e = ends.get(id(r))
+            if e is None:
+                e = ends[id(r)] = evaluate(r.src[0], values)
+            return e
+        extents = [evaluate(d, values) for d in self.dims]
+        if self.gpu:
+            gs = [1, 1, 1]
+            for i, e in enumerate(extents):
+                gs[i] = max(1, -(-max(e, 0) // self.local_size[i]))
+                if gs[i] > self.grid_max[i]:
+                    raise LaunchError(f"launch needs {gs[i]} groups in dimension {i}, over the device limit {self.grid_max[i]}")
+            if any(e <= 0 for e in extents):
+                gs = [0, 0, 0]
+            global_size, local_size = tuple(gs), self.local_size
+        else:
+            global_size, local_size = (max(0, extents[0]) if extents else 1, 1, 1), (1, 1, 1)
+        bounds = tuple(self._bounds(a, values, range_end) for a in self.accesses)
+        work = 1
+        for r in self.range_ends:
+            work *= max(1, evaluate(r, values))
+        out = (global_size, local_size, bounds, work)
+        with self._lock:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = out
+        return out
+
+    def _bounds(self, a: Access, values: Mapping[str, int], range_end) -> tuple[int, bool, int, int] | None:
+        for r in a.enclosing:
+            if range_end(r) <= 0:
+                return None  # the access sits in a loop with no iterations
+        memo: dict[int, tuple] = {}
+        lo_lim, hi_lim = dtypes.index.min(), dtypes.index.max()
+        for node in a.index.toposort():
+            iv = interval_of(node, [memo[id(s)] for s in node.src], values, range_end)
+            if node.dtype is dtypes.index and (iv[0] < lo_lim or iv[1] > hi_lim) and node.op is not Ops.LOAD \
+                    and not (node.op is Ops.CAST and not node.src[0].dtype.is_int):
+                raise LaunchError(
+                    f"index arithmetic of the {'store to' if a.store else 'load from'} buffer {a.slot} reaches "
+                    f"[{iv[0]}, {iv[1]}], outside {dtypes.index.name}; use smaller sizes")
+            memo[id(node)] = iv
+        lo, hi = memo[id(a.index)]
+        return (a.slot, a.store, lo, hi)
+
+    def check_sizes(self, bounds, sizes: Sequence[int]) -> None:
+        for b in bounds:
+            if b is None:
+                continue
+            slot, store, lo, hi = b
+            if lo < 0 or hi >= sizes[slot]:
+                what = "store to" if store else "load from"
+                raise LaunchError(f"{what} buffer {slot} may touch indices [{lo}, {hi}] but the buffer holds "
+                                  f"{sizes[slot]} element(s)")
+
+    def launch_dims(self, values: Mapping[str, int] | Sequence[int] | None = None):
+        vals = self.values_from(values if values is not None else {})
+        gs, ls, _, _ = self.prepare(vals)
+        return gs, ls
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Scope:
+    items: list[Item]
+    range: UOp | None
+    owner: Loop | If | None = None      # the item of the parent's list that holds `items`
+    memo: dict[UOp, Instr] = field(default_factory=dict)
+    open_children: list[Item] = field(default_factory=list)  # hoisted code goes before the open one
+
+    def insert(self, item: Item) -> None:
+        if self.open_children:
+            child = self.open_children[-1]
+            idx = next(i for i, it in enumerate(self.items) if it is child)
+            self.items.insert(idx, item)
+        else:
+            self.items.append(item)
+
+
+class _Lowerer:
+    def __init__(self, ast: UOp, caps: Capabilities, name: str) -> None:
+        self.ast, self.caps, self.name = ast, caps, name
+        self.next_id = 0
+        self.accesses: list[Access] = []
+        self.range_depth: dict[int, int] = {}
+        self.loads_from: dict[int, frozenset[int]] = {}
+        self.index_nodes: set[int] = set()
+        self.global_instr: dict[int, Instr] = {}
+        self.min_depth = 0   # GPU: everything lives inside the bounds guard
+
+    def new(self, kind: L, dtype: DType | None, src=(), arg: Any = None) -> Instr:
+        self.next_id += 1
+        return Instr(kind, dtype, tuple(src), arg, self.next_id)
+
+    # placement ----------------------------------------------------------------------------
+    def depth_of(self, node: UOp, chain: list[_Scope]) -> int:
+        d = min(self.min_depth, len(chain) - 1)
+        rs = node.free_ranges
+        for i, sc in enumerate(chain):
+            if sc.range is not None and sc.range in rs:
+                d = max(d, i)
+        return d
+
+    def place(self, instr: Item, chain: list[_Scope], depth: int) -> None:
+        chain[depth].insert(instr)
+
+    def lookup(self, node: UOp, chain: list[_Scope]) -> Instr | None:
+        for sc in reversed(chain):
+            hit = sc.memo.get(node)
+            if hit is not None:
+                return hit
+        return None
+
+    # emission -----------------------------------------------------------------------------
+    def emit(self, node: UOp, chain: list[_Scope]) -> Instr:
+        hit = self.lookup(node, chain)
+        if hit is not None:
+            return hit
+        if node.op is Ops.RANGE:
+            if id(node) in self.global_instr:
+                return self.global_instr[id(node)]
+            raise ValueError(f"range of axis {node.axis} ({node.axis_type.name}) is used outside the loop that "
+                             f"defines it")
+        depth = self.depth_of(node, chain)
+        if node.op is Ops.REDUCE:
+            out = self.emit_reduce(node, chain, depth)
+        else:
+            srcs = [self.emit(s, chain) for s in node.src]
+            op = node.op
+            if op is Ops.CONST:
+                ins = self.new(L.CONST, node.dtype, (), node.arg)
+            elif op is Ops.PARAM:
+                ins = self.new(L.PARAM, node.dtype, (), node.arg)
+            elif op is Ops.DEFINE_VAR:
+                ins = self.new(L.VAR, node.dtype, (), node.arg[0])
+            elif op is Ops.LOAD:
+                self.accesses.append(Access(node.src[0].arg, False, node.src[1], self.open_ranges(chain)))
+                ins = self.new(L.LOAD, node.dtype, srcs)
+            else:
+                ins = self.new(L.ALU, node.dtype, srcs, op)
+                ins.index_math = id(node) in self.index_nodes
+            self.place(ins, chain, depth)
+            out = ins
+        chain[depth].memo[node] = out
+        return out
+
+    def open_ranges(self, chain: list[_Scope]) -> tuple[UOp, ...]:
+        return tuple(sc.range for sc in chain if sc.range is not None)
+
+    def open_loop(self, rng: UOp, chain: list[_Scope], depth: int) -> list[_Scope]:
+        end = self.emit(rng.src[0], chain)
+        start = self.emit(UOp.const(0, dtypes.index), chain)
+        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type)
+        self.place(loop, chain, depth)
+        chain[depth].open_children.append(loop)
+        new_chain = chain[:depth + 1] + [_Scope(loop.body, rng, loop)]
+        new_chain[-1].memo[rng] = loop.var
+        return new_chain
+
+    @staticmethod
+    def close_loops(chain: list[_Scope], count: int) -> None:
+        for sc_parent, sc in list(zip(chain[:-1], chain[1:]))[::-1][:count]:
+            popped = sc_parent.open_children.pop()
+            assert popped is sc.owner
+
+    def emit_reduce(self, node: UOp, chain: list[_Scope], depth: int) -> Instr:
+        src, ranges, op = node.src[0], sorted(node.src[1:], key=lambda r: r.axis), node.arg
+        dt = node.dtype
+        ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
+        if dt.is_float:
+            ident = float(ident)
+        elif dt.is_bool:
+            ident = bool(ident) if op is not Ops.MAX else False
+        acc = self.new(L.ACC, dt, (), ident)
+        self.place(acc, chain, depth)
+        inner = chain[:depth + 1]
+        for r in ranges:
+            inner = self.open_loop(r, inner, len(inner) - 1)
+        val = self.emit(src, inner)
+        cur = self.new(L.ACC_LOAD, dt, (acc,))
+        self.place(cur, inner, len(inner) - 1)
+        upd = self.new(L.ALU, dt, (cur, val), op)
+        upd.reassoc = True
+        self.place(upd, inner, len(inner) - 1)
+        self.place(self.new(L.ACC_STORE, None, (acc, upd)), inner, len(inner) - 1)
+        self.close_loops(inner, len(ranges))
+        res = self.new(L.ACC_LOAD, dt, (acc,))
+        self.place(res, chain, depth)
+        return res
+
+    def emit_store(self, store: UOp, chain: list[_Scope]) -> None:
+        buf, idx, val = store.src
+        free = store.free_ranges
+        bad = [r for r in free if r.axis_type is AxisType.REDUCE]
+        if bad:
+            raise ValueError(f"store to buffer {buf.arg} uses REDUCE range(s) of axis "
+                             f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them LOOP ranges")
+        loops = sorted((r for r in free if r.axis_type is AxisType.LOOP), key=lambda r: r.axis)
+        for r in loops:
+            chain = self.open_loop(r, chain, len(chain) - 1)
+        self.accesses.append(Access(buf.arg, True, idx, self.open_ranges(chain)))
+        srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
+        chain[-1].insert(self.new(L.STORE, None, srcs))
+        self.close_loops(chain, len(loops))
+
+    def invalidate(self, chain: list[_Scope], slot: int) -> None:
+        for sc in chain:
+            for k in [k for k in sc.memo if slot in self.loads_from.get(id(k), ())]:
+                del sc.memo[k]
+
+    # driver -------------------------------------------------------------------------------
+    def run(self) -> tuple[LinearKernel, LaunchInfo]:
+        ast, caps = self.ast, self.caps
+        nodes = ast.toposort()
+        params: dict[int, UOp] = {}
+        variables: dict[str, UOp] = {}
+        ranges: dict[int, UOp] = {}
+        reads, writes = set(), set()
+        for n in nodes:
+            if n.op is Ops.PARAM:
+                if n.arg in params and params[n.arg] is not n:
+                    raise ValueError(f"param slot {n.arg} is declared with two dtypes: "
+                                     f"{params[n.arg].dtype.name} and {n.dtype.name}")
+                params[n.arg] = n
+            elif n.op is Ops.DEFINE_VAR:
+                if n.arg[0] in variables and variables[n.arg[0]] is not n:
+                    raise ValueError(f"variable {n.arg[0]!r} is declared twice with different bounds")
+                variables[n.arg[0]] = n
+            elif n.op is Ops.RANGE:
+                if n.axis in ranges and ranges[n.axis] is not n:
+                    raise ValueError(f"axis {n.axis} is used by two different ranges")
+                ranges[n.axis] = n
+                if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
+                    raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
+            elif n.op is Ops.LOAD:
+                reads.add(n.src[0].arg)
+            elif n.op is Ops.STORE:
+                writes.add(n.src[0].arg)
+            s = 0
+            loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
+            for src in n.src:
+                loads |= self.loads_from.get(id(src), frozenset())
+            if loads:
+                self.loads_from[id(n)] = loads
+        if sorted(params) != list(range(len(params))):
+            raise ValueError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
+        for n in nodes:
+            if n.op in (Ops.LOAD, Ops.STORE):
+                self.index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
+            if n.op is Ops.RANGE:
+                self.index_nodes.update(id(u) for u in n.src[0].toposort())
+        # loads inside an index are data: arithmetic above a load is not proven overflow-free
+        for n in nodes:
+            if n.op is Ops.LOAD or id(n) in self.loads_from:
+                self.index_nodes.discard(id(n))
+        pinfo = [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)]
+        var_list = [Variable(*variables[k].arg) for k in sorted(variables)]
+        globals_ = sorted((r for r in ranges.values() if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
+
+        body: list[Item] = []
+        top = _Scope(body, None)
+        chain = [top]
+        dims: list[UOp] = []
+        local = (1, 1, 1)
+        if caps.has_local:
+            chain, dims, local = self.map_to_groups(globals_, chain)
+            self.min_depth = len(chain) - 1
+        else:
+            chain, dims = self.map_to_loops(globals_, chain)
+        for store in ast.src:
+            self.emit_store(store, chain)
+            self.invalidate(chain, store.src[0].arg)
+        kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
+                              thread_split=not caps.has_local, gpu=caps.has_local)
+        info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
+                          [r.src[0] for r in ranges.values()], caps.grid_max)
+        return kernel, info
+
+    def map_to_loops(self, globals_: list[UOp], chain: list[_Scope]):
+        """CPU: nested loops, the outermost over [start, end) given by the caller's thread split."""
+        if not globals_:
+            return chain, []
+        for i, r in enumerate(globals_):
+            if i == 0:
+                start = self.new(L.THREAD_RANGE, dtypes.index, (), "start")
+                end = self.new(L.THREAD_RANGE, dtypes.index, (), "end")
+                chain[-1].items.extend([start, end])
+                loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, AxisType.GLOBAL)
+                chain[-1].insert(loop)
+                chain[-1].open_children.append(loop)
+                chain = chain + [_Scope(loop.body, r, loop)]
+                chain[-1].memo[r] = loop.var
+            else:
+                chain = self.open_loop(r, chain, len(chain) - 1)
+        return chain, [globals_[0].src[0]]
+
+    def map_to_groups(self, globals_: list[UOp], chain: list[_Scope]):
+        """GPU: innermost global axis -> x; more than max_dims axes are merged into the last one."""
+        caps = self.caps
+        if not globals_:
+            return chain, [UOp.const(1, dtypes.index)], (1, 1, 1)
+        order = list(reversed(globals_))   # innermost first: x, y, z
+        groups: list[list[UOp]] = [[r] for r in order[:caps.max_dims - 1]] + [order[caps.max_dims - 1:]]
+        groups = [g for g in groups if g]
+        dims = []
+        for g in groups:
+            e = g[0].src[0]
+            for r in g[1:]:
+                e = e * r.src[0]
+            dims.append(simplify(e))
+        local = self.choose_local(dims)
+        conds = []
+        top = chain[0]
+        for d, (g, ext) in enumerate(zip(groups, dims)):
+            gid = self.new(L.SPECIAL, dtypes.index, (), ("group_id", d))
+            lid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", d))
+            top.items.extend([gid, lid])
+            ls = self.emit(UOp.const(local[d], dtypes.index), chain)
+            mul = self.new(L.ALU, dtypes.index, (gid, ls), Ops.MUL); mul.index_math = True
+            idx = self.new(L.ALU, dtypes.index, (mul, lid), Ops.ADD); idx.index_math = True
+            top.items.extend([mul, idx])
+            end = self.emit(ext, chain)
+            cond = self.new(L.ALU, dtypes.bool, (idx, end), Ops.CMPLT)
+            top.items.append(cond)
+            conds.append(cond)
+            # split a merged dimension back into its ranges, innermost first
+            rem = idx
+            for j, r in enumerate(g):
+                if j == len(g) - 1:
+                    self.global_instr[id(r)] = rem
+                    break
+                e = self.emit(r.src[0], chain)
+                m = self.new(L.ALU, dtypes.index, (rem, e), Ops.MOD); m.index_math = True
+                q = self.new(L.ALU, dtypes.index, (rem, e), Ops.IDIV); q.index_math = True
+                top.items.extend([m, q])
+                self.global_instr[id(r)] = m
+                rem = q
+        cond = conds[0]
+        for c in conds[1:]:
+            nc = self.new(L.ALU, dtypes.bool, (cond, c), Ops.AND)
+            top.items.append(nc)
+            cond = nc
+        guard = If(cond)
+        top.items.append(guard)
+        top.open_children.append(guard)
+        inner = _Scope(guard.body, None, guard)
+        # values of the global ranges are defined at the top: make them visible in the guarded body
+        for g in groups:
+            for r in g:
+                inner.memo[r] = self.global_instr[id(r)]
+        return chain + [inner], dims, local
+
+    def choose_local(self, dims: list[UOp]) -> tuple[int, int, int]:
+        caps = self.caps
+        budget = caps.default_group
+        local = [1, 1, 1]
+        for d, e in enumerate(dims):
+            ext = e.arg if e.op is Ops.CONST else None
+            if d == 0:
+                want = budget if len(dims) == 1 else min(budget, 32 if caps.warp_size <= 32 else caps.warp_size)
+            else:
+                want = max(1, budget // math.prod(local))
+            if ext is not None:
+                want = min(want, 1 << max(0, (ext - 1).bit_length()))
+            local[d] = max(1, min(want, caps.local_max[d]))
+        return (local[0], local[1], local[2])
+
+
+def lower(ast: UOp, caps: Capabilities, name: str,
+          decompose: Callable[[UOp], UOp | None] | None = None) -> tuple[LinearKernel, LaunchInfo]:
+    """Lower a SINK of STOREs for a target with `caps`; `decompose` rewrites ops it lacks."""
+    if not isinstance(ast, UOp) or ast.op is not Ops.SINK:
+        raise TypeError("a kernel AST is a UOp.sink(...) of stores")
+    ast = rewrite(ast, decompose) if decompose is not None else simplify(ast)
+    if ast.op is not Ops.SINK:
+        raise TypeError("decomposition must keep the SINK root")
+    return _Lowerer(ast, caps, name).run()

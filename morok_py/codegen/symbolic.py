@@ -1,0 +1,212 @@
+"""Index arithmetic: constant folding and identities on UOps, concrete evaluation of integer
+expressions at launch time, and interval (min/max) analysis of load/store indices."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+from ..dtypes import DType, dtypes
+from ..ir import Ops, UOp
+
+# ---------------------------------------------------------------------------------------------
+# folding
+
+
+def _c_idiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _c_mod(a: int, b: int) -> int:
+    return a - b * _c_idiv(a, b)
+
+
+def _wrap(v: int, dt: DType) -> int:
+    """Two's-complement wrap of an int to dt (C semantics of fixed-width integers)."""
+    bits = dt.bits
+    v &= (1 << bits) - 1
+    if dt.kind == "i" and v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return v
+
+
+def _is_const(u: UOp, value: Any = None) -> bool:
+    return u.op is Ops.CONST and (value is None or (u.arg == value and type(u.arg) is not bool or u.arg is value))
+
+
+_INT_FOLD: dict[Ops, Callable[[int, int], int]] = {
+    Ops.ADD: lambda a, b: a + b, Ops.SUB: lambda a, b: a - b, Ops.MUL: lambda a, b: a * b,
+    Ops.MAX: max, Ops.MIN: min, Ops.AND: lambda a, b: a & b, Ops.OR: lambda a, b: a | b,
+    Ops.XOR: lambda a, b: a ^ b,
+}
+
+
+def fold(node: UOp) -> UOp:
+    """One step of folding on a node whose sources are already folded."""
+    op, src = node.op, node.src
+    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR) \
+            and node.dtype.is_int:
+        a, b = src
+        if a.op is Ops.CONST and b.op is Ops.CONST:
+            if op is Ops.IDIV:
+                return UOp.const(_c_idiv(a.arg, b.arg), node.dtype) if b.arg != 0 else node
+            if op is Ops.MOD:
+                return UOp.const(_c_mod(a.arg, b.arg), node.dtype) if b.arg != 0 else node
+            return UOp.const(_wrap(_INT_FOLD[op](a.arg, b.arg), node.dtype), node.dtype)
+        if op is Ops.ADD:
+            if _is_const(b, 0): return a
+            if _is_const(a, 0): return b
+        if op is Ops.SUB and _is_const(b, 0): return a
+        if op is Ops.MUL:
+            if _is_const(b, 1): return a
+            if _is_const(a, 1): return b
+            if _is_const(b, 0) or _is_const(a, 0): return UOp.const(0, node.dtype)
+        if op is Ops.IDIV and _is_const(b, 1): return a
+        if op is Ops.MOD and _is_const(b, 1): return UOp.const(0, node.dtype)
+        # (x * c) // c -> x and (x * c) % c -> 0 hold for truncating division when x*c does not
+        # overflow, which the launch-time bounds check guarantees for index math
+        if op in (Ops.IDIV, Ops.MOD) and b.op is Ops.CONST and b.arg > 0 and a.op is Ops.MUL \
+                and a.src[1].op is Ops.CONST and a.src[1].arg == b.arg:
+            return a.src[0] if op is Ops.IDIV else UOp.const(0, node.dtype)
+    if op is Ops.MUL and node.dtype.is_float:
+        a, b = src
+        if _is_const(b, 1.0): return a
+        if _is_const(a, 1.0): return b
+    if op is Ops.CAST and src[0].op is Ops.CONST:
+        v = src[0].arg
+        dt = node.dtype
+        if dt.is_float:
+            return UOp.const(float(v), dt)
+        if dt.is_bool:
+            return UOp.const(bool(v), dt)
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return node
+        return UOp.const(_wrap(int(v), dt), dt)
+    if op is Ops.WHERE and src[0].op is Ops.CONST:
+        return src[1] if src[0].arg else src[2]
+    if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) and src[0].op is Ops.CONST and src[1].op is Ops.CONST:
+        a, b = src[0].arg, src[1].arg
+        return UOp.const({Ops.CMPLT: a < b, Ops.CMPEQ: a == b, Ops.CMPNE: a != b}[op], dtypes.bool)
+    if op is Ops.NOT and src[0].op is Ops.CONST and src[0].dtype.is_bool:
+        return UOp.const(not src[0].arg, dtypes.bool)
+    return node
+
+
+def rewrite(root: UOp, fn: Callable[[UOp], UOp | None]) -> UOp:
+    """Bottom-up rewrite: rebuild each node from rewritten sources, then apply `fn` until it
+    returns None (no change); the result is folded."""
+    memo: dict[int, UOp] = {}
+    for node in root.toposort():
+        new_src = tuple(memo[id(s)] for s in node.src)
+        cur = node if all(a is b for a, b in zip(new_src, node.src)) else UOp(node.op, node.dtype, new_src, node.arg)
+        for _ in range(64):
+            nxt = fn(cur)
+            if nxt is None or nxt is cur:
+                break
+            # a decomposition builds a new subgraph: rewrite it too so its parts get folded
+            cur = rewrite(nxt, fn) if nxt.src else nxt
+        memo[id(node)] = fold(cur)
+    return memo[id(root)]
+
+
+def simplify(root: UOp) -> UOp:
+    return rewrite(root, lambda u: None)
+
+
+# ---------------------------------------------------------------------------------------------
+# concrete evaluation of launch-time integer expressions (range ends, launch sizes)
+
+
+def evaluate(expr: UOp, values: Mapping[str, int]) -> int:
+    """Evaluate an integer expression of variables and constants."""
+    memo: dict[int, int] = {}
+    for node in expr.toposort():
+        memo[id(node)] = _eval_node(node, [memo[id(s)] for s in node.src], values)
+    return memo[id(expr)]
+
+
+def _eval_node(node: UOp, s: list, values: Mapping[str, int]) -> Any:
+    op = node.op
+    if op is Ops.CONST: return node.arg
+    if op is Ops.DEFINE_VAR: return values[node.arg[0]]
+    if op is Ops.ADD: return s[0] + s[1]
+    if op is Ops.SUB: return s[0] - s[1]
+    if op is Ops.MUL: return s[0] * s[1]
+    if op is Ops.IDIV: return _c_idiv(s[0], s[1])
+    if op is Ops.MOD: return _c_mod(s[0], s[1])
+    if op is Ops.MAX: return max(s[0], s[1])
+    if op is Ops.MIN: return min(s[0], s[1])
+    if op is Ops.NEG: return -s[0]
+    if op is Ops.SHL: return s[0] << s[1]
+    if op is Ops.SHR: return s[0] >> s[1]
+    if op is Ops.AND: return s[0] & s[1]
+    if op is Ops.OR: return s[0] | s[1]
+    if op is Ops.XOR: return s[0] ^ s[1]
+    if op is Ops.CMPLT: return s[0] < s[1]
+    if op is Ops.CMPEQ: return s[0] == s[1]
+    if op is Ops.CMPNE: return s[0] != s[1]
+    if op is Ops.WHERE: return s[1] if s[0] else s[2]
+    if op is Ops.CAST: return int(s[0])
+    raise ValueError(f"{op.name} cannot appear in a launch-time size expression")
+
+
+# ---------------------------------------------------------------------------------------------
+# interval analysis
+
+Interval = tuple  # (lo, hi) with Python ints (floats for float values)
+
+
+def _dtype_range(dt: DType) -> Interval:
+    return (dt.min(), dt.max())
+
+
+def _corners(f, a: Interval, b: Interval) -> Interval:
+    vals = [f(x, y) for x in a for y in b]
+    return (min(vals), max(vals))
+
+
+def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
+                range_end: Callable[[UOp], int]) -> Interval:
+    """The [lo, hi] a node can take given the intervals of its sources (sound, maybe loose)."""
+    op, dt = node.op, node.dtype
+    if op is Ops.CONST:
+        return (node.arg, node.arg)
+    if op is Ops.DEFINE_VAR:
+        v = values[node.arg[0]]
+        return (v, v)
+    if op is Ops.RANGE:
+        return (0, max(0, range_end(node) - 1))
+    if dt is not None and dt.is_float:
+        return (float("-inf"), float("inf"))
+    if op is Ops.ADD: return (s[0][0] + s[1][0], s[0][1] + s[1][1])
+    if op is Ops.SUB: return (s[0][0] - s[1][1], s[0][1] - s[1][0])
+    if op is Ops.MUL: return _corners(lambda x, y: x * y, s[0], s[1])
+    if op is Ops.NEG: return (-s[0][1], -s[0][0])
+    if op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+    if op is Ops.MIN: return (min(s[0][0], s[1][0]), min(s[0][1], s[1][1]))
+    if op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+    if op is Ops.IDIV:
+        if s[1][0] > 0 or s[1][1] < 0:
+            return _corners(_c_idiv, s[0], s[1])
+        return _dtype_range(dt)
+    if op is Ops.MOD:
+        if s[1][0] > 0:
+            m = s[1][1] - 1
+            if s[0][0] >= 0:
+                return (0, min(s[0][1], m))
+            return (-m, m)
+        return _dtype_range(dt)
+    if op is Ops.AND and s[0][0] >= 0 and s[1][0] >= 0:
+        return (0, min(s[0][1], s[1][1]))
+    if op is Ops.SHL and s[0][0] >= 0 and 0 <= s[1][0] and s[1][1] < dt.bits:
+        return (s[0][0] << s[1][0], s[0][1] << s[1][1])
+    if op is Ops.SHR and s[0][0] >= 0 and 0 <= s[1][0] and s[1][1] < dt.bits:
+        return (s[0][0] >> s[1][1], s[0][1] >> s[1][0])
+    if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.NOT) and dt.is_bool:
+        return (0, 1)
+    if op is Ops.CAST and node.src[0].dtype.is_int or op is Ops.CAST and node.src[0].dtype.is_bool:
+        lo, hi = s[0]
+        dlo, dhi = _dtype_range(dt)
+        if dlo <= lo and hi <= dhi:
+            return (lo, hi)
+    return _dtype_range(dt) if dt is not None else (0, 0)

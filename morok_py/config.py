@@ -1,0 +1,56 @@
+"""Environment configuration, read when asked (so tests can change it)."""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def getenv(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def getenv_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def debug_level() -> int:
+    """MOROK_DEBUG: 1 kernel names and times, 2 rendered source, 3 compiled output, 4 linear IR."""
+    return getenv_int("MOROK_DEBUG", 0)
+
+
+def cache_enabled() -> bool:
+    return getenv("MOROK_CACHE", "1") not in ("0", "false", "False", "")
+
+
+def validate_with_cpu() -> bool:
+    return getenv("MOROK_VALIDATE_WITH_CPU", "0") not in ("0", "false", "False", "")
+
+
+def compiler_choice(backend: str) -> str | None:
+    return os.environ.get(f"MOROK_{backend.upper()}_COMPILER") or None
+
+
+def arch_override(backend: str) -> str | None:
+    return os.environ.get(f"MOROK_{backend.upper()}_ARCH") or None
+
+
+def cpu_threads() -> int:
+    n = getenv_int("MOROK_CPU_THREADS", 0)
+    if n < 0:
+        raise ValueError(f"MOROK_CPU_THREADS must be >= 0, got {n}")
+    if n == 0:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:
+            n = os.cpu_count() or 1
+    return max(1, n)
+
+
+def log(msg: str) -> None:
+    print(f"[morok] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,387 @@
+"""The device contracts, spelled after morok's traits: DeviceSpec, ProgramSpec, CompiledSpec,
+Renderer, Compiler, RuntimeFactory, Program, Allocator and Device."""
+from __future__ import annotations
+
+import abc
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from . import config
+from .codegen.linear import LinearKernel
+from .codegen.lower import Capabilities, LaunchInfo, Variable, lower
+from .dtypes import DType, as_dtype
+from .errors import LaunchError, MorokError, OutOfMemoryError
+from .ir import UOp
+
+if TYPE_CHECKING:
+    import numpy as np
+    from .buffer import Buffer
+
+__all__ = ["DeviceSpec", "Variable", "ProgramSpec", "CompiledSpec", "Renderer", "Compiler",
+           "RuntimeFactory", "Program", "Allocator", "Device", "Capabilities"]
+
+_SPEC_RE = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)\s*(?::\s*(\d+))?\s*$")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A parsed device string: `CPU`, `CUDA`, `CUDA:1`, `ROCM:0` (case-insensitive)."""
+
+    type: str
+    ordinal: int = 0
+
+    @staticmethod
+    def parse(text: "str | DeviceSpec") -> "DeviceSpec":
+        if isinstance(text, DeviceSpec):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"a device is named by a string like 'CUDA:1', got {text!r}")
+        m = _SPEC_RE.match(text)
+        if not m:
+            raise ValueError(f"cannot parse device {text!r}; expected NAME or NAME:ORDINAL, e.g. 'CPU', 'CUDA:1'")
+        return DeviceSpec(m.group(1).upper(), int(m.group(2) or 0))
+
+    def base_type(self) -> str:
+        return self.type
+
+    def __str__(self) -> str:
+        return self.type if self.type == "CPU" else f"{self.type}:{self.ordinal}"
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """Renderer output: the source plus everything a launch needs to know."""
+
+    name: str
+    src: str
+    device: DeviceSpec
+    ast: UOp
+    global_size: tuple[int, int, int] | None
+    local_size: tuple[int, int, int] | None
+    vars: tuple[Variable, ...]
+    var_names: tuple[str, ...]
+    globals: tuple[int, ...]
+    outs: tuple[int, ...]
+    ins: tuple[int, ...]
+    buf_count: int
+    launch: LaunchInfo = field(repr=False, compare=False)
+    linear: LinearKernel | None = field(default=None, repr=False, compare=False)
+    param_dtypes: tuple[DType, ...] = ()
+
+    def launch_dims(self, values: Mapping[str, int] | Sequence[int] | None = None):
+        """(global_size, local_size) for these variable values (checked against their bounds)."""
+        return self.launch.launch_dims(values)
+
+
+@dataclass(frozen=True)
+class CompiledSpec:
+    """Compiler output: `src` for JIT-style backends, `bytes` for AOT ones."""
+
+    name: str
+    src: str | None
+    bytes: bytes | None
+    ast: UOp
+    var_names: tuple[str, ...]
+    global_size: tuple[int, int, int] | None
+    local_size: tuple[int, int, int] | None
+    buf_count: int
+    launch: LaunchInfo | None = field(default=None, repr=False, compare=False)
+    arch: str = ""
+    compiler: str = ""
+    param_dtypes: tuple[DType, ...] = ()
+
+    @staticmethod
+    def from_source(spec: ProgramSpec, src: str, *, arch: str = "", compiler: str = "") -> "CompiledSpec":
+        return CompiledSpec(spec.name, src, None, spec.ast, spec.var_names, spec.global_size, spec.local_size,
+                            spec.buf_count, spec.launch, arch, compiler, spec.param_dtypes)
+
+    @staticmethod
+    def from_bytes(spec: ProgramSpec, data: bytes, *, arch: str = "", compiler: str = "") -> "CompiledSpec":
+        return CompiledSpec(spec.name, None, bytes(data), spec.ast, spec.var_names, spec.global_size,
+                            spec.local_size, spec.buf_count, spec.launch, arch, compiler, spec.param_dtypes)
+
+    @property
+    def payload(self) -> bytes:
+        return self.bytes if self.bytes is not None else (self.src or "").encode()
+
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def kernel_name(ast: UOp, name: str | None) -> str:
+    if name is None:
+        return "k_" + ast.key[:10]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(f"kernel name {name!r} must be an identifier of at most 128 characters")
+    return name
+
+
+class Renderer(abc.ABC):
+    """Turns a kernel AST into source text for one target; lowering is shared, this only prints."""
+
+    caps: Capabilities = Capabilities()
+
+    def __init__(self, device: DeviceSpec) -> None:
+        self.device = device
+
+    def decompositor(self) -> Callable[[UOp], UOp | None] | None:
+        """A rewrite for ops this target lacks (None: it has them all)."""
+        return None
+
+    @abc.abstractmethod
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        """Print a lowered kernel."""
+
+    def render(self, ast: UOp, name: str | None = None) -> ProgramSpec:
+        nm = kernel_name(ast, name)
+        linear, info = lower(ast, self.caps, nm, self.decompositor())
+        src = self.render_kernel(linear)
+        gs = ls = None
+        if not info.symbolic:
+            gs, ls = info.launch_dims({})
+        ins = tuple(p.slot for p in info.params if p.read and not p.written)
+        return ProgramSpec(nm, src, self.device, ast, gs, ls, tuple(info.variables), tuple(info.var_names),
+                           tuple(p.slot for p in info.params), tuple(p.slot for p in info.params if p.written),
+                           ins, info.buf_count, info, linear, tuple(p.dtype for p in info.params))
+
+
+class Compiler(abc.ABC):
+    """Turns a ProgramSpec into a CompiledSpec; needs no device."""
+
+    cache_key: str = ""
+    arch: str = ""
+
+    @abc.abstractmethod
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        ...
+
+    def identity(self) -> str:
+        """Toolchain identity for the disk cache key: versions, arch, features, options."""
+        return f"{self.cache_key}/{self.arch}"
+
+    def available(self) -> str | None:
+        """None when usable here, else why not."""
+        return None
+
+
+RuntimeFactory = Callable[[CompiledSpec], "Program"]
+
+
+class Program(abc.ABC):
+    """A loaded kernel. `execute` takes raw addresses; calling it takes Buffers and names."""
+
+    def __init__(self, device: "Device", compiled: CompiledSpec) -> None:
+        self.device = device
+        self.compiled = compiled
+        self.launch = compiled.launch
+        self._dtypes = compiled.param_dtypes
+
+    @property
+    def name(self) -> str:
+        return self.compiled.name
+
+    @abc.abstractmethod
+    def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
+                global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
+                wait: bool = False) -> float | None:
+        """Launch on raw buffer addresses with variable values in `var_names` order; with
+        `wait=True` block until done and return the kernel's time in seconds."""
+
+    def __call__(self, *buffers: "Buffer", wait: bool = False, **values: int) -> float | None:
+        info = self.launch
+        if info is None:
+            raise LaunchError(f"{self.name}: compiled without launch information; use execute()")
+        if len(buffers) != info.buf_count:
+            raise LaunchError(f"{self.name} takes {info.buf_count} buffer(s), got {len(buffers)}")
+        sizes = []
+        dev = self.device
+        for i, (b, p) in enumerate(zip(buffers, info.params)):
+            if not hasattr(b, "ptr") or not hasattr(b, "dtype"):
+                raise LaunchError(f"{self.name}: argument {i} must be a Buffer, got {type(b).__name__}")
+            if b.device is not dev:
+                raise LaunchError(f"{self.name}: buffer {i} lives on {b.device.name}, the program on {dev.name}")
+            if b.dtype != p.dtype:
+                raise LaunchError(f"{self.name}: buffer {i} holds {b.dtype.name}, the kernel expects {p.dtype.name}")
+            sizes.append(b.size)
+        for i, p in enumerate(info.params):
+            if p.written:
+                for j, b in enumerate(buffers):
+                    if j != i and b.same_memory(buffers[i]):
+                        raise LaunchError(f"{self.name}: buffer {i} is written and also passed as buffer {j}; "
+                                          f"kernels assume their buffers do not alias")
+        vals = info.values_from(values)
+        gs, ls, bounds, _work = info.prepare(vals)
+        info.check_sizes(bounds, sizes)
+        ptrs = [b.ptr for b in buffers]
+        ordered = [vals[n] for n in info.var_names]
+        if config.validate_with_cpu() and dev.spec.type != "CPU":
+            from .validate import validated_launch
+            return validated_launch(self, buffers, vals, lambda: self.execute(ptrs, ordered, gs, ls, wait=True))
+        t = self.execute(ptrs, ordered, gs, ls, wait=wait)
+        if config.debug_level() >= 1 and wait:
+            config.log(f"{dev.name} {self.name}: {t * 1e6:.1f} us")
+        return t
+
+
+class Allocator(abc.ABC):
+    """Device memory with a cache of freed blocks by size, free-and-retry on OOM.
+
+    Backends implement `_alloc`, `_free`, `copyin` and `copyout`; `transfer` is optional.
+    Handles are integer addresses.
+    """
+
+    def __init__(self, device_name: str, cache_limit: int = 1 << 30) -> None:
+        self.device_name = device_name
+        self._cache: dict[int, list[int]] = {}
+        self._cached_bytes = 0
+        self.cache_limit = cache_limit
+        self.in_use = 0
+        self._lock = threading.Lock()
+
+    @abc.abstractmethod
+    def _alloc(self, nbytes: int) -> int:
+        """Allocate fresh memory; raise MemoryError when the device is out of it."""
+
+    @abc.abstractmethod
+    def _free(self, handle: int, nbytes: int) -> None:
+        ...
+
+    @abc.abstractmethod
+    def copyin(self, handle: int, src: "np.ndarray") -> None:
+        """Copy a C-contiguous host array into the allocation (blocking)."""
+
+    @abc.abstractmethod
+    def copyout(self, dst: "np.ndarray", handle: int) -> None:
+        """Copy the allocation into a C-contiguous host array (blocking)."""
+
+    def transfer(self, dst: int, src: int, nbytes: int, src_allocator: "Allocator") -> None:
+        raise NotImplementedError(f"{self.device_name} has no direct device-to-device transfer")
+
+    def alloc(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
+        size = max(nbytes, 1)
+        with self._lock:
+            bucket = self._cache.get(size)
+            if bucket:
+                handle = bucket.pop()
+                self._cached_bytes -= size
+                self.in_use += size
+                return handle
+        try:
+            handle = self._alloc(size)
+        except MemoryError:
+            self.free_cache()
+            try:
+                handle = self._alloc(size)
+            except MemoryError as e:
+                raise OutOfMemoryError(self.device_name, size, self.in_use, str(e)) from None
+        with self._lock:
+            self.in_use += size
+        return handle
+
+    def free(self, handle: int, nbytes: int) -> None:
+        size = max(nbytes, 1)
+        with self._lock:
+            self.in_use -= size
+            if self._cached_bytes + size <= self.cache_limit:
+                self._cache.setdefault(size, []).append(handle)
+                self._cached_bytes += size
+                return
+        self._free(handle, size)
+
+    def free_cache(self) -> int:
+        """Return every cached block to the device; the number of bytes released."""
+        with self._lock:
+            items = [(h, s) for s, hs in self._cache.items() for h in hs]
+            self._cache.clear()
+            released, self._cached_bytes = self._cached_bytes, 0
+        for h, s in items:
+            self._free(h, s)
+        return released
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+
+class _DeviceMeta(abc.ABCMeta):
+    def __getitem__(cls, name: str) -> "Device":
+        from .registry import get_device
+        return get_device(name)
+
+    @property
+    def DEFAULT(cls) -> str:
+        return str(DeviceSpec.parse(config.getenv("MOROK_DEVICE", "CPU") or "CPU"))
+
+
+class Device(metaclass=_DeviceMeta):
+    """A device: an allocator, (renderer, compiler) pairs and a runtime factory.
+
+    `Device["CUDA:1"]` opens (once) and returns a device; `Device.DEFAULT` is `MOROK_DEVICE` or CPU.
+    """
+
+    def __init__(self, spec: DeviceSpec, allocator: Allocator, compilers: list[tuple[Renderer, Compiler]],
+                 runtime: RuntimeFactory, *, arch: str = "") -> None:
+        if not compilers:
+            raise ValueError(f"{spec}: a device needs at least one (renderer, compiler) pair")
+        self.spec = spec
+        self.device = spec
+        self.allocator = allocator
+        self.compilers = list(compilers)
+        self.runtime = runtime
+        self.arch = arch
+        self.renderer, self.compiler = self._select_pair()
+
+    @property
+    def name(self) -> str:
+        return str(self.spec)
+
+    @property
+    def base_device_key(self) -> str:
+        return self.spec.base_type()
+
+    def _select_pair(self) -> tuple[Renderer, Compiler]:
+        want = config.compiler_choice(self.spec.type)
+        if want is None:
+            return self.compilers[0]
+        for r, c in self.compilers:
+            if c.cache_key == want:
+                why = c.available()
+                if why is not None:
+                    from .errors import DeviceUnavailableError
+                    raise DeviceUnavailableError(f"{self.name} compiler {want!r}", why)
+                return r, c
+        raise ValueError(f"MOROK_{self.spec.type}_COMPILER={want!r} is not a compiler of {self.name}; "
+                         f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
+
+    def pair(self, cache_key: str) -> tuple[Renderer, Compiler]:
+        for r, c in self.compilers:
+            if c.cache_key == cache_key:
+                return r, c
+        raise ValueError(f"{self.name} has no compiler {cache_key!r}; "
+                         f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
+
+    # -- the friendly path ----------------------------------------------------------------
+    def compile(self, ast: UOp, name: str | None = None, *, compiler: str | None = None) -> Program:
+        """Render, compile and load through the method and disk caches."""
+        from .cache import compile_through_caches
+        r, c = self.pair(compiler) if compiler else (self.renderer, self.compiler)
+        return compile_through_caches(self, r, c, ast, name)
+
+    def buffer(self, size: int, dtype: Any) -> "Buffer":
+        from .buffer import Buffer
+        return Buffer(self, size, as_dtype(dtype))
+
+    def synchronize(self) -> None:
+        """Wait for all work queued on this device."""
+
+    def info(self) -> dict[str, Any]:
+        """What `morok devices` prints."""
+        return {"arch": self.arch, "compilers": [c.cache_key for _, c in self.compilers]}
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name} arch={self.arch} compiler={self.compiler.cache_key}>"

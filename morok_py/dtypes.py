@@ -1,0 +1,144 @@
+"""Scalar dtypes of the kernel IR and their mapping to numpy, LLVM and C."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    """A scalar type: `kind` is 'b' (bool), 'i' (signed), 'u' (unsigned) or 'f' (float)."""
+
+    name: str
+    itemsize: int
+    kind: str
+    llvm: str
+    c: str
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("i", "u")
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "u"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def bits(self) -> int:
+        return 1 if self.kind == "b" else self.itemsize * 8
+
+    @property
+    def np(self) -> np.dtype:
+        """The numpy dtype with the same bits (bfloat16 needs the ml_dtypes package)."""
+        return to_numpy(self)
+
+    def min(self) -> int | float:
+        if self.kind == "b":
+            return 0
+        if self.kind == "u":
+            return 0
+        if self.kind == "i":
+            return -(1 << (self.bits - 1))
+        return float("-inf")
+
+    def max(self) -> int | float:
+        if self.kind == "b":
+            return 1
+        if self.kind == "u":
+            return (1 << self.bits) - 1
+        if self.kind == "i":
+            return (1 << (self.bits - 1)) - 1
+        return float("inf")
+
+
+class dtypes:
+    """Namespace of the dtypes the IR knows."""
+
+    bool = DType("bool", 1, "b", "i1", "bool")
+    int8 = DType("int8", 1, "i", "i8", "signed char")
+    int16 = DType("int16", 2, "i", "i16", "short")
+    int32 = DType("int32", 4, "i", "i32", "int")
+    int64 = DType("int64", 8, "i", "i64", "long long")
+    uint8 = DType("uint8", 1, "u", "i8", "unsigned char")
+    uint16 = DType("uint16", 2, "u", "i16", "unsigned short")
+    uint32 = DType("uint32", 4, "u", "i32", "unsigned int")
+    uint64 = DType("uint64", 8, "u", "i64", "unsigned long long")
+    float16 = DType("float16", 2, "f", "half", "half")
+    bfloat16 = DType("bfloat16", 2, "f", "bfloat", "__nv_bfloat16")
+    float32 = DType("float32", 4, "f", "float", "float")
+    float64 = DType("float64", 8, "f", "double", "double")
+
+    # the integer type of ranges, variables and index arithmetic
+    index = int32
+
+    @staticmethod
+    def all() -> tuple[DType, ...]:
+        return ALL
+
+    @staticmethod
+    def from_name(name: str) -> DType:
+        try:
+            return BY_NAME[name]
+        except KeyError:
+            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(BY_NAME)}") from None
+
+    @staticmethod
+    def from_numpy(dt: Any) -> DType:
+        return from_numpy(dt)
+
+
+ALL: tuple[DType, ...] = (
+    dtypes.bool, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
+    dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64,
+    dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
+)
+BY_NAME: dict[str, DType] = {d.name: d for d in ALL}
+
+
+def _bfloat16_numpy() -> np.dtype:
+    try:
+        import ml_dtypes  # optional: numpy has no bfloat16 of its own
+    except ImportError:
+        raise TypeError("bfloat16 has no numpy dtype without the ml_dtypes package "
+                        "(pip install ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def to_numpy(dt: DType) -> np.dtype:
+    if dt is dtypes.bfloat16 or dt.name == "bfloat16":
+        return _bfloat16_numpy()
+    return np.dtype(dt.name if dt.name != "bool" else np.bool_)
+
+
+def from_numpy(dt: Any) -> DType:
+    """The IR dtype for a numpy dtype (or anything `np.dtype` accepts)."""
+    npdt = np.dtype(dt)
+    if npdt == np.bool_:
+        return dtypes.bool
+    if npdt.name in BY_NAME:
+        return BY_NAME[npdt.name]
+    if npdt.name == "bfloat16":
+        return dtypes.bfloat16
+    raise TypeError(f"numpy dtype {npdt} has no morok_py dtype; known: {', '.join(BY_NAME)}")
+
+
+def as_dtype(x: Any) -> DType:
+    """Accept a DType, a dtype name, or a numpy dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in BY_NAME:
+        return BY_NAME[x]
+    return from_numpy(x)

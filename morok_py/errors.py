@@ -1,0 +1,74 @@
+"""The error hierarchy: every failure the library raises on purpose is a MorokError."""
+from __future__ import annotations
+
+
+class MorokError(Exception):
+    """Base of every error morok_py raises on purpose."""
+
+
+def number_lines(src: str) -> str:
+    lines = src.splitlines()
+    width = len(str(len(lines)))
+    return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
+
+
+class CompileError(MorokError):
+    """A compiler rejected a kernel: carries its log, the numbered source and an equivalent command."""
+
+    def __init__(self, message: str, *, log: str = "", src: str = "", command: str = "",
+                 kernel: str = "") -> None:
+        self.log, self.src, self.command, self.kernel = log, src, command, kernel
+        parts = [message]
+        if log:
+            parts.append("compiler log:\n" + log.rstrip())
+        if command:
+            parts.append("equivalent command: " + command)
+        if src:
+            parts.append("source:\n" + number_lines(src))
+        super().__init__("\n".join(parts))
+
+
+class DeviceUnavailableError(MorokError):
+    """A device (or one of its compiler pairs) can't be used here: says why and what to install."""
+
+    def __init__(self, device: str, reason: str, install: str = "") -> None:
+        self.device, self.reason, self.install = device, reason, install
+        msg = f"{device} is unavailable: {reason}"
+        if install:
+            msg += f" (install: {install})"
+        super().__init__(msg)
+
+
+class RuntimeStackConflictError(MorokError):
+    """A second GPU vendor stack was opened in a process that already runs another."""
+
+
+class LaunchError(MorokError, ValueError):
+    """A launch was refused before reaching the device: wrong buffers, variables or index bounds."""
+
+
+class DeviceError(MorokError):
+    """A driver call failed: names the call and the driver's error code and name."""
+
+    def __init__(self, call: str, code: int, name: str, detail: str = "") -> None:
+        self.call, self.code, self.name = call, code, name
+        msg = f"{call} failed with {name} ({code})"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class OutOfMemoryError(MorokError, MemoryError):
+    """An allocation failed even after the allocator freed its cache and retried."""
+
+    def __init__(self, device: str, nbytes: int, in_use: int, detail: str = "") -> None:
+        self.device, self.nbytes, self.in_use = device, nbytes, in_use
+        msg = (f"{device}: out of memory allocating {nbytes} bytes "
+               f"({in_use} bytes in use by morok_py buffers, cache already freed and retried)")
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class ValidationError(MorokError):
+    """MOROK_VALIDATE_WITH_CPU found a kernel whose output differs from the CPU's."""

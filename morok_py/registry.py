@@ -1,0 +1,116 @@
+"""The device registry: built-in backends, `register_backend`, and the `morok_py.backends`
+entry-point group. One module, one lock."""
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Callable
+
+from .device import Device, DeviceSpec
+from .errors import DeviceUnavailableError
+
+BackendFactory = Callable[[DeviceSpec], Device]
+
+# built-ins load lazily: a missing GPU stack must not break `import morok_py`
+_BUILTIN = {
+    "CPU": ("morok_py.backends.cpu", "", "pip install llvmlite"),
+    "CUDA": ("morok_py.backends.cuda", "cuda", "pip install morok-py[cuda]"),
+    "ROCM": ("morok_py.backends.rocm", "rocm", "pip install morok-py[rocm]"),
+}
+
+_lock = threading.RLock()
+_factories: dict[str, BackendFactory] = {}
+_devices: dict[str, Device] = {}
+_entry_points_loaded = False
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Register (or replace) a backend: `factory(DeviceSpec) -> Device`."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"backend name must be an identifier, got {name!r}")
+    if not callable(factory):
+        raise TypeError("factory must be callable: DeviceSpec -> Device")
+    with _lock:
+        key = name.upper()
+        _factories[key] = factory
+        for dev in [d for d in _devices if DeviceSpec.parse(d).type == key]:
+            del _devices[dev]
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    from importlib.metadata import entry_points
+    for ep in entry_points(group="morok_py.backends"):
+        try:
+            factory = ep.load()
+        except Exception as e:  # a broken plugin must not hide the others
+            import warnings
+            warnings.warn(f"morok_py backend entry point {ep.name!r} failed to load: {e}")
+            continue
+        _factories.setdefault(ep.name.upper(), factory)
+
+
+def registered() -> list[str]:
+    with _lock:
+        _load_entry_points()
+        return sorted(set(_BUILTIN) | set(_factories))
+
+
+def _factory(kind: str) -> BackendFactory:
+    with _lock:
+        _load_entry_points()
+        if kind in _factories:
+            return _factories[kind]
+        if kind not in _BUILTIN:
+            raise ValueError(f"unknown device {kind!r}; registered: {', '.join(registered())}")
+        module, extra, install = _BUILTIN[kind]
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as e:
+            raise DeviceUnavailableError(kind, f"backend could not be imported ({e})", install) from None
+        _factories[kind] = mod.create_device
+        return mod.create_device
+
+
+def get_device(name: "str | DeviceSpec | None" = None) -> Device:
+    """Open (once) and return the device named `name`; None means Device.DEFAULT."""
+    spec = DeviceSpec.parse(name if name is not None else Device.DEFAULT)
+    key = str(spec)
+    with _lock:
+        dev = _devices.get(key)
+        if dev is not None:
+            return dev
+        factory = _factory(spec.type)
+        dev = factory(spec)
+        _devices[key] = dev
+        return dev
+
+
+def opened() -> list[Device]:
+    with _lock:
+        return list(_devices.values())
+
+
+# ---- one GPU vendor stack per process ----------------------------------------------------------
+
+_stack: str | None = None
+
+
+def claim_gpu_stack(name: str) -> None:
+    """Called by a GPU backend before it opens its driver; refuses a second vendor stack."""
+    global _stack
+    from .errors import RuntimeStackConflictError
+    with _lock:
+        if _stack is None:
+            _stack = name
+        elif _stack != name:
+            raise RuntimeStackConflictError(
+                f"cannot open {name}: this process already runs the {_stack} stack; one GPU vendor stack per "
+                f"process (the CPU device works beside either)")
+
+
+def active_gpu_stack() -> str | None:
+    return _stack
