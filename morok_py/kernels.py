@@ -1,0 +1,230 @@
+"""Builders for the kernels a graph executor needs: elementwise with broadcasting, reductions
+over any axis, matmul, softmax, gather, symbolic sizes. Used by the demo, tests and benchmarks.
+
+Each builder returns a kernel AST (a UOp.sink). Buffers are params in slot order: inputs first,
+output last. Sizes are ints (static) or None, which makes them symbolic variables.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from .dtypes import DType, as_dtype, dtypes
+from .ir import AxisType, Ops, UOp
+
+Size = "int | UOp | None"
+
+
+def size(value, name: str, lo: int = 1, hi: int = 2**31 - 1) -> UOp | int:
+    """An int stays static; None becomes the variable `name` in [lo, hi]; a UOp is kept."""
+    if value is None:
+        return UOp.variable(name, lo, hi)
+    return value
+
+
+def _end(x) -> UOp:
+    return x if isinstance(x, UOp) else UOp.const(int(x))
+
+
+def _strides(shape: Sequence) -> list:
+    out, acc = [], UOp.const(1)
+    for d in reversed(shape):
+        out.append(acc)
+        acc = acc * _end(d)
+    return list(reversed(out))
+
+
+def _index(ranges: Sequence[UOp], shape: Sequence, strides: Sequence | None = None) -> UOp:
+    strides = strides if strides is not None else _strides(shape)
+    idx = UOp.const(0)
+    for r, s in zip(ranges, strides):
+        idx = idx + r * s
+    return idx
+
+
+BINARY: dict[str, Callable[[UOp, UOp], UOp]] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "max": lambda a, b: a.maximum(b), "min": lambda a, b: a.minimum(b),
+}
+UNARY: dict[str, Callable[[UOp], UOp]] = {
+    "neg": lambda a: -a, "relu": lambda a: a.relu(), "exp": lambda a: a.exp(), "log": lambda a: a.log(),
+    "sqrt": lambda a: a.sqrt(), "sin": lambda a: a.sin(), "recip": lambda a: a.reciprocal(),
+    "exp2": lambda a: a.exp2(), "log2": lambda a: a.log2(), "trunc": lambda a: a.trunc(),
+    "square": lambda a: a * a,
+}
+
+
+def unary(fn: str, n=None, dtype=dtypes.float32) -> UOp:
+    """out[i] = fn(x[i]) over n elements."""
+    dt = as_dtype(dtype)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    i = UOp.range(size(n, "n"), 0)
+    return UOp.sink(out.store(i, UNARY[fn](x.load(i))))
+
+
+def add(n=None, dtype=dtypes.float32) -> UOp:
+    """c[i] = a[i] + b[i] over n elements (symbolic when n is None)."""
+    return binary("add", n, dtype=dtype)
+
+
+def binary(op: str, n=None, dtype=dtypes.float32) -> UOp:
+    dt = as_dtype(dtype)
+    a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    i = UOp.range(size(n, "n"), 0)
+    return UOp.sink(c.store(i, BINARY[op](a.load(i), b.load(i))))
+
+
+def broadcast_shape(sa: Sequence[int], sb: Sequence[int]) -> tuple[int, ...]:
+    nd = max(len(sa), len(sb))
+    pa, pb = [1] * (nd - len(sa)) + list(sa), [1] * (nd - len(sb)) + list(sb)
+    out = []
+    for x, y in zip(pa, pb):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"shapes {tuple(sa)} and {tuple(sb)} do not broadcast")
+        out.append(max(x, y))
+    return tuple(out)
+
+
+def broadcast_binary(op: str, shape_a: Sequence[int], shape_b: Sequence[int], dtype=dtypes.float32) -> UOp:
+    """numpy-style broadcasting: out = op(a, b) with out's shape the broadcast of both."""
+    dt = as_dtype(dtype)
+    shape = broadcast_shape(shape_a, shape_b)
+    nd = len(shape)
+    a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    ranges = [UOp.range(d, ax) for ax, d in enumerate(shape)]
+
+    def bstrides(s):
+        s = [1] * (nd - len(s)) + list(s)
+        st = _strides(s)
+        return [UOp.const(0) if dim == 1 and full != 1 else stride for dim, full, stride in zip(s, shape, st)]
+
+    ia = _index(ranges, shape, bstrides(shape_a))
+    ib = _index(ranges, shape, bstrides(shape_b))
+    return UOp.sink(c.store(_index(ranges, shape), BINARY[op](a.load(ia), b.load(ib))))
+
+
+def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UOp:
+    """out = x.op(axis) for op in sum, max, mean, prod; shape entries may be None (symbolic)."""
+    dt = as_dtype(dtype)
+    nd = len(shape)
+    if not -nd <= axis < nd:
+        raise ValueError(f"axis {axis} out of range for {nd} dimensions")
+    axis %= nd
+    shape = [size(d, f"d{i}") for i, d in enumerate(shape)]
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    ranges = [UOp.range(d, ax, AxisType.REDUCE if ax == axis else AxisType.GLOBAL) for ax, d in enumerate(shape)]
+    rop = {"sum": Ops.ADD, "mean": Ops.ADD, "max": Ops.MAX, "prod": Ops.MUL}[op]
+    red = x.load(_index(ranges, shape)).reduce(ranges[axis], op=rop)
+    if op == "mean":
+        red = red / _end(shape[axis]).cast(dt)
+    keep = [r for ax, r in enumerate(ranges) if ax != axis]
+    oshape = [d for ax, d in enumerate(shape) if ax != axis]
+    return UOp.sink(out.store(_index(keep, oshape) if keep else UOp.const(0), red))
+
+
+def sum_all(n=None, dtype=dtypes.float32) -> UOp:
+    """out[0] = sum of x[0:n]."""
+    dt = as_dtype(dtype)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    k = UOp.range(size(n, "n"), 0, AxisType.REDUCE)
+    return UOp.sink(out.store(0, x.load(k).reduce(k)))
+
+
+def row_max(rows=None, cols=None, dtype=dtypes.float32) -> UOp:
+    return reduce_axis("max", [rows, cols], 1, dtype)
+
+
+def matmul(M=None, N=None, K=None, dtype=dtypes.float32) -> UOp:
+    """C[M,N] = A[M,K] @ B[K,N], row-major."""
+    dt = as_dtype(dtype)
+    M, N, K = size(M, "M"), size(N, "N"), size(K, "K")
+    a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    i, j = UOp.range(M, 0), UOp.range(N, 1)
+    k = UOp.range(K, 2, AxisType.REDUCE)
+    acc = (a.load(i * _end(K) + k) * b.load(k * _end(N) + j)).reduce(k)
+    return UOp.sink(c.store(i * _end(N) + j, acc))
+
+
+def matmul_bias_relu(M=None, N=None, K=None, relu: bool = True, dtype=dtypes.float32) -> UOp:
+    """out[M,N] = max(A @ W + bias[N], 0): a fused dense layer."""
+    dt = as_dtype(dtype)
+    M, N, K = size(M, "M"), size(N, "N"), size(K, "K")
+    a, w, bias, out = (UOp.param(s, dt) for s in range(4))
+    i, j = UOp.range(M, 0), UOp.range(N, 1)
+    k = UOp.range(K, 2, AxisType.REDUCE)
+    v = (a.load(i * _end(K) + k) * w.load(k * _end(N) + j)).reduce(k) + bias.load(j)
+    return UOp.sink(out.store(i * _end(N) + j, v.relu() if relu else v))
+
+
+def bias_relu(M=None, N=None, dtype=dtypes.float32) -> UOp:
+    """out[i,j] = max(x[i,j] + b[j], 0): broadcasting a row vector."""
+    dt = as_dtype(dtype)
+    M, N = size(M, "M"), size(N, "N")
+    x, b, out = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    i, j = UOp.range(M, 0), UOp.range(N, 1)
+    return UOp.sink(out.store(i * _end(N) + j, (x.load(i * _end(N) + j) + b.load(j)).relu()))
+
+
+def softmax(rows=None, cols=None, dtype=dtypes.float32) -> UOp:
+    """out = softmax(x, axis=1) for a rows x cols matrix, numerically stable (max subtracted)."""
+    dt = as_dtype(dtype)
+    R, C = size(rows, "rows"), size(cols, "cols")
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    r = UOp.range(R, 0)
+    base = r * _end(C)
+    k1 = UOp.range(C, 1, AxisType.REDUCE)
+    m = x.load(base + k1).reduce(k1, op=Ops.MAX)
+    k2 = UOp.range(C, 2, AxisType.REDUCE)
+    s = (x.load(base + k2) - m).exp().reduce(k2)
+    j = UOp.range(C, 3, AxisType.LOOP)
+    inv = s.reciprocal()
+    return UOp.sink(out.store(base + j, (x.load(base + j) - m).exp() * inv))
+
+
+def gather(table_n=None, n=None, dtype=dtypes.float32) -> UOp:
+    """out[i] = table[clamp(idx[i], 0, table_n - 1)] with int32 indices; the clamp makes every read
+    provably in bounds, so the launch check accepts it."""
+    dt = as_dtype(dtype)
+    T = size(table_n, "table_n")
+    table, idx, out = UOp.param(0, dt), UOp.param(1, dtypes.int32), UOp.param(2, dt)
+    i = UOp.range(size(n, "n"), 0)
+    j = idx.load(i).clamp(0, _end(T) - 1)
+    return UOp.sink(out.store(i, table.load(j)))
+
+
+def gather_rows(vocab=None, dim=None, n=None, dtype=dtypes.float32) -> UOp:
+    """An embedding lookup: out[i, :] = table[idx[i], :] (index clamped to the table)."""
+    dt = as_dtype(dtype)
+    V, D = size(vocab, "vocab"), size(dim, "dim")
+    table, idx, out = UOp.param(0, dt), UOp.param(1, dtypes.int32), UOp.param(2, dt)
+    i, d = UOp.range(size(n, "n"), 0), UOp.range(D, 1)
+    row = idx.load(i).clamp(0, _end(V) - 1)
+    return UOp.sink(out.store(i * _end(D) + d, table.load(row * _end(D) + d)))
+
+
+# the named kernels of `morok compile`, each built with symbolic sizes
+NAMED: dict[str, Callable[[], UOp]] = {
+    "add": lambda: add(),
+    "mul": lambda: binary("mul"),
+    "relu": lambda: unary("relu"),
+    "exp": lambda: unary("exp"),
+    "sum": lambda: sum_all(),
+    "sum_rows": lambda: reduce_axis("sum", [None, None], 1),
+    "sum_cols": lambda: reduce_axis("sum", [None, None], 0),
+    "mean_rows": lambda: reduce_axis("mean", [None, None], 1),
+    "row_max": lambda: row_max(),
+    "softmax": lambda: softmax(),
+    "matmul": lambda: matmul(),
+    "dense": lambda: matmul_bias_relu(),
+    "bias_relu": lambda: bias_relu(),
+    "broadcast_add": lambda: broadcast_binary("add", (37, 1, 19), (5, 19)),
+    "gather": lambda: gather(),
+    "embedding": lambda: gather_rows(),
+}
+
+
+def named(name: str) -> UOp:
+    try:
+        return NAMED[name]()
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(NAMED)}") from None
