@@ -20,12 +20,21 @@ class CPUDevice(Device):
         super().__init__(spec, HostAllocator(str(spec)), [(renderer, compiler)], self._load, arch=host)
 
     def _load(self, compiled: CompiledSpec) -> CPUProgram:
-        return CPUProgram(self, compiled, self._tm)
+        # an MCJIT engine takes ownership of its TargetMachine and destroys it when collected, so each
+        # program gets its own: sharing the compiler's one was a use-after-free once a program was dropped
+        return CPUProgram(self, compiled, _host_target_machine())
 
     def info(self) -> dict:
         import os
         return {"arch": self.arch, "name": _cpu_model(), "cores": os.cpu_count(),
                 "threads": config.cpu_threads(), "compilers": [c.cache_key for _, c in self.compilers]}
+
+
+def _host_target_machine():
+    b = llvm()
+    host, features = host_cpu()
+    return b.Target.from_triple(b.get_process_triple()).create_target_machine(
+        cpu=host, features=features, opt=3, codemodel="jitdefault")
 
 
 def _cpu_model() -> str:
