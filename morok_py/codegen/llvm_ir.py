@@ -210,7 +210,8 @@ class LLVMIRPrinter:
 
     # ---- ALU --------------------------------------------------------------------------------
     def fmf(self, ins: Instr) -> str:
-        return "reassoc contract " if ins.reassoc else ""
+        # reductions may be reordered (vectorized); a*b+c may fuse into an FMA
+        return "reassoc contract " if ins.reassoc else "contract "
 
     def alu(self, ins: Instr) -> None:
         op, r, dt = ins.arg, self.ref(ins), ins.dtype
@@ -264,7 +265,7 @@ class LLVMIRPrinter:
         nsw = "nsw " if ins.index_math else ""
         fm = self.fmf(ins)
         if op is Ops.ADD: return f"fadd {fm}{t} {a[0]}, {a[1]}" if f else f"add {nsw}{t} {a[0]}, {a[1]}"
-        if op is Ops.SUB: return f"fsub {t} {a[0]}, {a[1]}" if f else f"sub {nsw}{t} {a[0]}, {a[1]}"
+        if op is Ops.SUB: return f"fsub {fm}{t} {a[0]}, {a[1]}" if f else f"sub {nsw}{t} {a[0]}, {a[1]}"
         if op is Ops.MUL: return f"fmul {fm}{t} {a[0]}, {a[1]}" if f else f"mul {nsw}{t} {a[0]}, {a[1]}"
         if op is Ops.FDIV: return f"fdiv {t} {a[0]}, {a[1]}"
         if op is Ops.IDIV: return f"{'udiv' if u else 'sdiv'} {t} {a[0]}, {a[1]}"
