@@ -71,8 +71,11 @@ def _factory(kind: str) -> BackendFactory:
             mod = importlib.import_module(module)
         except ImportError as e:
             raise DeviceUnavailableError(kind, f"backend could not be imported ({e})", install) from None
-        _factories[kind] = mod.create_device
-        return mod.create_device
+        factory = getattr(mod, "create_device", None)
+        if factory is None:   # e.g. an empty backends/<name>/ folder imported as a namespace package
+            raise DeviceUnavailableError(kind, f"{module} has no create_device(); the backend is not built here")
+        _factories[kind] = factory
+        return factory
 
 
 def get_device(name: "str | DeviceSpec | None" = None) -> Device:

@@ -1,0 +1,123 @@
+"""Shared fixtures: a temp disk cache per test session, and the `device` parametrization that runs the
+same correctness suite on every (device, compiler pair): CPU/llvm always, CUDA and ROCm pairs when the
+hardware and toolchain are there, skipped with the reason otherwise."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:   # run from a source checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+_SESSION_CACHE = tempfile.mkdtemp(prefix="morok-test-cache-")
+os.environ["MOROK_CACHE_DIR"] = _SESSION_CACHE
+os.environ.pop("MOROK_CACHE", None)
+os.environ.pop("MOROK_DEBUG", None)
+os.environ.pop("MOROK_VALIDATE_WITH_CPU", None)
+
+from morok_py import Buffer, Device, DeviceUnavailableError, MorokError, RuntimeStackConflictError  # noqa: E402
+from morok_py.registry import get_device  # noqa: E402
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+@dataclass
+class Target:
+    """One (device, compiler pair) under test; compiles through the friendly path with that pair."""
+
+    dev: Device
+    compiler: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.dev.name}/{self.compiler}"
+
+    def compile(self, ast, name=None):
+        return self.dev.compile(ast, name, compiler=self.compiler)
+
+    def pair(self):
+        return self.dev.pair(self.compiler)
+
+    def buf(self, array) -> Buffer:
+        return Buffer.from_numpy(np.ascontiguousarray(array).reshape(-1), self.dev)
+
+    def empty(self, n: int, dtype) -> Buffer:
+        return self.dev.buffer(int(n), dtype)
+
+
+PAIRS = [
+    pytest.param(("CPU", "llvm"), id="CPU-llvm"),
+    pytest.param(("CUDA", "nvrtc"), id="CUDA-nvrtc", marks=pytest.mark.cuda),
+    pytest.param(("CUDA", "llvm-nvptx"), id="CUDA-llvm-nvptx", marks=pytest.mark.cuda),
+    pytest.param(("ROCM", "llvm-amdgpu"), id="ROCM-llvm-amdgpu", marks=pytest.mark.rocm),
+    pytest.param(("ROCM", "hiprtc"), id="ROCM-hiprtc", marks=pytest.mark.rocm),
+]
+
+
+def open_target(kind: str, compiler: str) -> Target:
+    """Open the device and check the pair, or skip with the reason it can't be used here."""
+    try:
+        dev = get_device(kind)
+    except (DeviceUnavailableError, RuntimeStackConflictError) as e:
+        pytest.skip(str(e).splitlines()[0])
+    except ImportError as e:
+        pytest.skip(f"{kind} backend could not be imported: {e}")
+    except MorokError as e:
+        pytest.skip(f"{kind} could not be opened: {str(e).splitlines()[0]}")
+    try:
+        _, comp = dev.pair(compiler)
+    except ValueError as e:
+        pytest.skip(str(e))
+    why = comp.available()
+    if why is not None:
+        pytest.skip(f"{kind} compiler {compiler} is unavailable: {why}")
+    return Target(dev, compiler)
+
+
+@pytest.fixture(params=PAIRS)
+def device(request) -> Target:
+    kind, compiler = request.param
+    return open_target(kind, compiler)
+
+
+@pytest.fixture
+def cpu() -> Target:
+    return Target(get_device("CPU"), "llvm")
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """Snapshot the registry's tables so a test may register backends and leave no trace."""
+    from morok_py import registry
+    monkeypatch.setattr(registry, "_factories", dict(registry._factories))
+    monkeypatch.setattr(registry, "_devices", dict(registry._devices))
+    return registry
+
+
+def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
+    """Random data that is never all zeros: normals for floats, a spread of non-zero values for ints."""
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dt)
+    info = np.iinfo(dt)
+    lo, hi = max(info.min, -100), min(info.max, 100)
+    a = rng.integers(lo, hi + 1, size=shape).astype(dt)
+    a[a == 0] = 1
+    return a
