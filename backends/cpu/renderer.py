@@ -13,7 +13,7 @@ class CPULLVMPrinter(LLVMIRPrinter):
 
 
 class CPURenderer(Renderer):
-    caps = Capabilities(has_threads=True)
+    caps = Capabilities(has_threads=True, register_tile=(4, 16))
 
     def __init__(self, device: DeviceSpec, triple: str = "") -> None:
         super().__init__(device)

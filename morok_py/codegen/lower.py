@@ -31,6 +31,7 @@ class Capabilities:
     default_group: int = 256           # work-items per group for 1-D launches
     grid_max: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     warp_size: int = 1
+    register_tile: tuple[int, int] | None = None   # CPU: (rows, columns) of a reduction's output tile
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,9 @@ class _Lowerer:
         self.index_nodes: set[int] = set()
         self.global_instr: dict[int, Instr] = {}
         self.min_depth = 0   # GPU: everything lives inside the bounds guard
+        self.first_worker: If | None = None
+        self.thread_start: Instr | None = None
+        self.gpu_ids: list[Instr] = []
 
     def new(self, kind: L, dtype: DType | None, src=(), arg: Any = None) -> Instr:
         self.next_id += 1
@@ -275,43 +279,65 @@ class _Lowerer:
             assert popped is sc.owner
 
     def emit_reduce(self, node: UOp, chain: list[_Scope], depth: int) -> Instr:
-        src, ranges, op = node.src[0], sorted(node.src[1:], key=lambda r: r.axis), node.arg
-        dt = node.dtype
-        ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
-        if dt.is_float:
-            ident = float(ident)
-        elif dt.is_bool:
-            ident = bool(ident) if op is not Ops.MAX else False
-        acc = self.new(L.ACC, dt, (), ident)
-        self.place(acc, chain, depth)
+        self.emit_reduces([node], chain, depth)
+        return chain[depth].memo[node]
+
+    def emit_reduces(self, nodes: list[UOp], chain: list[_Scope], depth: int) -> None:
+        """REDUCEs over the same ranges share one loop nest, one accumulator each."""
+        ranges = sorted(nodes[0].src[1:], key=lambda r: r.axis)
+        accs = []
+        for node in nodes:
+            dt, op = node.dtype, node.arg
+            ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
+            if dt.is_float:
+                ident = float(ident)
+            elif dt.is_bool:
+                ident = bool(ident) if op is not Ops.MAX else False
+            acc = self.new(L.ACC, dt, (), ident)
+            self.place(acc, chain, depth)
+            accs.append(acc)
         inner = chain[:depth + 1]
         for r in ranges:
             inner = self.open_loop(r, inner, len(inner) - 1)
-        val = self.emit(src, inner)
-        cur = self.new(L.ACC_LOAD, dt, (acc,))
-        self.place(cur, inner, len(inner) - 1)
-        upd = self.new(L.ALU, dt, (cur, val), op)
-        upd.reassoc = True
-        self.place(upd, inner, len(inner) - 1)
-        self.place(self.new(L.ACC_STORE, None, (acc, upd)), inner, len(inner) - 1)
+        for node, acc in zip(nodes, accs):
+            val = self.emit(node.src[0], inner)
+            cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
+            self.place(cur, inner, len(inner) - 1)
+            upd = self.new(L.ALU, node.dtype, (cur, val), node.arg)
+            upd.reassoc = True
+            self.place(upd, inner, len(inner) - 1)
+            self.place(self.new(L.ACC_STORE, None, (acc, upd)), inner, len(inner) - 1)
         self.close_loops(inner, len(ranges))
-        res = self.new(L.ACC_LOAD, dt, (acc,))
-        self.place(res, chain, depth)
-        return res
+        for node, acc in zip(nodes, accs):
+            res = self.new(L.ACC_LOAD, node.dtype, (acc,))
+            self.place(res, chain, depth)
+            chain[depth].memo[node] = res
 
-    def emit_store(self, store: UOp, chain: list[_Scope]) -> None:
-        buf, idx, val = store.src
-        free = store.free_ranges
-        bad = [r for r in free if r.axis_type is AxisType.REDUCE]
-        if bad:
-            raise ValueError(f"store to buffer {buf.arg} uses REDUCE range(s) of axis "
-                             f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them LOOP ranges")
-        loops = sorted((r for r in free if r.axis_type is AxisType.LOOP), key=lambda r: r.axis)
+    def emit_group(self, stores: list[UOp], chain: list[_Scope]) -> None:
+        """Stores over the same ranges share their loops; their reductions are fused."""
+        for store in stores:
+            bad = [r for r in store.free_ranges if r.axis_type is AxisType.REDUCE]
+            if bad:
+                raise ValueError(f"store to buffer {store.src[0].arg} uses REDUCE range(s) of axis "
+                                 f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them "
+                                 f"LOOP ranges")
+        loops = sorted((r for r in stores[0].free_ranges if r.axis_type is AxisType.LOOP), key=lambda r: r.axis)
         for r in loops:
             chain = self.open_loop(r, chain, len(chain) - 1)
-        self.accesses.append(Access(buf.arg, True, idx, self.open_ranges(chain)))
-        srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
-        chain[-1].insert(self.new(L.STORE, None, srcs))
+        if len(stores) > 1:
+            buckets: dict[tuple, list[UOp]] = {}
+            for red in _top_reduces(stores):
+                if self.lookup(red, chain) is None:
+                    key = (tuple(sorted(red.src[1:], key=lambda r: r.axis)), self.depth_of(red, chain))
+                    buckets.setdefault(key, []).append(red)
+            for (_, depth), reds in buckets.items():
+                if len(reds) > 1:
+                    self.emit_reduces(reds, chain, depth)
+        for store in stores:
+            buf, idx, val = store.src
+            self.accesses.append(Access(buf.arg, True, idx, self.open_ranges(chain)))
+            srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
+            chain[-1].insert(self.new(L.STORE, None, srcs))
         self.close_loops(chain, len(loops))
 
     def invalidate(self, chain: list[_Scope], slot: int) -> None:
@@ -378,14 +404,44 @@ class _Lowerer:
             self.min_depth = len(chain) - 1
         else:
             chain, dims = self.map_to_loops(globals_, chain)
-        for store in ast.src:
-            self.emit_store(store, chain)
-            self.invalidate(chain, store.src[0].arg)
+        for group in _store_groups(list(ast.src), self.loads_from):
+            gchain = chain
+            if globals_ and not any(r.axis_type is AxisType.GLOBAL for r in group[0].free_ranges):
+                gchain = self.first_worker_chain(chain, caps)
+            self.emit_group(group, gchain)
+            if gchain is not chain:
+                gchain[0].open_children.pop()
+            for store in group:
+                self.invalidate(chain, store.src[0].arg)
         kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
                               thread_split=not caps.has_local, gpu=caps.has_local)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
                           [r.src[0] for r in ranges.values()], caps.grid_max)
         return kernel, info
+
+    def first_worker_chain(self, chain: list[_Scope], caps: Capabilities) -> list[_Scope]:
+        """Stores that use no GLOBAL range run once: on CPU in the call whose chunk starts at 0,
+        on GPU in work-item (0, 0, 0)."""
+        top = chain[0]
+        if True:  # a fresh guard per group: it must come after every value the group reuses
+            zero = self.emit(UOp.const(0, dtypes.index), [top])
+            if caps.has_local:
+                cond = None
+                for idx in self.gpu_ids:
+                    c = self.new(L.ALU, dtypes.bool, (idx, zero), Ops.CMPEQ)
+                    top.insert(c)
+                    if cond is not None:
+                        c2 = self.new(L.ALU, dtypes.bool, (cond, c), Ops.AND)
+                        top.insert(c2)
+                        c = c2
+                    cond = c
+            else:
+                cond = self.new(L.ALU, dtypes.bool, (self.thread_start, zero), Ops.CMPEQ)
+                top.insert(cond)
+            guard = If(cond)
+            top.insert(guard)
+        top.open_children.append(guard)
+        return [top, _Scope(guard.body, None, guard)]
 
     def map_to_loops(self, globals_: list[UOp], chain: list[_Scope]):
         """CPU: nested loops, the outermost over [start, end) given by the caller's thread split."""
@@ -394,6 +450,7 @@ class _Lowerer:
         for i, r in enumerate(globals_):
             if i == 0:
                 start = self.new(L.THREAD_RANGE, dtypes.index, (), "start")
+                self.thread_start = start
                 end = self.new(L.THREAD_RANGE, dtypes.index, (), "end")
                 chain[-1].items.extend([start, end])
                 loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, AxisType.GLOBAL)
@@ -430,6 +487,7 @@ class _Lowerer:
             mul = self.new(L.ALU, dtypes.index, (gid, ls), Ops.MUL); mul.index_math = True
             idx = self.new(L.ALU, dtypes.index, (mul, lid), Ops.ADD); idx.index_math = True
             top.items.extend([mul, idx])
+            self.gpu_ids.append(idx)
             end = self.emit(ext, chain)
             cond = self.new(L.ALU, dtypes.bool, (idx, end), Ops.CMPLT)
             top.items.append(cond)
@@ -477,12 +535,48 @@ class _Lowerer:
         return (local[0], local[1], local[2])
 
 
+def _top_reduces(stores: list[UOp]) -> list[UOp]:
+    """REDUCE nodes reachable from the stores without passing through another REDUCE."""
+    out: list[UOp] = []
+    seen: set[int] = set()
+    stack = [s for st in stores for s in st.src[1:]]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op is Ops.REDUCE:
+            out.append(n)
+            continue
+        stack.extend(n.src)
+    out.reverse()
+    return out
+
+
+def _store_groups(stores: list[UOp], loads_from: dict[int, frozenset[int]]) -> list[list[UOp]]:
+    """Consecutive stores over the same ranges, none reading a buffer another one writes."""
+    groups: list[list[UOp]] = []
+    for st in stores:
+        g = groups[-1] if groups else None
+        if g is not None and g[0].free_ranges == st.free_ranges:
+            written = {s.src[0].arg for s in g} | {st.src[0].arg}
+            read = set(loads_from.get(id(st), ())) | {x for s in g for x in loads_from.get(id(s), ())}
+            if not written & read:
+                g.append(st)
+                continue
+        groups.append([st])
+    return groups
+
+
 def lower(ast: UOp, caps: Capabilities, name: str,
           decompose: Callable[[UOp], UOp | None] | None = None) -> tuple[LinearKernel, LaunchInfo]:
     """Lower a SINK of STOREs for a target with `caps`; `decompose` rewrites ops it lacks."""
     if not isinstance(ast, UOp) or ast.op is not Ops.SINK:
         raise TypeError("a kernel AST is a UOp.sink(...) of stores")
     ast = rewrite(ast, decompose) if decompose is not None else simplify(ast)
+    if caps.register_tile is not None:
+        from .opt import register_tile
+        ast = simplify(register_tile(ast, caps.register_tile))
     if ast.op is not Ops.SINK:
         raise TypeError("decomposition must keep the SINK root")
     return _Lowerer(ast, caps, name).run()
