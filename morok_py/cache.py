@@ -187,11 +187,13 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
         compiled = _method_cache.get(mkey)
         if compiled is None:
             spec = renderer.render(ast, name)
+            if config.debug_level() >= 4 and spec.linear is not None:
+                config.log(f"{spec.name} linear IR:\n{spec.linear.dump()}")
             if config.debug_level() >= 2:
                 config.log(f"{spec.name} source ({renderer.device}):\n{spec.src}")
             compiled = compile_spec(compiler, spec)
-            if config.debug_level() >= 3 and compiled.src is not None:
-                config.log(f"{spec.name} compiled:\n{compiled.src}")
+            if config.debug_level() >= 3:
+                config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
             with _lock:
                 _method_cache[mkey] = compiled
         else:
@@ -202,6 +204,19 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
             stats.loads += 1
             _programs[pkey] = prog
         return prog
+
+
+def _compiled_text(compiler: "Compiler", spec: "ProgramSpec", compiled: "CompiledSpec") -> str:
+    """What MOROK_DEBUG=3 prints: text output as is, binaries as the compiler's disassembly if it has one."""
+    if compiled.src is not None:
+        return compiled.src
+    disassemble = getattr(compiler, "disassemble", None)
+    if disassemble is not None:
+        try:
+            return disassemble(spec)
+        except Exception as e:  # debug output must never break a compile
+            return f"<{len(compiled.payload)} bytes; disassembly failed: {e}>"
+    return f"<{len(compiled.payload)} bytes of {compiled.compiler or 'compiled'} output>"
 
 
 def clear_memory_caches() -> None:
