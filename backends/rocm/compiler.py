@@ -214,3 +214,133 @@ class AMDGPUCompiler(Compiler):
         obj = self.emit_object(spec.src, spec.name)
         hsaco = self.link(obj, spec.name, spec.src)
         return CompiledSpec.from_bytes(spec, hsaco, arch=self.arch, compiler=self.cache_key)
+
+
+# ---- reading code objects (the runtime checks the arch at load; tests check the metadata) ---------
+
+# EF_AMDGPU_MACH_* values: the low byte of e_flags, as LLVM 22 writes them
+EF_AMDGPU_MACH = {
+    "gfx900": 0x2C, "gfx902": 0x2D, "gfx904": 0x2E, "gfx906": 0x2F, "gfx908": 0x30, "gfx909": 0x31,
+    "gfx90a": 0x3F, "gfx90c": 0x32, "gfx942": 0x4C, "gfx950": 0x4F,
+    "gfx1010": 0x33, "gfx1011": 0x34, "gfx1012": 0x35, "gfx1013": 0x42, "gfx1030": 0x36, "gfx1031": 0x37,
+    "gfx1032": 0x38, "gfx1033": 0x39, "gfx1034": 0x3E, "gfx1035": 0x3D, "gfx1036": 0x45,
+    "gfx1100": 0x41, "gfx1101": 0x46, "gfx1102": 0x47, "gfx1103": 0x44, "gfx1150": 0x43, "gfx1151": 0x4A,
+    "gfx1152": 0x55, "gfx1153": 0x58, "gfx1200": 0x48, "gfx1201": 0x4E,
+}
+MACH_TO_ARCH = {v: k for k, v in EF_AMDGPU_MACH.items()}
+EM_AMDGPU = 224
+NT_AMDGPU_METADATA = 32
+ELFOSABI_AMDGPU_HSA = 64
+ELFABIVERSION_AMDGPU_HSA = {4: 2, 5: 3, 6: 4}   # code object version -> EI_ABIVERSION
+
+
+def check_arch(arch: str) -> str:
+    """The base arch name if LLVM here can target it (LLVM only warns and emits generic code otherwise)."""
+    name, _ = parse_arch(arch)
+    if name not in EF_AMDGPU_MACH:
+        raise ValueError(f"unknown AMDGPU arch {name!r}; known: {', '.join(EF_AMDGPU_MACH)}")
+    return name
+
+
+def _elf_sections(data: bytes):
+    import struct
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError("not a little-endian ELF64 file")
+    e_shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    e_shentsize, e_shnum = struct.unpack_from("<HH", data, 0x3A)
+    for i in range(e_shnum):
+        sh_name, sh_type, _flags, _addr, sh_offset, sh_size = struct.unpack_from("<IIQQQQ", data, e_shoff + i * e_shentsize)
+        yield sh_type, data[sh_offset:sh_offset + sh_size]
+
+
+def code_object_header(data: bytes) -> dict:
+    """Machine, arch (from e_flags), OS ABI and ABI version of an AMDGPU ELF."""
+    import struct
+    if len(data) < 64 or data[:4] != b"\x7fELF":
+        raise ValueError("not an ELF file")
+    machine = struct.unpack_from("<H", data, 0x12)[0]
+    flags = struct.unpack_from("<I", data, 0x30)[0]
+    return {"machine": machine, "flags": flags, "arch": MACH_TO_ARCH.get(flags & 0xFF, f"mach-0x{flags & 0xFF:02x}"),
+            "osabi": data[7], "abiversion": data[8]}
+
+
+def code_object_notes(data: bytes) -> list[tuple[str, int, bytes]]:
+    """(name, type, desc) of every note in the ELF's SHT_NOTE sections."""
+    import struct
+    out = []
+    for sh_type, sec in _elf_sections(data):
+        if sh_type != 7:   # SHT_NOTE
+            continue
+        off = 0
+        while off + 12 <= len(sec):
+            namesz, descsz, ntype = struct.unpack_from("<III", sec, off)
+            off += 12
+            name = sec[off:off + namesz].rstrip(b"\0").decode("ascii", "replace")
+            off += (namesz + 3) & ~3
+            out.append((name, ntype, sec[off:off + descsz]))
+            off += (descsz + 3) & ~3
+    return out
+
+
+def msgpack_decode(buf: bytes):
+    """A minimal MessagePack decoder: enough for the AMDGPU metadata note (maps, arrays, ints, strings)."""
+    import struct
+
+    def go(i: int):
+        b = buf[i]
+        if b <= 0x7F: return b, i + 1
+        if 0x80 <= b <= 0x8F: return mapn(b & 0x0F, i + 1)
+        if 0x90 <= b <= 0x9F: return arrn(b & 0x0F, i + 1)
+        if 0xA0 <= b <= 0xBF: return strn(b & 0x1F, i + 1)
+        if b >= 0xE0: return b - 0x100, i + 1
+        if b == 0xC0: return None, i + 1
+        if b == 0xC2: return False, i + 1
+        if b == 0xC3: return True, i + 1
+        fixed = {0xCC: "B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: "b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q",
+                 0xCA: ">f", 0xCB: ">d"}
+        if b in fixed:
+            fmt = fixed[b]
+            return struct.unpack_from(fmt, buf, i + 1)[0], i + 1 + struct.calcsize(fmt)
+        if b in (0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6):
+            width = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}[b]
+            n = int.from_bytes(buf[i + 1:i + 1 + width], "big")
+            if b >= 0xD9:
+                return strn(n, i + 1 + width)
+            return bytes(buf[i + 1 + width:i + 1 + width + n]), i + 1 + width + n
+        if b in (0xDC, 0xDD):
+            width = 2 if b == 0xDC else 4
+            return arrn(int.from_bytes(buf[i + 1:i + 1 + width], "big"), i + 1 + width)
+        if b in (0xDE, 0xDF):
+            width = 2 if b == 0xDE else 4
+            return mapn(int.from_bytes(buf[i + 1:i + 1 + width], "big"), i + 1 + width)
+        raise ValueError(f"msgpack type byte 0x{b:02x} at {i} is not supported")
+
+    def strn(n, i): return buf[i:i + n].decode("utf-8"), i + n
+
+    def arrn(n, i):
+        out = []
+        for _ in range(n):
+            v, i = go(i)
+            out.append(v)
+        return out, i
+
+    def mapn(n, i):
+        out = {}
+        for _ in range(n):
+            k, i = go(i)
+            v, i = go(i)
+            out[k] = v
+        return out, i
+
+    value, end = go(0)
+    if end != len(buf):
+        raise ValueError(f"trailing bytes after msgpack value ({len(buf) - end})")
+    return value
+
+
+def code_object_metadata(data: bytes) -> dict:
+    """The decoded NT_AMDGPU_METADATA note (amdhsa.version, amdhsa.kernels with their .args)."""
+    for name, ntype, desc in code_object_notes(data):
+        if name == "AMDGPU" and ntype == NT_AMDGPU_METADATA:
+            return msgpack_decode(desc)
+    raise ValueError("no AMDGPU metadata note in the code object")

@@ -170,7 +170,9 @@ def _sin_f64() -> str:
         "%ax = call double @llvm.fabs.f64(double %x)",
         "%fin = fcmp olt double %ax, 0x7FF0000000000000",   # false for inf and NaN
         "%res = select i1 %fin, double %v2, double 0x7FF8000000000000",
-        "ret double %res",
+        "%zero = fcmp oeq double %x, 0.0",                  # keeps the sign of -0.0
+        "%out = select i1 %zero, double %x, double %res",
+        "ret double %out",
     ]
     return _fn("__morok_sin_f64", body)
 
