@@ -16,7 +16,7 @@ class CPUDevice(Device):
         compiler = CPUCompiler(arch)
         host, _ = host_cpu()
         self._tm = compiler.target_machine if compiler.arch == host else CPUCompiler(None).target_machine
-        renderer = CPURenderer(spec, llvm().get_process_triple())
+        renderer = CPURenderer(spec, llvm().get_process_triple(), compiler.features or host_cpu()[1])
         super().__init__(spec, HostAllocator(str(spec)), [(renderer, compiler)], self._load, arch=host)
 
     def _load(self, compiled: CompiledSpec) -> CPUProgram:

@@ -65,9 +65,9 @@ class CStylePrinter:
         """Lines before the kernel: includes, typedefs, helpers (may read `self.uses`)."""
         return []
 
-    def kernel_prefix(self) -> str:
-        """What goes before `void name(...)`, e.g. `extern "C" __global__`."""
-        return ""
+    def kernel_decl(self) -> str:
+        """What goes before the kernel's name: `void`, or `extern "C" __global__ void ...` on a GPU."""
+        return "void"
 
     def signature(self) -> str:
         args = []
@@ -77,8 +77,7 @@ class CStylePrinter:
         args += [f"{self.index_type()} var_{n}" for n in self.k.var_names]
         if self.k.thread_split:
             args += [f"{self.index_type()} start", f"{self.index_type()} end"]
-        prefix = self.kernel_prefix()
-        return f"{prefix + ' ' if prefix else ''}void {self.k.name}({', '.join(args)})"
+        return f"{self.kernel_decl()} {self.k.name}({', '.join(args)})"
 
     def special(self, ins: Instr) -> str:
         """An int expression for a work-item id: ins.arg is ('group_id'|'local_id', dim)."""

@@ -50,6 +50,7 @@ class LLVMIRPrinter:
         self.decls: dict[str, str] = {}
         self.block = "entry"
         self.label_id = 0
+        self.metadata: list[str] = []
 
     # ---- target hooks ---------------------------------------------------------------------
     def signature(self) -> str:
@@ -127,7 +128,15 @@ class LLVMIRPrinter:
         out.append("}")
         out.append(self.attributes())
         out.extend(self.trailer())
+        out.extend(self.metadata)
         return "\n".join(out) + "\n"
+
+    def loop_md(self) -> int:
+        if not self.metadata:
+            self.metadata += ['!0 = !{!"llvm.loop.vectorize.enable", i1 false}']
+        n = len(self.metadata)
+        self.metadata.append(f"!{n} = distinct !{{!{n}, !0}}")
+        return n
 
     def items(self, items) -> None:
         if self.block == "entry":
@@ -155,7 +164,10 @@ class LLVMIRPrinter:
         self.start_block(body)
         self.items(lp.body)
         self.emit(f"{latch_val} = add nsw i32 {var}, 1")
-        self.emit(f"br label %{head}")
+        # a loop carrying many accumulators is a register tile: vectorize across the tile's lanes
+        # (SLP), not along the loop, which would turn the tile's row loads into gathers
+        tile = sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4
+        self.emit(f"br label %{head}" + (f", !llvm.loop !{self.loop_md()}" if tile else ""))
         self.lines[phi_index] = (f"  {var} = phi i32 [ {self.ref(lp.start)}, %{pred} ], "
                                  f"[ {latch_val}, %{self.block} ]")
         self.start_block(done)
