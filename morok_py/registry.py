@@ -81,7 +81,7 @@ def _factory(kind: str) -> BackendFactory:
 def get_device(name: "str | DeviceSpec | None" = None) -> Device:
     """Open (once) and return the device named `name`; None means Device.DEFAULT."""
     spec = DeviceSpec.parse(name if name is not None else Device.DEFAULT)
-    key = str(spec)
+    key = f"{spec.type}:{spec.ordinal}"   # not str(spec): that prints CPU:1 as CPU, which skipped the check
     with _lock:
         dev = _devices.get(key)
         if dev is not None:
