@@ -1,0 +1,85 @@
+"""Lowering errors: malformed kernels are refused at render time with a message that says why."""
+from __future__ import annotations
+
+import pytest
+
+from morok_py import AxisType, UOp, dtypes
+
+f32 = dtypes.float32
+x, out = UOp.param(0, f32), UOp.param(1, f32)
+i = UOp.range(4, 0)
+
+
+def render(cpu, ast, name=None):
+    renderer, _ = cpu.pair()
+    return renderer.render(ast, name)
+
+
+def test_param_slots_must_have_no_gaps(cpu):
+    with pytest.raises(ValueError, match=r"param slots must be 0..1 with none missing, got \[0, 2\]"):
+        render(cpu, UOp.sink(UOp.param(2, f32).store(i, x.load(i))))
+
+
+def test_a_slot_has_one_dtype(cpu):
+    ast = UOp.sink(out.store(i, UOp.param(0, dtypes.int32).load(i).cast(f32) + x.load(i)))
+    with pytest.raises(ValueError, match="param slot 0 is declared with two dtypes"):
+        render(cpu, ast)
+
+
+def test_an_axis_has_one_range(cpu):
+    with pytest.raises(ValueError, match="axis 0 is used by two different ranges"):
+        render(cpu, UOp.sink(out.store(i, x.load(UOp.range(5, 0)))))
+
+
+def test_a_variable_has_one_set_of_bounds(cpu):
+    a = UOp.range(UOp.variable("n", 1, 5), 0)
+    b = UOp.range(UOp.variable("n", 1, 6), 1)
+    with pytest.raises(ValueError, match="variable 'n' is declared twice"):
+        render(cpu, UOp.sink(out.store(a, x.load(b))))
+
+
+def test_range_end_may_not_load_memory(cpu):
+    sizes = UOp.param(2, dtypes.int32)
+    ast = UOp.sink(out.store(i, x.load(UOp.range(sizes.load(0), 1, AxisType.LOOP))))
+    with pytest.raises(ValueError, match="end of range 1 must depend only on variables and constants"):
+        render(cpu, ast)
+
+
+def test_reduce_range_must_be_closed_by_a_reduce(cpu):
+    with pytest.raises(ValueError, match="REDUCE range"):
+        render(cpu, UOp.sink(out.store(i, x.load(UOp.range(4, 1, AxisType.REDUCE)))))
+
+
+def test_root_must_be_a_sink(cpu):
+    with pytest.raises(TypeError, match="UOp.sink"):
+        render(cpu, out.store(i, x.load(i)))
+
+
+def test_kernel_name_must_be_an_identifier(cpu):
+    with pytest.raises(ValueError, match="must be an identifier"):
+        render(cpu, UOp.sink(out.store(i, x.load(i))), name="1bad")
+
+
+def test_unnamed_kernels_get_a_name_from_their_key(cpu):
+    ast = UOp.sink(out.store(i, x.load(i)))
+    assert render(cpu, ast).name == "k_" + ast.key[:10]
+
+
+def test_static_kernels_have_concrete_launch_sizes(cpu):
+    spec = render(cpu, UOp.sink(out.store(i, x.load(i))))
+    assert spec.global_size is not None and spec.var_names == ()
+
+
+def test_constant_index_arithmetic_is_folded(cpu):
+    # (i + 0) * 1 + 2 * 3 - 6 is just i: the rendered kernel has no multiply left
+    idx = (i + 0) * 1 + UOp.const(2) * 3 - 6
+    src = render(cpu, UOp.sink(out.store(i, x.load(idx)))).src
+    assert " mul " not in src and "mul nsw" not in src
+
+
+def test_index_bounds_are_known_for_every_access(cpu):
+    n = UOp.variable("n", 1, 100)
+    r = UOp.range(n, 0)
+    spec = render(cpu, UOp.sink(out.store(r, x.load(r * 2 + 1))))
+    _, _, bounds, _ = spec.launch.prepare({"n": 10})
+    assert sorted(b[1:] for b in bounds) == [(False, 1, 19), (True, 0, 9)]
