@@ -21,11 +21,13 @@ class L(enum.Enum):
     SPECIAL = "special"      # arg: ('group_id'|'local_id', dim); GPU work-item ids
     THREAD_RANGE = "thread_range"  # arg: 'start'|'end'; CPU thread-split bounds
     LOOPVAR = "loopvar"      # the variable of a Loop
-    LOAD = "load"            # src: (param, index)
-    STORE = "store"          # src: (param, index, value)
+    LOAD = "load"            # src: (param or local, index)
+    STORE = "store"          # src: (param or local, index, value)
     ACC = "acc"              # a mutable accumulator; arg: initial value
     ACC_LOAD = "acc_load"    # src: (acc,)
     ACC_STORE = "acc_store"  # src: (acc, value)
+    LOCAL = "local"          # work-group shared array; arg: element count; dtype: element dtype
+    BARRIER = "barrier"      # work-group barrier (after shared-memory stores)
     ALU = "alu"              # arg: Ops; src: operands
 
 
@@ -51,6 +53,7 @@ class Loop:
     end: Instr
     kind: AxisType
     body: list["Item"] = field(default_factory=list)
+    step: Instr | None = None   # None: 1; a work-group-strided loop steps by the group size
 
 
 @dataclass(eq=False)

@@ -51,6 +51,7 @@ class LLVMIRPrinter:
         self.block = "entry"
         self.label_id = 0
         self.metadata: list[str] = []
+        self.globals: list[str] = []
 
     # ---- target hooks ---------------------------------------------------------------------
     def signature(self) -> str:
@@ -68,6 +69,11 @@ class LLVMIRPrinter:
 
     def trailer(self) -> list[str]:
         return []
+
+    local_ptr = "ptr addrspace(3)"   # work-group shared memory (NVPTX and AMDGPU agree on 3)
+
+    def barrier(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no work-group barrier")
 
     # ---- helpers ----------------------------------------------------------------------------
     def declare(self, name: str, ret: str, *args: str) -> str:
@@ -119,6 +125,7 @@ class LLVMIRPrinter:
         if self.triple:
             out.append(f'target triple = "{self.triple}"')
         out.extend(self.decls.values())
+        out.extend(self.globals)
         out.append(self.signature() + " {")
         out.append("entry:")
         out.extend("  " + a for a in self.allocas)
@@ -163,7 +170,8 @@ class LLVMIRPrinter:
         self.emit(f"br i1 %v{lp.var.id}.c, label %{body}, label %{done}")
         self.start_block(body)
         self.items(lp.body)
-        self.emit(f"{latch_val} = add nsw i32 {var}, 1")
+        step = self.ref(lp.step) if lp.step is not None else "1"
+        self.emit(f"{latch_val} = add nsw i32 {var}, {step}")
         # a loop carrying many accumulators is a register tile: vectorize across the tile's lanes
         # (SLP), not along the loop, which would turn the tile's row loads into gathers
         tile = sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4
@@ -187,25 +195,34 @@ class LLVMIRPrinter:
         r = self.ref(ins)
         if k is L.SPECIAL:
             self.emit(f"{r} = {self.special(ins)}")
+        elif k is L.LOCAL:
+            self.globals.append(f"@smem{ins.id} = internal addrspace(3) global [{ins.arg} x "
+                                f"{self.mem_ty(ins.dtype)}] undef, align 16")
+        elif k is L.BARRIER:
+            self.emit(self.barrier())
         elif k is L.LOAD:
             buf, idx = ins.src
             mt = self.mem_ty(ins.dtype)
-            self.emit(f"{r}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            pt = self.local_ptr if buf.kind is L.LOCAL else self.ptr
+            base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
+            self.emit(f"{r}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
             if ins.dtype.is_bool:
-                self.emit(f"{r}.m = load i8, {self.ptr} {r}.p, align 1")
+                self.emit(f"{r}.m = load i8, {pt} {r}.p, align 1")
                 self.emit(f"{r} = icmp ne i8 {r}.m, 0")
             else:
-                self.emit(f"{r} = load {mt}, {self.ptr} {r}.p, align {ins.dtype.itemsize}")
+                self.emit(f"{r} = load {mt}, {pt} {r}.p, align {ins.dtype.itemsize}")
         elif k is L.STORE:
             buf, idx, val = ins.src
             dt = val.dtype
             mt = self.mem_ty(dt)
-            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            pt = self.local_ptr if buf.kind is L.LOCAL else self.ptr
+            base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
+            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
             v = self.ref(val)
             if dt.is_bool:
                 self.emit(f"%s{ins.id}.m = zext i1 {v} to i8")
                 v = f"%s{ins.id}.m"
-            self.emit(f"store {mt} {v}, {self.ptr} %s{ins.id}.p, align {dt.itemsize}")
+            self.emit(f"store {mt} {v}, {pt} %s{ins.id}.p, align {dt.itemsize}")
         elif k is L.ACC:
             self.allocas.append(f"%acc{ins.id} = alloca {self.ty(ins.dtype)}")
             init = self.ref(Instr(L.CONST, ins.dtype, (), ins.arg, -1))

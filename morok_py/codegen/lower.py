@@ -32,6 +32,7 @@ class Capabilities:
     grid_max: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     warp_size: int = 1
     register_tile: tuple[int, int] | None = None   # CPU: (rows, columns) of a reduction's output tile
+    group_reduce: bool = False    # GPU: row kernels get one work-group per output row, reducing in shared memory
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class LaunchInfo:
 
     def __init__(self, params: list[ParamInfo], variables: list[Variable], dims: list[UOp],
                  local_size: tuple[int, int, int], gpu: bool, accesses: list[Access],
-                 range_ends: list[UOp], grid_max: tuple[int, int, int]) -> None:
+                 range_ends: list[UOp], grid_max: tuple[int, int, int], group_per_item: bool = False) -> None:
+        self.group_per_item = group_per_item
         self.params = params
         self.variables = variables
         self.var_names = [v.name for v in variables]
@@ -117,7 +119,7 @@ class LaunchInfo:
         if self.gpu:
             gs = [1, 1, 1]
             for i, e in enumerate(extents):
-                gs[i] = max(1, -(-max(e, 0) // self.local_size[i]))
+                gs[i] = max(1, e if self.group_per_item else -(-max(e, 0) // self.local_size[i]))
                 if gs[i] > self.grid_max[i]:
                     raise LaunchError(f"launch needs {gs[i]} groups in dimension {i}, over the device limit {self.grid_max[i]}")
             if any(e <= 0 for e in extents):
@@ -202,6 +204,9 @@ class _Lowerer:
         self.first_worker: If | None = None
         self.thread_start: Instr | None = None
         self.gpu_ids: list[Instr] = []
+        self.group_mode = False
+        self.group_size = 1
+        self.lid: Instr | None = None
 
     def new(self, kind: L, dtype: DType | None, src=(), arg: Any = None) -> Instr:
         self.next_id += 1
@@ -238,6 +243,9 @@ class _Lowerer:
                              f"defines it")
         depth = self.depth_of(node, chain)
         if node.op is Ops.REDUCE:
+            if self.group_mode and self.at_group_top(chain, depth):
+                self.emit_reduces([node], chain, depth, cooperative=True)
+                return chain[depth].memo[node]
             out = self.emit_reduce(node, chain, depth)
         else:
             srcs = [self.emit(s, chain) for s in node.src]
@@ -262,10 +270,14 @@ class _Lowerer:
     def open_ranges(self, chain: list[_Scope]) -> tuple[UOp, ...]:
         return tuple(sc.range for sc in chain if sc.range is not None)
 
-    def open_loop(self, rng: UOp, chain: list[_Scope], depth: int) -> list[_Scope]:
+    def open_loop(self, rng: UOp, chain: list[_Scope], depth: int, distributed: bool = False) -> list[_Scope]:
         end = self.emit(rng.src[0], chain)
-        start = self.emit(UOp.const(0, dtypes.index), chain)
-        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type)
+        if distributed:   # work-item lid takes lid, lid + group, lid + 2*group, ...
+            start = self.lid
+            step = self.emit(UOp.const(self.group_size, dtypes.index), chain)
+        else:
+            start, step = self.emit(UOp.const(0, dtypes.index), chain), None
+        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step)
         self.place(loop, chain, depth)
         chain[depth].open_children.append(loop)
         new_chain = chain[:depth + 1] + [_Scope(loop.body, rng, loop)]
@@ -282,8 +294,14 @@ class _Lowerer:
         self.emit_reduces([node], chain, depth)
         return chain[depth].memo[node]
 
-    def emit_reduces(self, nodes: list[UOp], chain: list[_Scope], depth: int) -> None:
-        """REDUCEs over the same ranges share one loop nest, one accumulator each."""
+    def at_group_top(self, chain: list[_Scope], depth: int) -> bool:
+        """In group mode: no loop is open between the group's top and `depth`."""
+        return all(sc.range is None for sc in chain[:depth + 1])
+
+    def emit_reduces(self, nodes: list[UOp], chain: list[_Scope], depth: int, cooperative: bool = False) -> None:
+        """REDUCEs over the same ranges share one loop nest, one accumulator each. A cooperative
+        reduce strides its outermost range over the work-group, then combines the partial results
+        through shared memory; every work-item gets the result."""
         ranges = sorted(nodes[0].src[1:], key=lambda r: r.axis)
         accs = []
         for node in nodes:
@@ -297,8 +315,8 @@ class _Lowerer:
             self.place(acc, chain, depth)
             accs.append(acc)
         inner = chain[:depth + 1]
-        for r in ranges:
-            inner = self.open_loop(r, inner, len(inner) - 1)
+        for n_r, r in enumerate(ranges):
+            inner = self.open_loop(r, inner, len(inner) - 1, distributed=cooperative and n_r == 0)
         for node, acc in zip(nodes, accs):
             val = self.emit(node.src[0], inner)
             cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
@@ -311,7 +329,41 @@ class _Lowerer:
         for node, acc in zip(nodes, accs):
             res = self.new(L.ACC_LOAD, node.dtype, (acc,))
             self.place(res, chain, depth)
+            if cooperative:
+                res = self.combine_in_group(res, node.arg, chain, depth)
             chain[depth].memo[node] = res
+
+    def combine_in_group(self, part: Instr, op: Ops, chain: list[_Scope], depth: int) -> Instr:
+        """Tree-combine one partial value per work-item in shared memory; all items get the total."""
+        size = self.group_size
+        dt = part.dtype
+        put = lambda it: self.place(it, chain, depth)  # noqa: E731
+        smem = self.new(L.LOCAL, dt, (), size)
+        put(smem)
+        lid = self.lid
+        put(self.new(L.STORE, None, (smem, lid, part)))
+        put(self.new(L.BARRIER, None))
+        s = size // 2
+        while s >= 1:
+            c = self.emit(UOp.const(s, dtypes.index), chain)
+            cond = self.new(L.ALU, dtypes.bool, (lid, c), Ops.CMPLT)
+            put(cond)
+            br = If(cond)
+            other = self.new(L.ALU, dtypes.index, (lid, c), Ops.ADD)
+            other.index_math = True
+            a = self.new(L.LOAD, dt, (smem, lid))
+            b = self.new(L.LOAD, dt, (smem, other))
+            v = self.new(L.ALU, dt, (a, b), op)
+            v.reassoc = True
+            br.body.extend([other, a, b, v, self.new(L.STORE, None, (smem, lid, v))])
+            put(br)
+            put(self.new(L.BARRIER, None))
+            s //= 2
+        zero = self.emit(UOp.const(0, dtypes.index), chain)
+        res = self.new(L.LOAD, dt, (smem, zero))
+        put(res)
+        put(self.new(L.BARRIER, None))   # everyone has read the total before the array is reused
+        return res
 
     def emit_group(self, stores: list[UOp], chain: list[_Scope]) -> None:
         """Stores over the same ranges share their loops; their reductions are fused."""
@@ -322,12 +374,13 @@ class _Lowerer:
                                  f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them "
                                  f"LOOP ranges")
         loops = sorted((r for r in stores[0].free_ranges if r.axis_type is AxisType.LOOP), key=lambda r: r.axis)
-        for r in loops:
-            chain = self.open_loop(r, chain, len(chain) - 1)
+        for n_r, r in enumerate(loops):
+            chain = self.open_loop(r, chain, len(chain) - 1, distributed=self.group_mode and n_r == 0)
         if len(stores) > 1:
             buckets: dict[tuple, list[UOp]] = {}
             for red in _top_reduces(stores):
-                if self.lookup(red, chain) is None:
+                if self.lookup(red, chain) is None and not (self.group_mode and
+                                                          self.at_group_top(chain, self.depth_of(red, chain))):
                     key = (tuple(sorted(red.src[1:], key=lambda r: r.axis)), self.depth_of(red, chain))
                     buckets.setdefault(key, []).append(red)
             for (_, depth), reds in buckets.items():
@@ -337,7 +390,15 @@ class _Lowerer:
             buf, idx, val = store.src
             self.accesses.append(Access(buf.arg, True, idx, self.open_ranges(chain)))
             srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
-            chain[-1].insert(self.new(L.STORE, None, srcs))
+            st = self.new(L.STORE, None, srcs)
+            if self.group_mode and not loops:
+                # one output per work-group: work-item 0 writes it
+                zero = self.emit(UOp.const(0, dtypes.index), chain)
+                cond = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
+                chain[-1].insert(cond)
+                chain[-1].insert(If(cond, [st]))
+            else:
+                chain[-1].insert(st)
         self.close_loops(chain, len(loops))
 
     def invalidate(self, chain: list[_Scope], slot: int) -> None:
@@ -399,7 +460,12 @@ class _Lowerer:
         chain = [top]
         dims: list[UOp] = []
         local = (1, 1, 1)
-        if caps.has_local:
+        self.group_mode = (caps.has_local and caps.group_reduce and len(globals_) <= 1
+                           and any(r.axis_type is AxisType.REDUCE for r in ranges.values()))
+        if self.group_mode:
+            chain, dims, local = self.map_to_group_per_row(globals_, chain)
+            self.min_depth = len(chain) - 1
+        elif caps.has_local:
             chain, dims, local = self.map_to_groups(globals_, chain)
             self.min_depth = len(chain) - 1
         else:
@@ -416,8 +482,31 @@ class _Lowerer:
         kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
                               thread_split=not caps.has_local, gpu=caps.has_local)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
-                          [r.src[0] for r in ranges.values()], caps.grid_max)
+                          [r.src[0] for r in ranges.values()], caps.grid_max, group_per_item=self.group_mode)
         return kernel, info
+
+    def map_to_group_per_row(self, globals_: list[UOp], chain: list[_Scope]):
+        """GPU row kernels: work-group g handles row g of the (at most one) GLOBAL range; its
+        work-items share the row's loops and reductions."""
+        top = chain[0]
+        self.group_size = size = self.caps.default_group
+        gid = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
+        self.lid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
+        top.items.extend([gid, self.lid])
+        self.gpu_ids.append(gid)
+        inner = _Scope([], None)
+        if globals_:
+            self.global_instr[id(globals_[0])] = gid
+            dims = [globals_[0].src[0]]
+        else:
+            dims = [UOp.const(1, dtypes.index)]
+        guard = If(self.emit(UOp.const(True, dtypes.bool), chain))
+        top.items.append(guard)
+        top.open_children.append(guard)
+        inner = _Scope(guard.body, None, guard)
+        for r in globals_:
+            inner.memo[r] = gid
+        return chain + [inner], dims, (size, 1, 1)
 
     def first_worker_chain(self, chain: list[_Scope], caps: Capabilities) -> list[_Scope]:
         """Stores that use no GLOBAL range run once: on CPU in the call whose chunk starts at 0,
