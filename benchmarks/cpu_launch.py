@@ -1,0 +1,104 @@
+"""CPU launch overhead: one launch of a small cached kernel against a bare ctypes call of the
+same function pointer with the same arguments.
+
+    python benchmarks/cpu_launch.py [--quick]
+
+(`benchmarks/launch.py` measures the same on CUDA against a bare cuLaunchKernel.)
+
+Measured per launch, as the mean over a loop of calls, median over repeats:
+- bare ctypes: `CFUNCTYPE(None, void* x3, int32 x3)(program.address)(a, b, c, n, 0, n)`
+- `Program.execute(ptrs, vals, gs, ls)`: the raw path (target: <= 3x the bare call)
+- `Program.__call__(a, b, c, n=n)`: the friendly path, with its launch checks
+- `ExecutionPlan.run()`: per launch, a plan of many launches replayed
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+
+import harness as H
+from harness import np
+
+TARGET = 3.0
+
+
+def per_call(fn, calls: int, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = H.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=16, help="elements of the tiny add")
+    p.add_argument("--calls", type=int, default=20000, help="launches per timed loop")
+    args = p.parse_args()
+    if args.device.upper() != "CPU":
+        raise SystemExit("cpu_launch.py measures the CPU device; use benchmarks/launch.py for CUDA")
+    if args.quick:
+        args.calls, args.repeats = 2000, 3
+    from morok_py import Buffer, ExecutionPlan
+    from morok_py import kernels as K
+
+    dev = H.open_device("CPU")
+    mach = H.machine(dev)
+    res = H.Results("cpu_launch", dev, args)
+    n = args.n
+    rng = np.random.default_rng(0)
+    a, b = (Buffer.from_numpy(rng.standard_normal(n).astype(np.float32), dev) for _ in range(2))
+    c = dev.buffer(n, a.dtype)
+    prog = dev.compile(K.add(), name="bench_launch_add")
+    info = prog.launch
+    gs, ls = info.launch_dims({"n": n})
+    ptrs, vals = [a.ptr, b.ptr, c.ptr], [n]
+    prog(a, b, c, n=n)
+    H.check_close("tiny add", c.numpy(), a.numpy() + b.numpy())
+
+    # the CPU ABI: buffers, variables, then the [start, end) of the outer parallel range
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * 3 + [ctypes.c_int32] * 3))
+    bare = proto(prog.address)
+    extent = gs[0]
+    pa, pb, pc = ptrs
+    plan_len = 100
+    plan = ExecutionPlan(dev)
+    for _ in range(plan_len):
+        plan.add(prog, a, b, c, n=n)
+    plan.run()
+
+    cases = [
+        ("bare ctypes call", lambda: bare(pa, pb, pc, n, 0, extent), 1),
+        ("Program.execute", lambda: prog.execute(ptrs, vals, gs, ls), 1),
+        ("Program.__call__", lambda: prog(a, b, c, n=n), 1),
+        ("ExecutionPlan.run (per launch)", plan.run, plan_len),
+    ]
+    bar = H.Progress(len(cases), "cpu launch")
+    times = {}
+    for label, fn, per in cases:
+        bar.step(label)
+        times[label] = per_call(fn, max(1, args.calls // per), args.repeats) / per
+        bar.advance()
+    bar.close()
+    t_bare = times["bare ctypes call"]
+    common = {"kernel": "add", "n": n}
+    res.add("cpu_launch_bare_ctypes", n, "s", t_bare, label="bare ctypes", **common)
+    for label, key, tgt in (("Program.execute", "cpu_launch_execute", 1 / TARGET),
+                            ("Program.__call__", "cpu_launch_call", None),
+                            ("ExecutionPlan.run (per launch)", "cpu_launch_plan", None)):
+        res.add(key, n, "s", times[label], "bare ctypes", t_bare, target=tgt, label=label,
+                over_bare=times[label] / t_bare, **common)
+    rows = [[label, H.fmt_time(t), f"{t / t_bare:.2f}x",
+             ("met" if t / t_bare <= TARGET else "MISSED") + f" (<= {TARGET:g}x)" if label == "Program.execute" else ""]
+            for label, t in times.items()]
+    H.table(rows, ["launch of a cached add (n=%d)" % n, "per launch", "vs bare ctypes", "target"],
+            f"\nCPU launch overhead on {mach['model']} (a kernel this small runs on the calling thread)")
+    res.save()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,468 @@
+"""The shared benchmark harness: device selection, warm-up and repeats with the median, timers
+(the program's own `wait=True` time; CUDA events for GPU peers; `perf_counter` on the CPU), a
+progress bar, a terminal table, the machine record, JSON under `benchmarks/results/` and a PNG chart.
+
+Records are flat: one per (benchmark, size, peer), so that a reader filters them with one
+comprehension. A measurement with no peer is one record with `peer: null`. `ratio` is ours over
+the peer's, oriented so that higher is better (for times: peer_time / our_time).
+
+Every script of one device, machine and day writes into the same JSON file
+(`<device>-<gpu or cpu model>-<date>.json`); each replaces only its own records (`script`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# a source checkout runs without installing: put the repository root on the path
+try:
+    import morok_py  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# command line and device
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default=os.environ.get("MOROK_DEVICE", "CPU"),
+                   help="CPU, CUDA, CUDA:1, ROCM (default: $MOROK_DEVICE or CPU)")
+    p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
+    p.add_argument("--repeats", type=int, default=7, help="timed runs; the median is reported")
+    p.add_argument("--no-save", action="store_true", help="print only: write no JSON or PNG")
+    p.add_argument("--results", default=str(RESULTS), help="folder for the JSON and PNG")
+    return p
+
+
+def open_device(name: str):
+    from morok_py import Device
+    return Device[name]
+
+
+def is_gpu(dev) -> bool:
+    return dev.spec.type in ("CUDA", "ROCM")
+
+
+def optional(module: str):
+    """Import a peer library if it is installed (and usable), else None."""
+    try:
+        return importlib.import_module(module)
+    except Exception:
+        return None
+
+
+def gpu_peer_libs(dev) -> dict[str, Any]:
+    """The GPU peers that are installed and see a GPU of this device's vendor: {'cupy': cp, 'torch': torch}."""
+    out: dict[str, Any] = {}
+    if not is_gpu(dev):
+        return out
+    cp = optional("cupy")
+    if cp is not None:
+        try:
+            cp.cuda.Device(dev.spec.ordinal).use()
+            cp.cuda.runtime.getDeviceCount()
+            out["cupy"] = cp
+        except Exception as e:
+            note(f"cupy is installed but unusable here ({type(e).__name__}: {e}); skipping it")
+    torch = optional("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():   # ROCm builds of torch answer here too
+                torch.cuda.set_device(dev.spec.ordinal)
+                out["torch"] = torch
+        except Exception as e:
+            note(f"torch is installed but unusable here ({type(e).__name__}: {e}); skipping it")
+    return out
+
+
+def note(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+
+def measure(fn: Callable[[], float | None], warmup: int = 2, repeats: int = 7,
+            min_time: float = 0.0, max_repeats: int = 2000, budget: float = 15.0) -> float:
+    """Median seconds of `fn`. `fn` returns its own time (a program's `wait=True` time, an event
+    time, a Python float) or anything else (None, a result), in which case it is timed with perf_counter. With `min_time`, short runs are
+    repeated until about that much time was spent (at most `max_repeats`), which steadies tiny sizes.
+    A slow `fn` stops after 3 runs once `budget` seconds are spent (warm-up drops to one run)."""
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        fn()
+        if time.perf_counter() - t0 > budget / 4:
+            break
+    times: list[float] = []
+    spent = 0.0
+    while True:
+        t0 = time.perf_counter()
+        t = fn()
+        wall = time.perf_counter() - t0
+        times.append(t if type(t) is float else wall)   # other return values are results, not times
+        spent += wall
+        if len(times) >= min(3, repeats) and spent >= budget:
+            break
+        if len(times) >= repeats and (spent >= min_time or len(times) >= max_repeats):
+            break
+    return statistics.median(times)
+
+
+def event_timer(lib_name: str, lib) -> Callable[[Callable[[], Any]], float]:
+    """A function that runs `fn` between two GPU events of the peer library and returns seconds."""
+    if lib_name == "cupy":
+        cp = lib
+
+        def run(fn):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return cp.cuda.get_elapsed_time(start, end) / 1e3
+        return run
+    if lib_name == "torch":
+        torch = lib
+
+        def run(fn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return run
+    raise ValueError(lib_name)
+
+
+def gpu_sync(lib_name: str, lib) -> None:
+    if lib_name == "cupy":
+        lib.cuda.get_current_stream().synchronize()
+    elif lib_name == "torch":
+        lib.cuda.synchronize()
+
+
+def cache_bytes() -> int:
+    """The host's last-level cache in bytes (for rotating inputs that would otherwise stay cached)."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for idx in base.glob("index*"):
+            s = (idx / "size").read_text().strip()
+            m = re.match(r"(\d+)([KMG]?)", s)
+            if m:
+                best = max(best, int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
+    except OSError:
+        pass
+    return best or (32 << 20)
+
+
+def rotations(nbytes: int, cache: int, cap: int = 64) -> int:
+    """How many input sets to cycle through so that their total is at least twice the cache."""
+    if nbytes <= 0 or nbytes >= cache:
+        return 1
+    return max(1, min(cap, math.ceil(2 * cache / nbytes)))
+
+
+class Cycle:
+    """Calls `fns[i % len(fns)]`: the same work on rotating input sets."""
+
+    def __init__(self, fns: Sequence[Callable[[], Any]]) -> None:
+        self.fns, self.i = list(fns), 0
+
+    def __call__(self):
+        f = self.fns[self.i % len(self.fns)]
+        self.i += 1
+        return f()
+
+
+# ---------------------------------------------------------------------------------------------
+# progress bar
+
+
+class Progress:
+    """tqdm when installed, else a plain text bar on stderr (one line per step when not a terminal)."""
+
+    def __init__(self, total: int, desc: str = "") -> None:
+        self.total, self.desc, self.n = max(total, 1), desc, 0
+        self.t0 = time.perf_counter()
+        tqdm = optional("tqdm")
+        self._tqdm = tqdm.tqdm(total=total, desc=desc, file=sys.stderr, leave=False) if tqdm else None
+        self._tty = sys.stderr.isatty()
+        self.label = ""
+
+    def step(self, label: str = "") -> None:
+        """Announce the step about to run."""
+        self.label = label
+        if self._tqdm is not None:
+            self._tqdm.set_postfix_str(label)
+            return
+        self._draw()
+
+    def advance(self) -> None:
+        self.n += 1
+        if self._tqdm is not None:
+            self._tqdm.update(1)
+
+    def _draw(self) -> None:
+        width = 28
+        filled = int(width * self.n / self.total)
+        bar = "#" * filled + "-" * (width - filled)
+        line = f"{self.desc} [{bar}] {self.n}/{self.total} {time.perf_counter() - self.t0:6.1f}s {self.label}"
+        if self._tty:
+            sys.stderr.write("\r" + line[:160].ljust(160))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+        elif self._tty:
+            sys.stderr.write("\r" + " " * 160 + "\r")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class Results:
+    """Collects records for one script and writes them into the day's JSON file."""
+
+    script: str
+    device: Any
+    args: argparse.Namespace
+    records: list[dict] = field(default_factory=list)
+
+    def add(self, name: str, size: int, unit: str, value: float, peer: str | None = None,
+            peer_value: float | None = None, higher_is_better: bool = False, **extra: Any) -> dict:
+        """One record. `unit` is the unit of value and peer_value; the ratio is oriented so that
+        higher is better for us whatever the unit."""
+        rec: dict[str, Any] = {"script": self.script, "name": name, "size": size, "unit": unit,
+                               "value": value, "peer": peer, "peer_value": peer_value, "ratio": None}
+        if peer_value is not None and value and peer_value:
+            rec["ratio"] = (value / peer_value) if higher_is_better else (peer_value / value)
+        rec["better"] = "higher" if higher_is_better else "lower"
+        rec.update(extra)
+        self.records.append(rec)
+        return rec
+
+    def save(self, chart: Callable[[Path], None] | None = None) -> Path | None:
+        if self.args.no_save:
+            return None
+        mach = machine(self.device)
+        folder = Path(self.args.results)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{slug(mach['device'].split(':')[0])}-{slug(mach['model'])}-{mach['date']}"
+        if self.args.quick:
+            stem += "-quick"
+        path = folder / f"{stem}.json"
+        old: list[dict] = []
+        if path.exists():
+            try:
+                old = [r for r in json.loads(path.read_text()).get("results", []) if r.get("script") != self.script]
+            except (ValueError, OSError):
+                old = []
+        doc = {"machine": mach, "results": old + self.records}
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+        os.replace(tmp, path)
+        note(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        if chart is not None:
+            png = folder / f"{stem}-{self.script}.png"
+            if optional("matplotlib") is None:
+                note("matplotlib is not installed: skipping the chart (pip install matplotlib)")
+            else:
+                chart(png)
+                note(f"wrote {png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}")
+        return path
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    return str(o)
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", text.lower())
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+    return s[:48] or "unknown"
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+        return version(module)
+    except Exception:
+        mod = optional(module)
+        return getattr(mod, "__version__", None) if mod else None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name(dev) -> str | None:
+    info: dict = {}
+    try:
+        info = dev.info() or {}
+    except Exception:
+        pass
+    for k in ("name", "gpu", "device_name"):
+        if info.get(k):
+            return str(info[k])
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader",
+                              f"--id={dev.spec.ordinal}"], capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except Exception:
+        pass
+    return None
+
+
+_MACHINE: dict | None = None
+
+
+def machine(dev) -> dict:
+    """The machine record: device, model (GPU name or CPU model), cores, library versions."""
+    global _MACHINE
+    if _MACHINE is not None:
+        return _MACHINE
+    import morok_py
+    from morok_py import config
+    cpu = _cpu_model()
+    gpu = _gpu_name(dev) if is_gpu(dev) else None
+    info: dict = {}
+    try:
+        info = {k: v for k, v in (dev.info() or {}).items() if isinstance(v, (str, int, float, bool, list))}
+    except Exception:
+        pass
+    libs = {"morok_py": morok_py.__version__}
+    for name, dist in (("numpy", "numpy"), ("llvmlite", "llvmlite"), ("cuda-bindings", "cuda-bindings"),
+                       ("cupy", None), ("torch", "torch"), ("numba", "numba"), ("hip-python", "hip-python")):
+        if dist is None:   # cupy ships under several distribution names
+            v = next((_version(d) for d in ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x")
+                      if _version(d)), None)
+        else:
+            v = _version(dist)
+        if v:
+            libs[name] = v
+    try:
+        git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        git = None
+    _MACHINE = {
+        "device": dev.name, "model": gpu or cpu, "gpu": gpu, "cpu": cpu, "cores": os.cpu_count(),
+        "cpu_threads": config.cpu_threads(), "arch": getattr(dev, "arch", ""),
+        "compiler": dev.compiler.cache_key, "device_info": info,
+        "python": platform.python_version(), "platform": platform.platform(), "libraries": libs,
+        "git": git, "date": _dt.date.today().isoformat(),
+        # other work on the machine skews the numbers: the 1-minute load average when the run began
+        "loadavg_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "env": {k: v for k, v in os.environ.items()
+                if k.startswith("MOROK_") or k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                                   "NUMBA_NUM_THREADS")},
+    }
+    return _MACHINE
+
+
+# ---------------------------------------------------------------------------------------------
+# terminal output
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        scale = {"GiB": 1 << 30, "MiB": 1 << 20, "KiB": 1 << 10}[unit]
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_value(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if unit == "s":
+        return fmt_time(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" + (f" {unit}" if unit else "")
+    return str(v) + (f" {unit}" if unit else "")
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], title: str = "") -> str:
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    line = "  ".join("-" * w for w in widths)
+    out = [title] if title else []
+    out.append("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    out.append(line)
+    for r in rows:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    text = "\n".join(out)
+    print(text, flush=True)
+    return text
+
+
+def results_table(records: Sequence[dict], title: str = "") -> str:
+    rows = []
+    for r in records:
+        ratio = r.get("ratio")
+        tgt = r.get("target")
+        mark = ""
+        if tgt is not None and ratio is not None:
+            mark = f"{'met' if ratio >= tgt else 'MISSED'} (>= {tgt:g}x)"
+        rows.append([r["name"], r.get("label", r["size"]), fmt_value(r["value"], r["unit"]), r["peer"] or "-",
+                     fmt_value(r["peer_value"], r["unit"]), "-" if ratio is None else f"{ratio:.2f}x", mark])
+    return table(rows, ["benchmark", "size", "ours", "peer", "peer's", "ratio", "target"], title)
+
+
+def check_close(name: str, got: np.ndarray, want: np.ndarray, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Correctness before speed: stop the run if a kernel's answer is wrong."""
+    got = np.asarray(got, dtype=np.float64).reshape(want.shape)
+    want = np.asarray(want, dtype=np.float64)
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        err = np.max(np.abs(got - want))
+        raise SystemExit(f"{name}: result differs from numpy (max abs error {err:.3g}); not timing a wrong kernel")
