@@ -83,6 +83,13 @@ class CStylePrinter:
         """An int expression for a work-item id: ins.arg is ('group_id'|'local_id', dim)."""
         raise NotImplementedError(f"{type(self).__name__} has no work-item ids")
 
+    def shared_decl(self, ins: Instr) -> str:
+        """A work-group shared array (CUDA and HIP spell it the same)."""
+        return f"__shared__ {self.mem_type(ins.dtype)} smem{ins.id}[{ins.arg}];"
+
+    def barrier(self) -> str:
+        return "__syncthreads();"
+
     def half_type(self, dt: DType) -> str:
         """The C type holding a float16/bfloat16 value (storage and registers alike)."""
         return "unsigned short"
@@ -133,6 +140,8 @@ class CStylePrinter:
             return self.const(ins.arg, ins.dtype)
         if k is L.PARAM:
             return f"p{ins.arg}"
+        if k is L.LOCAL:
+            return f"smem{ins.id}"
         if k is L.VAR:
             return f"var_{ins.arg}"
         if k is L.THREAD_RANGE:
@@ -190,7 +199,8 @@ class CStylePrinter:
 
     def loop(self, lp: Loop) -> None:
         v = self.ref(lp.var)
-        self.emit(f"for ({self.index_type()} {v} = {self.ref(lp.start)}; {v} < {self.ref(lp.end)}; {v}++) {{")
+        inc = f"{v}++" if lp.step is None else f"{v} += {self.ref(lp.step)}"
+        self.emit(f"for ({self.index_type()} {v} = {self.ref(lp.start)}; {v} < {self.ref(lp.end)}; {inc}) {{")
         self.depth += 1
         self.items(lp.body)
         self.depth -= 1
@@ -212,6 +222,10 @@ class CStylePrinter:
             return
         if k is L.SPECIAL:
             self.define(ins, self.special(ins))
+        elif k is L.LOCAL:
+            self.emit(self.shared_decl(ins))
+        elif k is L.BARRIER:
+            self.emit(self.barrier())
         elif k is L.LOAD:
             buf, idx = ins.src
             val = f"{self.ref(buf)}[{self.ref(idx)}]"
