@@ -174,7 +174,9 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
     mkey = method_key(device, compiler, ast, name)
     pkey = (device.name,) + mkey
     prog = _programs.get(pkey)
-    if prog is not None:
+    # a device re-created under the same name (register_backend, a fresh create_device) must not get
+    # programs loaded into the old instance
+    if prog is not None and prog.device is device:
         with _lock:
             stats.method_hits += 1
         return prog
@@ -182,7 +184,7 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
         klock = _key_locks.setdefault(mkey, threading.Lock())
     with klock:   # one compile per key even when threads race
         prog = _programs.get(pkey)
-        if prog is not None:
+        if prog is not None and prog.device is device:
             return prog
         compiled = _method_cache.get(mkey)
         if compiled is None:

@@ -172,3 +172,21 @@ def test_unwritable_cache_dir_still_compiles(cpu, tmp_path, monkeypatch):
 def test_disk_cache_rejects_non_digest_keys(tmp_path):
     with pytest.raises(ValueError, match="sha256"):
         DiskCache(tmp_path).get("../../etc/passwd")
+
+
+def test_a_recreated_device_gets_its_own_programs(clean_registry, rng):
+    from morok_py import Device, register_backend
+    from morok_py.backends.cpu.device import CPUDevice
+    register_backend("RECREATED", CPUDevice)
+    old = Device["RECREATED"]
+    ast = unique_kernel(5.5)
+    assert old.compile(ast).device is old
+    register_backend("RECREATED", CPUDevice)       # replaces the backend and drops the opened device
+    new = Device["RECREATED"]
+    assert new is not old
+    prog = new.compile(ast)
+    assert prog.device is new
+    x = rng.standard_normal(7).astype(np.float32)
+    out = new.buffer(7, dtypes.float32)
+    prog(new.buffer(7, dtypes.float32).copyin(x), out, n=7)
+    np.testing.assert_allclose(out.numpy(), x * np.float32(5.5))
