@@ -3,6 +3,7 @@ splitting the outermost parallel axis over worker threads when the work pays for
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,12 +57,14 @@ class CPUProgram(Program):
         self._fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
         self.address = addr
         self._nvars = nvars
+        self._nbuf = compiled.buf_count
+        self._threads: dict[tuple, int] = {}
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
                 global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
                 wait: bool = False) -> float | None:
-        if len(buffers) != self.compiled.buf_count or len(vals) != self._nvars:
-            raise LaunchError(f"{self.name} takes {self.compiled.buf_count} buffers and {self._nvars} values, "
+        if len(buffers) != self._nbuf or len(vals) != self._nvars:
+            raise LaunchError(f"{self.name} takes {self._nbuf} buffers and {self._nvars} values, "
                               f"got {len(buffers)} and {len(vals)}")
         if global_size is None:
             global_size = self.compiled.global_size
@@ -69,18 +72,27 @@ class CPUProgram(Program):
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         extent = global_size[0]
         t0 = time.perf_counter() if wait else 0.0
-        threads = config.cpu_threads() if extent > 1 else 1
-        if threads > 1 and self._work(vals) >= PARALLEL_MIN_WORK:
+        threads = 1
+        if extent > 1:
+            key = (tuple(vals), os.environ.get("MOROK_CPU_THREADS"))
+            threads = self._threads.get(key, 0)
+            if not threads:
+                threads = self._decide_threads(vals)
+                if len(self._threads) > 1024:
+                    self._threads.clear()
+                self._threads[key] = threads
+        if threads > 1:
             self._parallel(buffers, vals, extent, threads)
         else:
             self._fn(*buffers, *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
 
-    def _work(self, vals: Sequence[int]) -> int:
+    def _decide_threads(self, vals: Sequence[int]) -> int:
+        """Worker threads for these values: one unless the work pays for the hand-off."""
+        n = config.cpu_threads()
         info = self.launch
-        if info is None:
-            return 1 << 62
-        return info.prepare(dict(zip(info.var_names, vals)))[3]
+        work = 1 << 62 if info is None else info.prepare(dict(zip(info.var_names, vals)))[3]
+        return n if work >= PARALLEL_MIN_WORK else 1
 
     def _parallel(self, buffers, vals, extent: int, threads: int) -> None:
         chunks = min(threads, extent)
