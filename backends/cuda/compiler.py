@@ -1,0 +1,265 @@
+"""The two CUDA compilers, both producing CUBIN for one `sm_XY` arch (never PTX for the run path:
+PTX from a newer toolchain than the driver is rejected by the driver):
+
+- `NVRTCCompiler` (cache_key "nvrtc"): CUDA C -> NVRTC -> CUBIN.
+- `NVPTXCompiler` (cache_key "llvm-nvptx"): NVPTX LLVM IR -> llvmlite -> PTX -> nvJitLink -> CUBIN.
+
+Neither needs a GPU or a driver: NVRTC and nvJitLink come from the nvidia-cuda-nvrtc and
+nvidia-nvjitlink wheels, found through cuda-pathfinder.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import threading
+
+from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.errors import CompileError, DeviceUnavailableError
+
+INSTALL = "pip install morok-py[cuda]"
+_ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d)(\d{1,2})([af]?)$")
+
+
+def normalize_arch(arch: "str | tuple[int, int]") -> str:
+    """'sm_90', '90', 'compute_90', (9, 0) -> 'sm_90'; keeps the 'a'/'f' suffix of sm_90a / sm_100f."""
+    if isinstance(arch, tuple):
+        return f"sm_{arch[0]}{arch[1]}"
+    if not isinstance(arch, str):
+        raise TypeError(f"a CUDA arch is a string like 'sm_90', got {arch!r}")
+    m = _ARCH_RE.match(arch.strip().lower())
+    if not m:
+        raise ValueError(f"{arch!r} is not a CUDA arch; expected sm_XY like sm_80 or sm_90 (or sm_90a)")
+    return f"sm_{m.group(1)}{m.group(2)}{m.group(3)}"
+
+
+def arch_number(arch: str) -> int:
+    """'sm_90a' -> 90."""
+    m = _ARCH_RE.match(normalize_arch(arch))
+    return int(m.group(1) + m.group(2))
+
+
+def load_library(name: str) -> str:
+    """Load libnvrtc / libnvJitLink from the pip wheels (or a toolkit) through cuda-pathfinder."""
+    try:
+        import cuda.pathfinder as pathfinder
+    except ImportError as e:
+        raise DeviceUnavailableError("CUDA", f"cuda-pathfinder is not importable ({e})", INSTALL) from None
+    try:
+        return pathfinder.load_nvidia_dynamic_lib(name).abs_path or name
+    except Exception as e:  # DynamicLibNotFoundError and friends
+        raise DeviceUnavailableError("CUDA", f"lib{name} was not found ({e})", INSTALL) from None
+
+
+def _nvrtc():
+    load_library("nvrtc")
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise DeviceUnavailableError("CUDA", f"cuda-bindings is not importable ({e})", INSTALL) from None
+    return nvrtc
+
+
+def _nvjitlink():
+    load_library("nvJitLink")
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError as e:
+        raise DeviceUnavailableError("CUDA", f"cuda-bindings is not importable ({e})", INSTALL) from None
+    return nvjitlink
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    nvrtc = _nvrtc()
+    err, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_supported_archs() -> tuple[int, ...]:
+    nvrtc = _nvrtc()
+    err, archs = nvrtc.nvrtcGetSupportedArchs()
+    return tuple(int(a) for a in archs)
+
+
+class NVRTCCompiler(Compiler):
+    """CUDA C -> CUBIN with NVRTC."""
+
+    cache_key = "nvrtc"
+
+    def __init__(self, arch: str) -> None:
+        self.arch = normalize_arch(arch)
+        self.options = (f"--gpu-architecture={self.arch}",)
+
+    def available(self) -> str | None:
+        try:
+            supported = nvrtc_supported_archs()
+        except DeviceUnavailableError as e:
+            return e.reason
+        if arch_number(self.arch) not in supported:
+            return f"NVRTC {'.'.join(map(str, nvrtc_version()))} cannot target {self.arch} (it supports sm_" \
+                   f"{', sm_'.join(map(str, supported))})"
+        return None
+
+    def identity(self) -> str:
+        major, minor = nvrtc_version()
+        return f"nvrtc-{major}.{minor}/{self.arch}/{' '.join(self.options)}"
+
+    def command(self, name: str) -> str:
+        return f"nvcc -cubin -arch={self.arch} -o {name}.cubin {name}.cu"
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        why = self.available()
+        if why is not None:
+            raise CompileError(f"cannot compile {spec.name} for {self.arch}: {why}", src=spec.src,
+                               command=self.command(spec.name), kernel=spec.name)
+        nvrtc = _nvrtc()
+        err, prog = nvrtc.nvrtcCreateProgram(spec.src.encode(), f"{spec.name}.cu".encode(), 0, [], [])
+        _check_nvrtc(nvrtc, err, "nvrtcCreateProgram")
+        try:
+            (err,) = nvrtc.nvrtcCompileProgram(prog, len(self.options), [o.encode() for o in self.options])
+            log = _nvrtc_log(nvrtc, prog)
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise CompileError(f"NVRTC rejected kernel {spec.name} ({err.name}) for {self.arch}", log=log,
+                                   src=spec.src, command=self.command(spec.name), kernel=spec.name)
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            _check_nvrtc(nvrtc, err, "nvrtcGetCUBINSize")
+            cubin = b" " * size
+            (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+            _check_nvrtc(nvrtc, err, "nvrtcGetCUBIN")
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+        return CompiledSpec.from_bytes(spec, cubin, arch=self.arch, compiler=self.cache_key)
+
+
+def _check_nvrtc(nvrtc, err, call: str) -> None:
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{call} failed with {err.name}")
+
+
+def _nvrtc_log(nvrtc, prog) -> str:
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS or size <= 1:
+        return ""
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    return log.rstrip(b"\0").decode(errors="replace")
+
+
+# ---- LLVM NVPTX + nvJitLink ---------------------------------------------------------------------
+
+_llvm_lock = threading.Lock()
+_llvm_ready = False
+
+
+def _llvm():
+    global _llvm_ready
+    try:
+        import llvmlite.binding as binding
+    except ImportError as e:
+        raise DeviceUnavailableError("CUDA", f"llvmlite is not importable ({e})", "pip install llvmlite") from None
+    with _llvm_lock:
+        if not _llvm_ready:
+            binding.initialize_all_targets()
+            binding.initialize_all_asmprinters()
+            _llvm_ready = True
+    return binding
+
+
+class NVPTXCompiler(Compiler):
+    """NVPTX LLVM IR -> PTX (llvmlite, O3) -> CUBIN (nvJitLink)."""
+
+    cache_key = "llvm-nvptx"
+
+    def __init__(self, arch: str, opt: int = 3) -> None:
+        self.arch = normalize_arch(arch)
+        self.opt = opt
+        self._tm = None
+        self._lock = threading.Lock()
+
+    def available(self) -> str | None:
+        try:
+            self.target_machine()
+            nvjitlink = _nvjitlink()
+            nvjitlink.version()
+        except DeviceUnavailableError as e:
+            return e.reason
+        except Exception as e:   # e.g. an LLVM without the NVPTX target
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    def target_machine(self):
+        if self._tm is None:
+            b = _llvm()
+            target = b.Target.from_triple("nvptx64-nvidia-cuda")
+            self._tm = target.create_target_machine(cpu=self.arch, features="", opt=self.opt)
+        return self._tm
+
+    def identity(self) -> str:
+        import llvmlite
+        b = _llvm()
+        major, minor = _nvjitlink().version()
+        return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
+                f"nvjitlink-{major}.{minor}/{self.arch}/O{self.opt}")
+
+    def command(self, name: str) -> str:
+        # ptxas is the toolkit's equivalent of nvJitLink's PTX -> CUBIN step
+        return (f"llc -O{self.opt} -mtriple=nvptx64-nvidia-cuda -mcpu={self.arch} {name}.ll -o {name}.ptx && "
+                f"ptxas -O{self.opt} -arch={self.arch} {name}.ptx -o {name}.cubin")
+
+    def ptx(self, spec: ProgramSpec) -> str:
+        """Optimized PTX text (also what `MOROK_DEBUG=3` and `morok compile --emit` can show)."""
+        b = _llvm()
+        with self._lock:   # a TargetMachine is not safe to share between threads
+            tm = self.target_machine()
+            try:
+                mod = b.parse_assembly(spec.src)
+                mod.verify()
+            except RuntimeError as e:
+                raise CompileError(f"LLVM rejected kernel {spec.name}", log=str(e), src=spec.src,
+                                   command=self.command(spec.name), kernel=spec.name) from None
+            mod.data_layout = str(tm.target_data)
+            pto = b.create_pipeline_tuning_options(speed_level=self.opt)
+            pb = b.create_pass_builder(tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+            return tm.emit_assembly(mod)
+
+    def link(self, ptx: str, name: str, src: str = "") -> bytes:
+        nvjitlink = _nvjitlink()
+        opts = [f"-arch={self.arch}", f"-O{self.opt}"]
+        handle = nvjitlink.create(len(opts), opts)
+        try:
+            data = ptx.encode()
+            try:
+                nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), f"{name}.ptx")
+                nvjitlink.complete(handle)
+            except nvjitlink.nvJitLinkError as e:
+                log = _jitlink_log(nvjitlink, handle)
+                raise CompileError(f"nvJitLink rejected kernel {name} for {self.arch} ({e})", log=log + "\nPTX:\n" + ptx,
+                                   src=src, command=self.command(name), kernel=name) from None
+            size = nvjitlink.get_linked_cubin_size(handle)
+            cubin = bytearray(size)
+            nvjitlink.get_linked_cubin(handle, cubin)
+            return bytes(cubin)
+        finally:
+            nvjitlink.destroy(handle)
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        why = self.available()
+        if why is not None:
+            raise CompileError(f"cannot compile {spec.name} for {self.arch}: {why}", src=spec.src,
+                               command=self.command(spec.name), kernel=spec.name)
+        cubin = self.link(self.ptx(spec), spec.name, spec.src)
+        return CompiledSpec.from_bytes(spec, cubin, arch=self.arch, compiler=self.cache_key)
+
+
+def _jitlink_log(nvjitlink, handle) -> str:
+    try:
+        size = nvjitlink.get_error_log_size(handle)
+        if size <= 1:
+            return ""
+        log = bytearray(size)
+        nvjitlink.get_error_log(handle, log)
+        return log.rstrip(b"\0").decode(errors="replace")
+    except Exception:
+        return ""

@@ -1,0 +1,190 @@
+"""The CUDA device: `CUDA` / `CUDA:n` over the primary context of GPU n.
+
+Two compiler pairs, both to CUBIN for the device's compute capability (or `MOROK_CUDA_ARCH`):
+CUDA C -> NVRTC ("nvrtc", the default) and NVPTX LLVM IR -> llvmlite -> nvJitLink ("llvm-nvptx").
+Each device has one stream that every launch and copy goes through; `synchronize()` waits for it.
+
+Without a driver, `create_device` raises DeviceUnavailableError, unless `MOROK_CUDA_ARCH` is set:
+then it returns a compile-only device (real renderers and compilers; allocating or loading raises
+DeviceUnavailableError). `compile_only_pairs(arch)` gives the pairs without any device at all.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from morok_py import config
+from morok_py.device import Allocator, CompiledSpec, Compiler, Device, DeviceSpec, Renderer
+from morok_py.errors import DeviceError, DeviceUnavailableError
+
+from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, normalize_arch
+from .renderer import CUDARenderer, NVPTXRenderer
+
+_tls = threading.local()   # the device whose context is current on this thread
+
+
+def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[tuple[Renderer, Compiler]]:
+    """The (renderer, compiler) pairs of a CUDA device for `arch` (e.g. 'sm_90'), needing no GPU or
+    driver: [(CUDA C, NVRTC), (NVPTX LLVM IR, llvmlite + nvJitLink)], both producing CUBIN."""
+    a = normalize_arch(arch)
+    spec = DeviceSpec.parse(device)
+    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a))]
+
+
+def driver_missing() -> str | None:
+    """None when the NVIDIA driver library can be loaded, else why not (loads nothing else)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:
+        return f"cuda-bindings is not importable ({e})"
+    try:
+        err, version = cu.cuDriverGetVersion()
+    except Exception as e:   # cuda.pathfinder's DynamicLibNotFoundError when libcuda is absent
+        return f"no NVIDIA driver: {str(e).splitlines()[0]}"
+    if err != cu.CUresult.CUDA_SUCCESS:
+        return f"cuDriverGetVersion failed with {err.name}"
+    return None
+
+
+_NO_DRIVER_HINT = ("CUDA kernels can still be rendered and compiled without one: set MOROK_CUDA_ARCH=sm_90, "
+                   "run `morok compile --device CUDA --arch sm_90 KERNEL`, or use "
+                   "morok_py.backends.cuda.compile_only_pairs('sm_90')")
+
+
+class CUDADevice(Device):
+    def __init__(self, spec: DeviceSpec) -> None:
+        from cuda.bindings import driver as cu
+
+        from morok_py.registry import claim_gpu_stack
+
+        from .allocator import CUDAAllocator
+        from .runtime import check
+
+        self.closed = False
+        self.spec = spec
+        claim_gpu_stack("CUDA")
+        try:
+            check(cu.cuInit(0), "cuInit")
+            count = check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        except DeviceError as e:
+            raise DeviceUnavailableError(str(spec), f"the CUDA driver did not initialize ({e})") from None
+        if spec.ordinal >= count:
+            raise DeviceUnavailableError(str(spec), f"there {'is' if count == 1 else 'are'} {count} CUDA GPU(s); "
+                                                    f"ordinals are 0..{count - 1}" if count else "no CUDA GPU found")
+        self.handle = check(cu.cuDeviceGet(spec.ordinal), "cuDeviceGet")
+        self.context = check(cu.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+        check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        _tls.device = self
+        attr = cu.CUdevice_attribute
+        major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.handle), "cuDeviceGetAttribute")
+        minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle), "cuDeviceGetAttribute")
+        self.compute_capability = (int(major), int(minor))
+        self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        device_arch = f"sm_{major}{minor}"
+        override = config.arch_override("CUDA")
+        compile_arch = normalize_arch(override) if override else device_arch
+        super().__init__(spec, CUDAAllocator(self), compile_only_pairs(compile_arch, spec), self._load,
+                         arch=device_arch)
+
+    # -- context, stream ----------------------------------------------------------------------
+    def make_current(self) -> None:
+        """Make this GPU's primary context current on the calling thread (cheap when it already is)."""
+        if getattr(_tls, "device", None) is not self:
+            from cuda.bindings import driver as cu
+            from .runtime import check
+            check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+            _tls.device = self
+
+    def synchronize(self) -> None:
+        from cuda.bindings import driver as cu
+        from .runtime import check
+        self.make_current()
+        check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory."""
+        from cuda.bindings import driver as cu
+        from .runtime import check
+        self.make_current()
+        free, total = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def _load(self, compiled: CompiledSpec):
+        from .runtime import CUDAProgram
+        return CUDAProgram(self, compiled)
+
+    # -- graphs -------------------------------------------------------------------------------
+    def capture_plan(self, plan):
+        """Capture an ExecutionPlan's launches into a CUDA graph; returns the replay callable."""
+        from .runtime import capture_plan
+        return capture_plan(self, plan)
+
+    # -- what `morok devices` prints ----------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        from cuda.bindings import driver as cu
+        from .runtime import check
+        name = check(cu.cuDeviceGetName(256, self.handle), "cuDeviceGetName")
+        name = name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)
+        free, total = self.mem_info()
+        sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                            self.handle), "cuDeviceGetAttribute")
+        drv = check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+        pairs = {}
+        for _, c in self.compilers:
+            why = c.available()
+            pairs[c.cache_key] = "ok" if why is None else why
+        return {"name": name, "arch": self.arch, "compute_capability": "%d.%d" % self.compute_capability,
+                "memory_total": total, "memory_free": free, "multiprocessors": int(sms),
+                "driver": f"{drv // 1000}.{(drv % 1000) // 10}", "compile_arch": self.compiler.arch,
+                "compilers": [k for k, v in pairs.items() if v == "ok"], "compiler_status": pairs}
+
+
+class _NoMemory(Allocator):
+    """The allocator of a compile-only device: every use says why there is no memory."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name)
+        self.reason = reason
+
+    def _alloc(self, nbytes: int) -> int:
+        raise DeviceUnavailableError(self.device_name, f"compile-only device, no driver ({self.reason})", INSTALL)
+
+    def _free(self, handle: int, nbytes: int) -> None:
+        pass
+
+    def copyin(self, handle: int, src) -> None:
+        self._alloc(0)
+
+    def copyout(self, dst, handle: int) -> None:
+        self._alloc(0)
+
+
+class CUDACompileOnlyDevice(Device):
+    """`Device["CUDA"]` on a machine without a driver when MOROK_CUDA_ARCH is set: the real renderers
+    and compilers for that arch, so `dev.renderer.render` / `dev.compiler.compile` work; allocating
+    memory or loading a program raises DeviceUnavailableError naming the missing driver."""
+
+    compile_only = True
+
+    def __init__(self, spec: DeviceSpec, arch: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(spec, _NoMemory(str(spec), reason), compile_only_pairs(arch, spec), self._load,
+                         arch=normalize_arch(arch))
+
+    def _load(self, compiled: CompiledSpec):
+        raise DeviceUnavailableError(self.name, f"compile-only device: cannot load {compiled.name} ({self.reason})",
+                                     INSTALL)
+
+    def info(self) -> dict[str, Any]:
+        return {"name": "compile-only (no driver)", "arch": self.arch, "compile_only": True, "reason": self.reason,
+                "compilers": [c.cache_key for _, c in self.compilers if c.available() is None]}
+
+
+def create_device(spec: DeviceSpec) -> Device:
+    why = driver_missing()
+    if why is not None:
+        override = config.arch_override("CUDA")
+        if override:
+            return CUDACompileOnlyDevice(spec, override, why)
+        raise DeviceUnavailableError(str(spec), f"{why.rstrip('.')}. {_NO_DRIVER_HINT}")
+    return CUDADevice(spec)

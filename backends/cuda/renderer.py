@@ -1,0 +1,195 @@
+"""The two CUDA renderers: CUDA C (for NVRTC) and LLVM IR for the NVPTX target (for llvmlite).
+
+Both print the same lowered kernel. CUDA C keeps half and bfloat16 as 16-bit patterns converted with
+`cvt` (NVRTC ships no cuda_fp16.h without a toolkit, and the kernel needs nothing else from it).
+NVPTX has no instruction for sin or log2 that LLVM selects without a libm (and LLVM aborts the
+process on an unselectable op), so those go through nvvm intrinsics or small IR helpers.
+"""
+from __future__ import annotations
+
+import math
+
+from morok_py.codegen.c_like import CStylePrinter
+from morok_py.codegen.linear import Instr, LinearKernel
+from morok_py.codegen.llvm_ir import LLVMIRPrinter
+from morok_py.codegen.lower import Capabilities
+from morok_py.device import DeviceSpec, Renderer
+from morok_py.dtypes import DType
+from morok_py.ir import Ops
+
+# what every NVIDIA GPU since Kepler offers; lowering picks 256-thread blocks for 1-D launches
+CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64),
+                         max_threads_per_group=1024, default_group=256, grid_max=(2**31 - 1, 65535, 65535),
+                         warp_size=32)
+
+
+# ---- kernel symbols ----------------------------------------------------------------------------
+
+# Functions NVRTC declares with C linkage in every program (the CUDA math API and a few runtime
+# calls): an `extern "C"` kernel cannot take one of these names.
+_MATH = ("acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cospi cyl_bessel_i0 cyl_bessel_i1 "
+         "erf erfc erfcinv erfcx erfinv exp exp10 exp2 expm1 fabs fdim floor fma fmax fmin fmod frexp hypot "
+         "ilogb isfinite isinf isnan j0 j1 jn ldexp lgamma llrint llround log log10 log1p log2 logb lrint lround "
+         "modf nan nearbyint nextafter norm norm3d norm4d normcdf normcdfinv pow rcbrt remainder remquo rhypot "
+         "rint rnorm rnorm3d rnorm4d round rsqrt scalbln scalbn signbit sin sincos sincospi sinh sinpi sqrt tan "
+         "tanh tgamma trunc y0 y1 yn").split()
+RESERVED_SYMBOLS = frozenset(_MATH + [m + "f" for m in _MATH] + [m + "l" for m in _MATH] + (
+    "abs labs llabs max min umax umin llmax llmin ullmax ullmin malloc free memcpy memset printf assert "
+    "clock clock64 main").split())
+
+
+def cuda_symbol(name: str) -> str:
+    """The kernel's symbol in the CUBIN: its name, unless NVRTC reserves that name (`exp`, `sin`,
+    `max`, ... or a leading `__`), then `<name>_kernel`. Both renderers and the runtime use this."""
+    return f"{name}_kernel" if name in RESERVED_SYMBOLS or name.startswith("__") else name
+
+
+# ---- CUDA C ----------------------------------------------------------------------------------
+
+_CUDA_HALF_HELPERS = {
+    "float16": [
+        "typedef unsigned short morok_half;  /* IEEE float16 bits */",
+        "__device__ __forceinline__ float morok_h2f(morok_half h) "
+        "{ float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }",
+        "__device__ __forceinline__ morok_half morok_f2h(float f) "
+        "{ morok_half h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }",
+    ],
+    "bfloat16": [
+        "typedef unsigned short morok_bf16;  /* bfloat16 bits: the top half of a float32 */",
+        "__device__ __forceinline__ float morok_bf2f(morok_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }",
+        # round to nearest even, NaN stays a quiet NaN (what LLVM's fptrunc to bfloat does)
+        "__device__ __forceinline__ morok_bf16 morok_f2bf(float f) { unsigned int u = __float_as_uint(f); "
+        "if ((u & 0x7fffffffu) > 0x7f800000u) return (morok_bf16)0x7fc0u; "
+        "return (morok_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
+    ],
+}
+
+
+class CUDACPrinter(CStylePrinter):
+    """CUDA C: `extern "C" __global__`, `__launch_bounds__`, `__restrict__`, blockIdx/threadIdx."""
+
+    def kernel_decl(self) -> str:
+        threads = max(1, math.prod(self.k.local_size))
+        return f'extern "C" __global__ void __launch_bounds__({threads})'
+
+    def signature(self) -> str:
+        return super().signature().replace(f" {self.k.name}(", f" {cuda_symbol(self.k.name)}(", 1)
+
+    def special(self, ins: Instr) -> str:
+        kind, dim = ins.arg
+        base = {"group_id": "blockIdx", "local_id": "threadIdx"}[kind]
+        return f"(int){base}.{'xyz'[dim]}"
+
+    def half_type(self, dt: DType) -> str:
+        return "morok_half" if dt.name == "float16" else "morok_bf16"
+
+    def half_to_float(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_h2f' if dt.name == 'float16' else 'morok_bf2f'}({expr})"
+
+    def float_to_half(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_f2h' if dt.name == 'float16' else 'morok_f2bf'}({expr})"
+
+    def prelude(self) -> list[str]:
+        out: list[str] = []
+        for name in ("float16", "bfloat16"):
+            if name in self.uses:
+                out.extend(_CUDA_HALF_HELPERS[name])
+        return out
+
+
+class CUDARenderer(Renderer):
+    """CUDA C for NVRTC."""
+
+    caps = CUDA_CAPS
+
+    def __init__(self, device: DeviceSpec, arch: str = "") -> None:
+        super().__init__(device)
+        self.arch = arch
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        return CUDACPrinter(kernel).render()
+
+
+# ---- NVPTX LLVM IR ---------------------------------------------------------------------------
+
+NVPTX_TRIPLE = "nvptx64-nvidia-cuda"
+# LLVM 22's layout for nvptx64 (the compiler re-sets it from its target machine)
+NVPTX_DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
+
+
+def _f64_helpers():
+    # Double-precision sin/exp2/log2 as IR functions: NVPTX, like AMDGPU, has no instruction for
+    # them and no libm. The ROCm backend's renderer holds the (pure LLVM IR) implementation.
+    from morok_py.backends.rocm.renderer import F64_HELPER_DECLS, F64_HELPERS
+    return F64_HELPERS, F64_HELPER_DECLS
+
+
+class NVPTXPrinter(LLVMIRPrinter):
+    """LLVM IR for nvptx64: `ptx_kernel` entry, global-address-space buffers, nvvm special registers."""
+
+    ptr = "ptr addrspace(1)"
+    triple = NVPTX_TRIPLE
+    datalayout = NVPTX_DATALAYOUT
+    param_attrs = "noalias"
+
+    def __init__(self, kernel: LinearKernel) -> None:
+        super().__init__(kernel)
+        self.helpers: dict[str, str] = {}
+
+    def signature(self) -> str:
+        args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
+        args += [f"i32 %var_{n}" for n in self.k.var_names]
+        return f"define ptx_kernel void @{cuda_symbol(self.k.name)}({', '.join(args)}) #0"
+
+    def attributes(self) -> str:
+        threads = max(1, math.prod(self.k.local_size))
+        return f'attributes #0 = {{ nounwind "nvvm.maxntid"="{threads}" }}'
+
+    def special(self, ins: Instr) -> str:
+        kind, dim = ins.arg
+        reg = {"group_id": "ctaid", "local_id": "tid"}[kind]
+        name = f"llvm.nvvm.read.ptx.sreg.{reg}.{'xyz'[dim]}"
+        self.declare(name, "i32")
+        return f"call i32 @{name}()"
+
+    def trailer(self) -> list[str]:
+        return list(self.helpers.values())
+
+    def f64_helper(self, op: Ops, a: str) -> str:
+        helpers, decls = _f64_helpers()
+        name, build = helpers[op]
+        if name not in self.helpers:
+            self.helpers[name] = build()
+            self.decls.update(decls)
+        return f"call double @{name}(double {a})"
+
+    def unary_float(self, op: Ops, dt: DType, a: str) -> str:
+        if dt.name == "float64" and op in (Ops.SIN, Ops.EXP2, Ops.LOG2):
+            return self.f64_helper(op, a)
+        if dt.name == "float32":
+            if op is Ops.LOG2:
+                # llvm.log2.f32 has no NVPTX lowering; lg2.approx is within 2^-22 absolute
+                self.declare("llvm.nvvm.lg2.approx.f", "float", "float")
+                return f"call float @llvm.nvvm.lg2.approx.f(float {a})"
+            if op is Ops.SIN:
+                # sin.approx loses accuracy outside [-pi, pi]: go through the double helper, rounded once
+                tmp = f"%sin{len(self.lines)}"
+                self.emit(f"{tmp}.d = fpext float {a} to double")
+                self.emit(f"{tmp}.r = {self.f64_helper(op, f'{tmp}.d')}")
+                return f"fptrunc double {tmp}.r to float"
+        return super().unary_float(op, dt, a)
+
+
+class NVPTXRenderer(Renderer):
+    """LLVM IR for llvmlite's NVPTX backend."""
+
+    caps = CUDA_CAPS
+
+    def __init__(self, device: DeviceSpec, arch: str = "") -> None:
+        super().__init__(device)
+        self.arch = arch
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        return NVPTXPrinter(kernel).render()

@@ -1,0 +1,220 @@
+"""CUBIN loading and launching through the driver API of cuda-bindings.
+
+Arguments are packed once per program: every kernel parameter gets an 8-byte slot in one ctypes
+array, and the `void**` array pointing at the slots is built at load time. A launch only rewrites
+the slots whose values changed and passes the `void**` address as an int, so cuda-bindings does no
+per-call packing and a launch costs about what a bare `cuLaunchKernel` with pre-packed arguments does.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import TYPE_CHECKING, Sequence
+
+from cuda.bindings import driver as cu
+
+from morok_py.device import CompiledSpec, Program
+from morok_py.errors import DeviceError, LaunchError
+
+from .compiler import arch_number, normalize_arch
+from .renderer import cuda_symbol
+
+if TYPE_CHECKING:
+    from .device import CUDADevice
+
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+
+
+def error_text(err) -> str:
+    try:
+        e2, s = cu.cuGetErrorString(err)
+        if e2 == _SUCCESS and s:
+            return s.decode() if isinstance(s, bytes) else str(s)
+    except Exception:
+        pass
+    return ""
+
+
+def check(result, call: str):
+    """Unpack a cuda-bindings result tuple; a failure becomes DeviceError(call, code, CUresult name)."""
+    err = result[0]
+    if err != _SUCCESS:
+        raise DeviceError(call, int(err), getattr(err, "name", str(err)), error_text(err))
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+# ---- CUBIN inspection (pure: usable without a GPU) -----------------------------------------------
+
+def cubin_arch(data: bytes) -> str:
+    """The `sm_XY` a CUBIN was built for, read from its ELF header (e_flags)."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not a 64-bit ELF CUBIN")
+    abi_version = data[8]
+    (e_flags,) = struct.unpack_from("<I", data, 48)
+    sm = (e_flags >> 8) & 0xFF if abi_version >= 8 else e_flags & 0xFF
+    return f"sm_{sm}"
+
+
+def check_cubin_arch(name: str, data: bytes, compiled_arch: str, device_arch: str, device_name: str) -> None:
+    """Refuse, at load time, a CUBIN that cannot run on this device, naming both archs.
+
+    CUBIN runs on the arch it was built for and on later minor versions of the same major
+    (sm_80 code on sm_86), never across majors; arch-specific targets (sm_90a) need that exact arch.
+    """
+    try:
+        built = cubin_arch(data)
+    except ValueError as e:
+        raise DeviceError("cuModuleLoadData", 0, "INVALID_IMAGE", f"{name}: {e}") from None
+    want = normalize_arch(device_arch)
+    b, d = arch_number(built), arch_number(want)
+    specific = compiled_arch.endswith(("a", "f"))
+    ok = (b // 10 == d // 10 and b % 10 <= d % 10) and not (specific and normalize_arch(compiled_arch) != want)
+    if not ok:
+        shown = compiled_arch or built
+        raise DeviceError("cuModuleLoadData", 0, "ARCH_MISMATCH",
+                          f"{name} was compiled for {shown} but {device_name} is {want}; compile for {want} "
+                          f"(unset MOROK_CUDA_ARCH, or set it to {want})")
+
+
+# ---- programs -----------------------------------------------------------------------------------
+
+class CUDAProgram(Program):
+    """One CUBIN kernel loaded into a device's primary context."""
+
+    def __init__(self, device: "CUDADevice", compiled: CompiledSpec) -> None:
+        super().__init__(device, compiled)
+        if compiled.bytes is None:
+            raise LaunchError(f"{compiled.name}: the CUDA runtime loads CUBIN bytes, got source only")
+        check_cubin_arch(compiled.name, compiled.bytes, compiled.arch, device.arch, device.name)
+        device.make_current()
+        self._module = check(cu.cuModuleLoadData(compiled.bytes), "cuModuleLoadData")
+        self.symbol = cuda_symbol(compiled.name)
+        self._fn = check(cu.cuModuleGetFunction(self._module, self.symbol.encode()), "cuModuleGetFunction")
+        self._nbufs = compiled.buf_count
+        self._nvars = len(compiled.var_names)
+        n = max(1, self._nbufs + self._nvars)
+        # one 8-byte slot per parameter (pointers are 8 bytes; an int32 reads the low 4, little endian)
+        self._slots = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(self._slots)
+        self._argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        self.kernel_params = ctypes.addressof(self._argv)   # the void** handed to cuLaunchKernel
+        self._last: list[int] | None = None
+        self._stream = device.stream
+        self._events = None
+
+    @property
+    def function(self):
+        """The CUfunction handle (for tools and the launch benchmark)."""
+        return self._fn
+
+    def _events_pair(self):
+        if self._events is None:
+            flags = cu.CUevent_flags.CU_EVENT_DEFAULT
+            self._events = (check(cu.cuEventCreate(flags), "cuEventCreate"),
+                            check(cu.cuEventCreate(flags), "cuEventCreate"))
+        return self._events
+
+    def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
+                global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
+                wait: bool = False) -> float | None:
+        if len(buffers) != self._nbufs or len(vals) != self._nvars:
+            raise LaunchError(f"{self.name} takes {self._nbufs} buffers and {self._nvars} values, "
+                              f"got {len(buffers)} and {len(vals)}")
+        if global_size is None:
+            global_size = self.compiled.global_size
+            if global_size is None:
+                raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
+        if local_size is None:
+            local_size = self.compiled.local_size or (1, 1, 1)
+        args = [*buffers, *vals]
+        if args != self._last:
+            self._slots[0:len(args)] = [a & 0xFFFFFFFFFFFFFFFF for a in args]
+            self._last = list(args)
+        dev = self.device
+        dev.make_current()
+        if not global_size[0] or not global_size[1] or not global_size[2]:
+            return 0.0 if wait else None     # nothing to do: CUDA refuses empty grids
+        stream = self._stream
+        if wait:
+            start, end = self._events_pair()
+            check(cu.cuEventRecord(start, stream), "cuEventRecord")
+        (err,) = cu.cuLaunchKernel(self._fn, global_size[0], global_size[1], global_size[2],
+                                   local_size[0], local_size[1], local_size[2], 0, stream, self.kernel_params, 0)
+        if err:
+            raise DeviceError("cuLaunchKernel", int(err), err.name,
+                              f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: {error_text(err)}")
+        if wait:
+            check(cu.cuEventRecord(end, stream), "cuEventRecord")
+            check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+            ms = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+            return float(ms) * 1e-3
+        return None
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_events", None):
+                for e in self._events:
+                    cu.cuEventDestroy(e)
+            if getattr(self, "_module", None) is not None:
+                cu.cuModuleUnload(self._module)
+        except Exception:
+            pass
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------
+
+class CUDAGraph:
+    """An ExecutionPlan captured by stream capture: one `cuGraphLaunch` replays every kernel.
+
+    Kernel arguments are copied into the graph at capture, so the programs' slots may change after.
+    """
+
+    def __init__(self, device: "CUDADevice", graph, graph_exec, kernels: int) -> None:
+        self.device, self.graph, self.graph_exec, self.kernels = device, graph, graph_exec, kernels
+        flags = cu.CUevent_flags.CU_EVENT_DEFAULT
+        self._start = check(cu.cuEventCreate(flags), "cuEventCreate")
+        self._end = check(cu.cuEventCreate(flags), "cuEventCreate")
+
+    def __call__(self, wait: bool = False) -> float | None:
+        dev = self.device
+        dev.make_current()
+        stream = dev.stream
+        if wait:
+            check(cu.cuEventRecord(self._start, stream), "cuEventRecord")
+        (err,) = cu.cuGraphLaunch(self.graph_exec, stream)
+        if err:
+            raise DeviceError("cuGraphLaunch", int(err), err.name, error_text(err))
+        if wait:
+            check(cu.cuEventRecord(self._end, stream), "cuEventRecord")
+            check(cu.cuEventSynchronize(self._end), "cuEventSynchronize")
+            return float(check(cu.cuEventElapsedTime(self._start, self._end), "cuEventElapsedTime")) * 1e-3
+        return None
+
+    def __del__(self) -> None:
+        try:
+            cu.cuGraphExecDestroy(self.graph_exec)
+            cu.cuGraphDestroy(self.graph)
+            cu.cuEventDestroy(self._start)
+            cu.cuEventDestroy(self._end)
+        except Exception:
+            pass
+
+
+def capture_plan(device: "CUDADevice", plan) -> CUDAGraph:
+    """Record the plan's launches (already bound and checked by the plan) into a CUDA graph."""
+    device.make_current()
+    stream = device.stream
+    check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+    check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+    try:
+        for st in plan.steps:
+            st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
+    except BaseException:
+        cu.cuStreamEndCapture(stream)   # leave the stream usable; the launch error is what matters
+        raise
+    graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+    graph_exec = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    return CUDAGraph(device, graph, graph_exec, len(plan.steps))
