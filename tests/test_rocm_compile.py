@@ -331,3 +331,48 @@ def test_morok_compile_cli_needs_no_rocm(tmp_path):
                           "--emit", "compiled", "softmax", "-o", str(out)], capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     assert C.code_object_header(out.read_bytes())["arch"] == "gfx942"
+
+
+# ---- pair 2: HIP C through hiprtc ---------------------------------------------------------------
+
+def hip_pair(arch):
+    pairs = compile_only_pairs(arch)
+    assert [c.cache_key for _, c in pairs] == ["llvm-amdgpu", "hiprtc"]
+    return pairs[1]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_hip_c_renders_every_kernel_family(arch):
+    r, _ = hip_pair(arch)
+    assert r.caps.warp_size == ARCHS[arch][1]
+    for kernel in K.NAMED:
+        spec = r.render(K.named(kernel), name=kernel)
+        threads = math.prod(spec.launch.local_size)
+        assert f'extern "C" __global__ void __launch_bounds__({threads}) {kernel}(' in spec.src
+        assert "blockIdx.x" in spec.src and "__restrict__" in spec.src
+
+
+def test_hiprtc_says_why_it_is_unavailable():
+    _, c = hip_pair("gfx942")
+    why = c.available()
+    if why is None:
+        pytest.skip("hiprtc is usable here")
+    assert "hiprtc" in why or "hip-python" in why
+
+
+@pytest.mark.parametrize("kernel", ["add", "softmax", "matmul", "embedding"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_hiprtc_code_object(arch, kernel):
+    r, c = hip_pair(arch)
+    why = c.available()
+    if why is not None:
+        pytest.skip(f"hiprtc unavailable: {why}")
+    spec = r.render(K.named(kernel), name=kernel)
+    out = c.compile(spec)
+    hdr = C.code_object_header(out.bytes)
+    assert (hdr["machine"], hdr["arch"]) == (C.EM_AMDGPU, arch)
+    (kmeta,) = [k for k in C.code_object_metadata(out.bytes)["amdhsa.kernels"] if k[".name"] == kernel]
+    args = [a for a in kmeta[".args"] if not a[".value_kind"].startswith("hidden_")]
+    assert len(args) == spec.buf_count + len(spec.var_names)
+    check_kernarg_layout(kernel, out.bytes, kernarg_layout(spec.buf_count, len(spec.var_names)),
+                         spec.buf_count, len(spec.var_names))

@@ -216,6 +216,88 @@ class AMDGPUCompiler(Compiler):
         return CompiledSpec.from_bytes(spec, hsaco, arch=self.arch, compiler=self.cache_key)
 
 
+
+# ---- HIP C through hiprtc ----------------------------------------------------------------------
+
+HIPRTC_INSTALL = ("ROCm's hiprtc (libhiprtc.so from a ROCm install, e.g. the hip-runtime-amd package) and "
+                  "pip install morok-py[rocm]")
+
+
+def _hiprtc():
+    """hip-python's hiprtc module once libhiprtc loads; else DeviceUnavailableError."""
+    try:
+        from hip import hiprtc
+    except ImportError as e:
+        raise DeviceUnavailableError("ROCM compiler hiprtc", f"hip-python is not installed ({e})",
+                                     "pip install morok-py[rocm]") from None
+    try:
+        err, major, minor = hiprtc.hiprtcVersion()
+    except RuntimeError as e:      # hip-python raises this when dlopen('libhiprtc.so') fails
+        raise DeviceUnavailableError("ROCM compiler hiprtc", f"libhiprtc could not be loaded ({e})",
+                                     HIPRTC_INSTALL) from None
+    if err != hiprtc.hiprtcResult.HIPRTC_SUCCESS:
+        raise DeviceUnavailableError("ROCM compiler hiprtc", f"hiprtcVersion failed with {err.name}", HIPRTC_INSTALL)
+    return hiprtc, (int(major), int(minor))
+
+
+class HIPRTCCompiler(Compiler):
+    """HIP C -> code object through hiprtc (needs ROCm's libhiprtc, no GPU)."""
+
+    cache_key = "hiprtc"
+
+    def __init__(self, arch: str, opt: int = 3) -> None:
+        self.target_id = arch
+        self.arch = parse_arch(arch)[0]
+        self.options = (f"--offload-arch={parse_arch(arch)[0] + parse_arch(arch)[1]}", f"-O{opt}",
+                        "-ffp-contract=fast", "-fno-fast-math")
+
+    def available(self) -> str | None:
+        try:
+            _hiprtc()
+        except DeviceUnavailableError as e:
+            return f"{e.reason} (install: {e.install})" if e.install else e.reason
+        return None
+
+    def identity(self) -> str:
+        _, (major, minor) = _hiprtc()
+        return f"hiprtc-{major}.{minor}/{self.arch}/{' '.join(self.options)}"
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        hiprtc, _ = _hiprtc()
+        ok = hiprtc.hiprtcResult.HIPRTC_SUCCESS
+        err, prog = hiprtc.hiprtcCreateProgram(spec.src.encode(), f"{spec.name}.hip".encode(), 0, None, None)
+        if err != ok:
+            raise CompileError(f"hiprtcCreateProgram failed with {err.name} for {spec.name}", src=spec.src,
+                               kernel=spec.name)
+        try:
+            opts = [o.encode() for o in self.options]
+            (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
+            if err != ok:
+                raise CompileError(f"hiprtc rejected kernel {spec.name} ({err.name})", log=_hiprtc_log(hiprtc, prog),
+                                   src=spec.src, kernel=spec.name,
+                                   command=f"hipcc --genco {' '.join(self.options)} {spec.name}.hip")
+            err, size = hiprtc.hiprtcGetCodeSize(prog)
+            if err != ok:
+                raise CompileError(f"hiprtcGetCodeSize failed with {err.name}", kernel=spec.name)
+            code = bytearray(int(size))
+            (err,) = hiprtc.hiprtcGetCode(prog, code)
+            if err != ok:
+                raise CompileError(f"hiprtcGetCode failed with {err.name}", kernel=spec.name)
+        finally:
+            hiprtc.hiprtcDestroyProgram(prog)
+        return CompiledSpec.from_bytes(spec, bytes(code), arch=self.arch, compiler=self.cache_key)
+
+
+def _hiprtc_log(hiprtc, prog) -> str:
+    try:
+        err, size = hiprtc.hiprtcGetProgramLogSize(prog)
+        buf = bytearray(int(size))
+        hiprtc.hiprtcGetProgramLog(prog, buf)
+        return bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
+    except Exception as e:
+        return f"(no log: {e})"
+
+
 # ---- reading code objects (the runtime checks the arch at load; tests check the metadata) ---------
 
 # EF_AMDGPU_MACH_* values: the low byte of e_flags, as LLVM 22 writes them

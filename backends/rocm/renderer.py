@@ -11,6 +11,7 @@ import math
 import re
 import struct
 
+from morok_py.codegen.c_like import CStylePrinter
 from morok_py.codegen.linear import Instr, L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter, llvm_float
 from morok_py.codegen.lower import Capabilities
@@ -261,3 +262,68 @@ class AMDGPURenderer(Renderer):
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return AMDGPULLVMPrinter(kernel).render()
+
+
+# ---- HIP C (for hiprtc) --------------------------------------------------------------------------
+
+_HIP_HALF_HELPERS = {
+    "float16": [
+        "typedef unsigned short morok_half;  /* IEEE float16 bits */",
+        "__device__ __forceinline__ float morok_h2f(morok_half h) { return (float)__builtin_bit_cast(_Float16, h); }",
+        "__device__ __forceinline__ morok_half morok_f2h(float f) "
+        "{ return __builtin_bit_cast(morok_half, (_Float16)f); }",
+    ],
+    "bfloat16": [
+        "typedef unsigned short morok_bf16;  /* bfloat16 bits: the top half of a float32 */",
+        "__device__ __forceinline__ float morok_bf2f(morok_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }",
+        # round to nearest even, NaN stays a quiet NaN (what LLVM's fptrunc to bfloat does)
+        "__device__ __forceinline__ morok_bf16 morok_f2bf(float f) { unsigned int u = __float_as_uint(f); "
+        "if ((u & 0x7fffffffu) > 0x7f800000u) return (morok_bf16)0x7fc0u; "
+        "return (morok_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
+    ],
+}
+
+
+class HIPCPrinter(CStylePrinter):
+    """HIP C: `extern "C" __global__`, `__launch_bounds__`, `__restrict__`, blockIdx/threadIdx.
+    hiprtc provides the HIP device headers itself; half values stay 16-bit patterns converted
+    through clang's _Float16, so no hip_fp16.h is needed."""
+
+    def kernel_decl(self) -> str:
+        threads = max(1, math.prod(self.k.local_size))
+        return f'extern "C" __global__ void __launch_bounds__({threads})'
+
+    def special(self, ins: Instr) -> str:
+        kind, dim = ins.arg
+        base = {"group_id": "blockIdx", "local_id": "threadIdx"}[kind]
+        return f"(int){base}.{'xyz'[dim]}"
+
+    def half_type(self, dt: DType) -> str:
+        return "morok_half" if dt.name == "float16" else "morok_bf16"
+
+    def half_to_float(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_h2f' if dt.name == 'float16' else 'morok_bf2f'}({expr})"
+
+    def float_to_half(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_f2h' if dt.name == 'float16' else 'morok_f2bf'}({expr})"
+
+    def prelude(self) -> list[str]:
+        out: list[str] = []
+        for name in ("float16", "bfloat16"):
+            if name in self.uses:
+                out.extend(_HIP_HALF_HELPERS[name])
+        return out
+
+
+class HIPRenderer(Renderer):
+    """HIP C for hiprtc; the arch sets the wave size lowering sees."""
+
+    def __init__(self, device: DeviceSpec, arch: str) -> None:
+        super().__init__(device)
+        self.arch = parse_arch(arch)[0]
+        self.caps = capabilities(self.arch)
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        return HIPCPrinter(kernel).render()
