@@ -35,7 +35,13 @@ _MATH = ("acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cos
          "tanh tgamma trunc y0 y1 yn").split()
 RESERVED_SYMBOLS = frozenset(_MATH + [m + "f" for m in _MATH] + [m + "l" for m in _MATH] + (
     "abs labs llabs max min umax umin llmax llmin ullmax ullmin malloc free memcpy memset printf assert "
-    "clock clock64 main").split())
+    "clock clock64 main "
+    # C++ keywords an identifier may spell
+    "alignas alignof asm auto bool break case catch char class const constexpr continue decltype default delete "
+    "do double else enum explicit export extern false float for friend goto if inline int long mutable "
+    "namespace new noexcept nullptr operator private protected public register return short signed sizeof "
+    "static struct switch template this throw true try typedef typeid typename union unsigned using virtual "
+    "void volatile while").split())
 
 
 def cuda_symbol(name: str) -> str:

@@ -103,6 +103,8 @@ class CUDAProgram(Program):
         self._last: list[int] | None = None
         self._stream = device.stream
         self._events = None
+        from .device import _tls
+        self._tls = _tls      # whose context is current on each thread: checked inline per launch
 
     @property
     def function(self):
@@ -131,9 +133,10 @@ class CUDAProgram(Program):
         args = [*buffers, *vals]
         if args != self._last:
             self._slots[0:len(args)] = [a & 0xFFFFFFFFFFFFFFFF for a in args]
-            self._last = list(args)
+            self._last = args
         dev = self.device
-        dev.make_current()
+        if getattr(self._tls, "device", None) is not dev:
+            dev.make_current()
         if not global_size[0] or not global_size[1] or not global_size[2]:
             return 0.0 if wait else None     # nothing to do: CUDA refuses empty grids
         stream = self._stream

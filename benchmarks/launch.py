@@ -1,0 +1,216 @@
+"""CUDA launch and compile costs, in one run:
+
+    python benchmarks/launch.py --device CUDA [--quick]
+
+- launch overhead of a cached tiny kernel, per launch (host time of a loop of launches):
+  a bare `cuLaunchKernel` through cuda-bindings with pre-packed arguments (the same CUfunction),
+  `Program.execute` (target: at most 1.2x the bare launch), `Program.__call__` (with its launch
+  checks), `ExecutionPlan.run` per kernel, and the plan captured as a CUDA graph, per kernel;
+- cold compile (render + compile + load, no caches) with each compiler pair;
+- method-cache hit (`Device.compile` of a kernel already compiled in this process);
+- disk-cache hit in a fresh process (render + disk read + load, timed inside that process).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import harness as H
+from harness import np
+
+TARGET = 1.2
+
+
+def per_launch(fn, calls: int, repeats: int, sync) -> float:
+    """Median over repeats of (host time of `calls` launches) / calls; the GPU is drained between
+    repeats so the launch queue never fills (a full queue would time the GPU, not the launch)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        sync()
+    return statistics.median(times)
+
+
+def bare_launcher(prog, ptrs: list[int], vals: list[int], gs, ls, stream):
+    """cuLaunchKernel with arguments packed once, the way a hand-written cuda-bindings caller would."""
+    from cuda.bindings import driver as cu
+    slots = (ctypes.c_uint64 * (len(ptrs) + len(vals)))(*ptrs, *vals)
+    argv = (ctypes.c_void_p * len(slots))(*[ctypes.addressof(slots) + 8 * i for i in range(len(slots))])
+    addr = ctypes.addressof(argv)
+    fn = prog.function
+    g0, g1, g2 = gs
+    l0, l1, l2 = ls
+    launch = cu.cuLaunchKernel
+
+    def run():
+        launch(fn, g0, g1, g2, l0, l1, l2, 0, stream, addr, 0)
+    run.keep = (slots, argv)   # keep the argument memory alive
+    return run
+
+
+_FRESH = r"""
+import json, os, sys, time
+sys.path.insert(0, {root!r})
+t_import = time.perf_counter()
+from morok_py import Device, cache, kernels as K
+dev = Device["CUDA"]
+ast = K.softmax()
+t0 = time.perf_counter()
+prog = dev.compile(ast, "bench_disk_softmax", compiler={key!r})
+t1 = time.perf_counter()
+print(json.dumps({{"seconds": t1 - t0, "disk_hits": cache.stats.disk_hits, "compiles": cache.stats.compiles}}))
+"""
+
+
+def main() -> None:
+    p = H.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=256, help="elements of the tiny add")
+    p.add_argument("--calls", type=int, default=500, help="launches per timed loop")
+    p.add_argument("--plan", type=int, default=200, help="kernels in the plan / graph")
+    args = p.parse_args()
+    if not args.device.upper().startswith("CUDA"):
+        raise SystemExit("launch.py measures a CUDA device: --device CUDA (cpu_launch.py covers the CPU)")
+    if args.quick:
+        args.calls, args.repeats, args.plan = 200, 3, 50
+    from morok_py import Buffer, ExecutionPlan, UOp, cache, dtypes
+    from morok_py import kernels as K
+
+    dev = H.open_device(args.device)
+    mach = H.machine(dev)
+    res = H.Results("launch", dev, args)
+    rng = np.random.default_rng(0)
+    n = args.n
+    a, b = (Buffer.from_numpy(rng.standard_normal(n).astype(np.float32), dev) for _ in range(2))
+    c = dev.buffer(n, a.dtype)
+    sync = dev.synchronize
+    rows = []
+
+    for key in ("nvrtc", "llvm-nvptx"):
+        prog = dev.compile(K.add(), name="bench_launch_add", compiler=key)
+        gs, ls = prog.launch.launch_dims({"n": n})
+        ptrs, vals = [a.ptr, b.ptr, c.ptr], [n]
+        prog(a, b, c, n=n)
+        H.check_close(f"tiny add ({key})", c.numpy(), a.numpy() + b.numpy())
+        bare = bare_launcher(prog, ptrs, vals, gs, ls, dev.stream)
+        plan = ExecutionPlan(dev)
+        for _ in range(args.plan):
+            plan.add(prog, a, b, c, n=n)
+        plan.run()
+        graph = ExecutionPlan(dev)
+        for _ in range(args.plan):
+            graph.add(prog, a, b, c, n=n)
+        graph.capture()
+        graph.run()
+        cases = [("bare cuLaunchKernel", bare, 1),
+                 ("Program.execute", lambda: prog.execute(ptrs, vals, gs, ls), 1),
+                 ("Program.__call__", lambda: prog(a, b, c, n=n), 1),
+                 ("ExecutionPlan.run (per kernel)", plan.run, args.plan),
+                 ("CUDA graph replay (per kernel)", graph.run, args.plan)]
+        times = {}
+        for label, fn, per in cases:
+            # interleave bare and ours in two rounds so drift hits both alike
+            times[label] = per_launch(fn, max(1, args.calls // per), args.repeats, sync) / per
+        again = per_launch(bare, args.calls, args.repeats, sync)
+        t_bare = min(times["bare cuLaunchKernel"], again)
+        times["bare cuLaunchKernel"] = t_bare
+        common = {"kernel": "add", "n": n, "compiler": key}
+        res.add("cuda_launch_bare", n, "s", t_bare, label="bare cuLaunchKernel (pre-packed)", **common)
+        for label, name, tgt in (("Program.execute", "cuda_launch_execute", 1 / TARGET),
+                                 ("Program.__call__", "cuda_launch_call", None),
+                                 ("ExecutionPlan.run (per kernel)", "cuda_launch_plan", None),
+                                 ("CUDA graph replay (per kernel)", "cuda_graph_replay", None)):
+            res.add(name, n, "s", times[label], "bare cuLaunchKernel", t_bare, target=tgt, label=label,
+                    over_bare=times[label] / t_bare, **common)
+        for label, t in times.items():
+            verdict = ""
+            if label == "Program.execute":
+                verdict = ("met" if t / t_bare <= TARGET else "MISSED") + f" (<= {TARGET:g}x)"
+            rows.append([key, label, H.fmt_time(t), f"{t / t_bare:.2f}x", verdict])
+    H.table(rows, ["pair", f"launch of a cached add (n={n})", "per launch", "vs bare", "target"],
+            f"\nCUDA launch overhead on {mach['model']}")
+
+    # ---- compile costs -----------------------------------------------------------------------
+    crows = []
+    saved = os.environ.get("MOROK_CACHE")
+    for key in ("nvrtc", "llvm-nvptx"):
+        r, comp = dev.pair(key)
+        cold, compile_only = [], []
+        for i in range(max(3, args.repeats)):
+            # a constant unique to this run makes a kernel no cache has seen
+            x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
+            j = UOp.range(UOp.variable("n", 1, 1 << 24), 0)
+            salt = 1.0 + (time.time_ns() % 10**9) * 1e-12 + i
+            fresh = UOp.sink(out.store(j, (x.load(j) * salt).exp()))
+            os.environ["MOROK_CACHE"] = "0"
+            t0 = time.perf_counter()
+            dev.compile(fresh, f"cold_{i}", compiler=key)
+            cold.append(time.perf_counter() - t0)
+            spec = r.render(K.softmax(), f"cold_softmax_{i}")
+            t0 = time.perf_counter()
+            comp.compile(spec)
+            compile_only.append(time.perf_counter() - t0)
+        if saved is None:
+            os.environ.pop("MOROK_CACHE", None)
+        else:
+            os.environ["MOROK_CACHE"] = saved
+        t_cold, t_comp = statistics.median(cold), statistics.median(compile_only)
+        res.add("cuda_cold_compile", 0, "s", t_cold, compiler=key, label="render+compile+load, no caches")
+        res.add("cuda_compile_softmax", 0, "s", t_comp, compiler=key, label="Compiler.compile(softmax)")
+        # method cache: the same AST again in this process
+        ast = K.softmax()
+        dev.compile(ast, "bench_method_softmax", compiler=key)
+        hits = []
+        for _ in range(1000):
+            t0 = time.perf_counter()
+            dev.compile(ast, "bench_method_softmax", compiler=key)
+            hits.append(time.perf_counter() - t0)
+        t_hit = statistics.median(hits)
+        res.add("cuda_method_cache_hit", 0, "s", t_hit, compiler=key)
+        # disk cache: fill it here, hit it from a fresh process
+        with tempfile.TemporaryDirectory(prefix="morok-bench-cache-") as tmp:
+            env = dict(os.environ, MOROK_CACHE_DIR=tmp)
+            env.pop("MOROK_CACHE", None)
+            old_dir = os.environ.get("MOROK_CACHE_DIR")
+            os.environ["MOROK_CACHE_DIR"] = tmp
+            try:
+                cache.clear_memory_caches()
+                dev.compile(K.softmax(), "bench_disk_softmax", compiler=key)
+            finally:
+                if old_dir is None:
+                    os.environ.pop("MOROK_CACHE_DIR", None)
+                else:
+                    os.environ["MOROK_CACHE_DIR"] = old_dir
+            disk = []
+            for _ in range(3):
+                out = subprocess.run([sys.executable, "-c", _FRESH.format(root=str(H.ROOT), key=key)], env=env,
+                                     capture_output=True, text=True, timeout=300)
+                if out.returncode != 0:
+                    raise SystemExit(f"fresh process failed:\n{out.stderr}")
+                rec = json.loads(out.stdout.strip().splitlines()[-1])
+                if rec["disk_hits"] != 1 or rec["compiles"] != 0:
+                    raise SystemExit(f"expected a disk-cache hit in the fresh process, got {rec}")
+                disk.append(rec["seconds"])
+        t_disk = statistics.median(disk)
+        res.add("cuda_disk_cache_hit_fresh_process", 0, "s", t_disk, compiler=key,
+                label="render + disk read + module load, in a new process")
+        crows += [[key, "cold compile (render+compile+load)", H.fmt_time(t_cold)],
+                  [key, "Compiler.compile(softmax)", H.fmt_time(t_comp)],
+                  [key, "method-cache hit", H.fmt_time(t_hit)],
+                  [key, "disk-cache hit, fresh process", H.fmt_time(t_disk)]]
+    H.table(crows, ["pair", "compile path", "median"], f"\nCUDA compile costs on {mach['model']}")
+    res.save()
+
+
+if __name__ == "__main__":
+    main()
