@@ -107,14 +107,20 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = []
+    table, why = [], []
     for r in rows:
         if r["available"]:
             extra = r.get("name", "")
             table.append([r["device"], "yes", r.get("arch", ""), ", ".join(r.get("compilers", [])), extra])
         else:
-            table.append([r["device"], "no", "", "", "unavailable: " + r["reason"]])
+            reason = r["reason"]
+            short = reason if len(reason) <= 60 else reason[:57] + "..."
+            table.append([r["device"], "no", "", "", "unavailable: " + short])
+            if short != reason:
+                why.append(f"{r['device']}: unavailable: {reason}")
     print(_table(["device", "available", "arch", "compiler pairs", "notes"], table))
+    if why:
+        print("\n" + "\n".join(why))
     print(f"\ndefault device (MOROK_DEVICE): {Device.DEFAULT}")
     return 0
 
