@@ -91,7 +91,7 @@ def main() -> None:
     from morok_py import cache as C
     from morok_py import kernels as K
 
-    dev = H.open_device(args.device)
+    dev = H.open_device(args.device, args.wait_quiet)
     mach = H.machine(dev)
     res = H.Results("compile", dev, args)
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]

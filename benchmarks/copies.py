@@ -146,7 +146,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.repeats, args.warmup, args.min_time = min(args.repeats, 3), 1, 0.05
-    dev = H.open_device(args.device)
+    dev = H.open_device(args.device, args.wait_quiet)
     gpu = H.is_gpu(dev)
     mach = H.machine(dev)
     libs = H.gpu_peer_libs(dev) if gpu else {"numpy": np}

@@ -46,7 +46,7 @@ def main() -> None:
     from morok_py import Buffer, ExecutionPlan
     from morok_py import kernels as K
 
-    dev = H.open_device("CPU")
+    dev = H.open_device("CPU", args.wait_quiet)
     mach = H.machine(dev)
     res = H.Results("cpu_launch", dev, args)
     n = args.n

@@ -36,6 +36,10 @@ try:
 except ImportError:
     sys.path.insert(0, str(ROOT))
 
+# OpenMP runtimes (numba's default threading layer) spin-wait after each parallel region; on a
+# machine with few cores those spinning threads steal the cores from whatever is timed next.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import numpy as np  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -51,10 +55,25 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="timed runs; the median is reported")
     p.add_argument("--no-save", action="store_true", help="print only: write no JSON or PNG")
     p.add_argument("--results", default=str(RESULTS), help="folder for the JSON and PNG")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait up to SECONDS for the 1-minute load average to drop below 0.5")
     return p
 
 
-def open_device(name: str):
+def wait_quiet(seconds: float, below: float = 0.5) -> None:
+    """Other work on the machine skews every number: optionally wait for it to settle."""
+    if seconds <= 0 or not hasattr(os, "getloadavg"):
+        return
+    end = time.time() + seconds
+    while os.getloadavg()[0] >= below and time.time() < end:
+        time.sleep(5)
+    load = os.getloadavg()[0]
+    if load >= below:
+        note(f"load average still {load:.2f} after {seconds:g}s: numbers may be skewed by other work")
+
+
+def open_device(name: str, wait: float = 0.0):
+    wait_quiet(wait)
     from morok_py import Device
     return Device[name]
 
@@ -276,7 +295,7 @@ class Results:
         mach = machine(self.device)
         folder = Path(self.args.results)
         folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{slug(mach['device'].split(':')[0])}-{slug(mach['model'])}-{mach['date']}"
+        stem = f"{mach['device'].split(':')[0].lower()}-{slug(mach['model'])}-{mach['date']}"
         if self.args.quick:
             stem += "-quick"
         path = folder / f"{stem}.json"
@@ -395,7 +414,7 @@ def machine(dev) -> dict:
         # other work on the machine skews the numbers: the 1-minute load average when the run began
         "loadavg_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "env": {k: v for k, v in os.environ.items()
-                if k.startswith("MOROK_") or k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                if k.startswith("MOROK_") or k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                                    "NUMBA_NUM_THREADS")},
     }
     return _MACHINE

@@ -490,7 +490,7 @@ def main() -> None:
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 3), 1
 
-    dev = H.open_device(args.device)
+    dev = H.open_device(args.device, args.wait_quiet)
     gpu = H.is_gpu(dev)
     libs = H.gpu_peer_libs(dev)
     if gpu and not libs:
