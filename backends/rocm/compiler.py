@@ -2,6 +2,7 @@
 -shared` links it into the loadable code object (HSACO) that hipModuleLoadData takes."""
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -279,10 +280,11 @@ class HIPRTCCompiler(Compiler):
             err, size = hiprtc.hiprtcGetCodeSize(prog)
             if err != ok:
                 raise CompileError(f"hiprtcGetCodeSize failed with {err.name}", kernel=spec.name)
-            code = bytearray(int(size))
-            (err,) = hiprtc.hiprtcGetCode(prog, code)
+            code = ctypes.create_string_buffer(int(size))
+            (err,) = hiprtc.hiprtcGetCode(prog, ctypes.addressof(code))
             if err != ok:
                 raise CompileError(f"hiprtcGetCode failed with {err.name}", kernel=spec.name)
+            code = code.raw
         finally:
             hiprtc.hiprtcDestroyProgram(prog)
         return CompiledSpec.from_bytes(spec, bytes(code), arch=self.arch, compiler=self.cache_key)
@@ -291,9 +293,9 @@ class HIPRTCCompiler(Compiler):
 def _hiprtc_log(hiprtc, prog) -> str:
     try:
         err, size = hiprtc.hiprtcGetProgramLogSize(prog)
-        buf = bytearray(int(size))
-        hiprtc.hiprtcGetProgramLog(prog, buf)
-        return bytes(buf).rstrip(b"\0").decode("utf-8", "replace")
+        buf = ctypes.create_string_buffer(int(size) + 1)
+        hiprtc.hiprtcGetProgramLog(prog, ctypes.addressof(buf))
+        return buf.value.decode("utf-8", "replace")
     except Exception as e:
         return f"(no log: {e})"
 

@@ -62,6 +62,7 @@ class ROCMDevice(Device):
         if not 0 <= spec.ordinal < count:
             raise ValueError(f"{spec}: there are {count} ROCm device(s), ROCM:0..ROCM:{count - 1}")
         self._hip = hip
+        self.spec = spec               # the allocator reads the name before Device.__init__ runs
         self.ordinal = spec.ordinal
         self.closed = False
         self.stream = None             # HIP's default (null) stream of this device

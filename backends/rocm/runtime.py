@@ -68,9 +68,9 @@ def _load_hip():
 
 def error_text(hip, err) -> str:
     try:
-        r = hip.hipGetErrorString(err)
-        s = r[0] if isinstance(r, tuple) else r
-        return s.decode() if isinstance(s, bytes) else str(s)
+        r = hip.hipGetErrorString(err)     # hip-python returns (hipSuccess, CStr)
+        s = r[-1] if isinstance(r, tuple) else r
+        return s.decode() if hasattr(s, "decode") else str(s)
     except Exception:
         return ""
 
@@ -165,7 +165,9 @@ class HIPProgram(Program):
         layout = kernarg_layout(self._nbufs, self._nvars)
         check_kernarg_layout(compiled.name, compiled.bytes, layout, self._nbufs, self._nvars)
         device.make_current()
-        self._module = check(hip.hipModuleLoadData(compiled.bytes), "hipModuleLoadData")
+        # hand HIP a plain address: the image is copied during the load
+        image = ctypes.create_string_buffer(compiled.bytes, len(compiled.bytes))
+        self._module = check(hip.hipModuleLoadData(ctypes.addressof(image)), "hipModuleLoadData")
         self._fn = check(hip.hipModuleGetFunction(self._module, compiled.name.encode()), "hipModuleGetFunction")
         # the kernarg buffer, viewed as pointer slots and int slots over the same memory
         self._args = layout()
