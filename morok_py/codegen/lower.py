@@ -205,6 +205,7 @@ class _Lowerer:
         self.thread_start: Instr | None = None
         self.gpu_ids: list[Instr] = []
         self.group_mode = False
+        self.loaded_slots: set[int] = set()
         self.group_size = 1
         self.lid: Instr | None = None
 
@@ -402,6 +403,9 @@ class _Lowerer:
         self.close_loops(chain, len(loops))
 
     def invalidate(self, chain: list[_Scope], slot: int) -> None:
+        """After a store to `slot`, values that loaded from it are stale."""
+        if slot not in self.loaded_slots:
+            return
         for sc in chain:
             for k in [k for k in sc.memo if slot in self.loads_from.get(id(k), ())]:
                 del sc.memo[k]
@@ -432,6 +436,7 @@ class _Lowerer:
                     raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
             elif n.op is Ops.LOAD:
                 reads.add(n.src[0].arg)
+                self.loaded_slots.add(n.src[0].arg)
             elif n.op is Ops.STORE:
                 writes.add(n.src[0].arg)
             s = 0
@@ -645,15 +650,20 @@ def _top_reduces(stores: list[UOp]) -> list[UOp]:
 def _store_groups(stores: list[UOp], loads_from: dict[int, frozenset[int]]) -> list[list[UOp]]:
     """Consecutive stores over the same ranges, none reading a buffer another one writes."""
     groups: list[list[UOp]] = []
+    written: set[int] = set()
+    read: set[int] = set()
     for st in stores:
         g = groups[-1] if groups else None
+        st_reads = loads_from.get(id(st), frozenset())
         if g is not None and g[0].free_ranges == st.free_ranges:
-            written = {s.src[0].arg for s in g} | {st.src[0].arg}
-            read = set(loads_from.get(id(st), ())) | {x for s in g for x in loads_from.get(id(s), ())}
-            if not written & read:
+            slot = st.src[0].arg
+            if slot not in read and slot not in st_reads and not (written & st_reads):
                 g.append(st)
+                written.add(slot)
+                read |= st_reads
                 continue
         groups.append([st])
+        written, read = {st.src[0].arg}, set(st_reads)
     return groups
 
 
