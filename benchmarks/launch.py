@@ -6,6 +6,8 @@
   a bare `cuLaunchKernel` through cuda-bindings with pre-packed arguments (the same CUfunction),
   `Program.execute` (target: at most 1.2x the bare launch), `Program.__call__` (with its launch
   checks), `ExecutionPlan.run` per kernel, and the plan captured as a CUDA graph, per kernel;
+- a plan of many tiny kernels run to completion, per kernel: eagerly (host clock around run and
+  synchronize) and as a CUDA graph replay (events around the replay);
 - cold compile (render + compile + load, no caches) with each compiler pair;
 - method-cache hit (`Device.compile` of a kernel already compiled in this process);
 - disk-cache hit in a fresh process (render + disk read + load, timed inside that process).
@@ -118,18 +120,28 @@ def main() -> None:
                  ("ExecutionPlan.run (per kernel)", plan.run, args.plan),
                  ("CUDA graph replay (per kernel)", graph.run, args.plan)]
         times = {}
-        for label, fn, per in cases:
-            # interleave bare and ours in two rounds so drift hits both alike
+        for label, fn, per in cases[2:]:
             times[label] = per_launch(fn, max(1, args.calls // per), args.repeats, sync) / per
-        again = per_launch(bare, args.calls, args.repeats, sync)
-        t_bare = min(times["bare cuLaunchKernel"], again)
-        times["bare cuLaunchKernel"] = t_bare
+        # bare and Program.execute alternate over rounds (the best round of each), so drift hits both alike
+        bare_t, exec_t = [], []
+        for _ in range(5):
+            bare_t.append(per_launch(cases[0][1], args.calls, args.repeats, sync))
+            exec_t.append(per_launch(cases[1][1], args.calls, args.repeats, sync))
+        t_bare = min(bare_t)
+        times = {"bare cuLaunchKernel": t_bare, "Program.execute": min(exec_t), **times}
+        # to completion: eager plan (host clock around run + synchronize) vs graph (events around the replay)
+        times["ExecutionPlan.run to completion (per kernel)"] = statistics.median(
+            plan.run(wait=True) for _ in range(args.repeats)) / args.plan
+        times["CUDA graph replay to completion (per kernel)"] = statistics.median(
+            graph.run(wait=True) for _ in range(args.repeats)) / args.plan
         common = {"kernel": "add", "n": n, "compiler": key}
         res.add("cuda_launch_bare", n, "s", t_bare, label="bare cuLaunchKernel (pre-packed)", **common)
         for label, name, tgt in (("Program.execute", "cuda_launch_execute", 1 / TARGET),
                                  ("Program.__call__", "cuda_launch_call", None),
                                  ("ExecutionPlan.run (per kernel)", "cuda_launch_plan", None),
-                                 ("CUDA graph replay (per kernel)", "cuda_graph_replay", None)):
+                                 ("CUDA graph replay (per kernel)", "cuda_graph_replay", None),
+                                 ("ExecutionPlan.run to completion (per kernel)", "cuda_plan_completed", None),
+                                 ("CUDA graph replay to completion (per kernel)", "cuda_graph_completed", None)):
             res.add(name, n, "s", times[label], "bare cuLaunchKernel", t_bare, target=tgt, label=label,
                     over_bare=times[label] / t_bare, **common)
         for label, t in times.items():

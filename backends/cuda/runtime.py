@@ -100,7 +100,9 @@ class CUDAProgram(Program):
         base = ctypes.addressof(self._slots)
         self._argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
         self.kernel_params = ctypes.addressof(self._argv)   # the void** handed to cuLaunchKernel
-        self._last: list[int] | None = None
+        self._lb: list[int] | None = None      # the buffers and values now in the slots
+        self._lv: list[int] | None = None
+        self._launch = cu.cuLaunchKernel
         self._stream = device.stream
         self._events = None
         from .device import _tls
@@ -121,39 +123,58 @@ class CUDAProgram(Program):
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
                 global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
                 wait: bool = False) -> float | None:
+        if wait or global_size is None or local_size is None:
+            return self._execute_checked(buffers, vals, global_size, local_size, wait)
+        # the hot path: same arguments as last time -> nothing to pack
+        if buffers != self._lb or vals != self._lv:
+            self._patch(buffers, vals)
+        dev = self.device
+        if getattr(self._tls, "device", None) is not dev:
+            dev.make_current()
+        if 0 in global_size:
+            return None          # nothing to do: CUDA refuses empty grids
+        (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
+                              local_size[0], local_size[1], local_size[2], 0, self._stream, self.kernel_params, 0)
+        if err:
+            self._launch_failed(err, global_size, local_size)
+        return None
+
+    def _patch(self, buffers: Sequence[int], vals: Sequence[int]) -> None:
         if len(buffers) != self._nbufs or len(vals) != self._nvars:
             raise LaunchError(f"{self.name} takes {self._nbufs} buffers and {self._nvars} values, "
                               f"got {len(buffers)} and {len(vals)}")
+        args = [*buffers, *vals]
+        self._slots[0:len(args)] = [a & 0xFFFFFFFFFFFFFFFF for a in args]
+        self._lb, self._lv = list(buffers), list(vals)
+
+    def _launch_failed(self, err, global_size, local_size) -> None:
+        raise DeviceError("cuLaunchKernel", int(err), err.name,
+                          f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: {error_text(err)}")
+
+    def _execute_checked(self, buffers, vals, global_size, local_size, wait: bool) -> float | None:
         if global_size is None:
             global_size = self.compiled.global_size
             if global_size is None:
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         if local_size is None:
             local_size = self.compiled.local_size or (1, 1, 1)
-        args = [*buffers, *vals]
-        if args != self._last:
-            self._slots[0:len(args)] = [a & 0xFFFFFFFFFFFFFFFF for a in args]
-            self._last = args
-        dev = self.device
-        if getattr(self._tls, "device", None) is not dev:
-            dev.make_current()
-        if not global_size[0] or not global_size[1] or not global_size[2]:
-            return 0.0 if wait else None     # nothing to do: CUDA refuses empty grids
+        if not wait:
+            return self.execute(buffers, vals, global_size, local_size)
+        self._patch(buffers, vals)
+        self.device.make_current()
+        if 0 in global_size:
+            return 0.0
         stream = self._stream
-        if wait:
-            start, end = self._events_pair()
-            check(cu.cuEventRecord(start, stream), "cuEventRecord")
-        (err,) = cu.cuLaunchKernel(self._fn, global_size[0], global_size[1], global_size[2],
-                                   local_size[0], local_size[1], local_size[2], 0, stream, self.kernel_params, 0)
+        start, end = self._events_pair()
+        check(cu.cuEventRecord(start, stream), "cuEventRecord")
+        (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
+                              local_size[0], local_size[1], local_size[2], 0, stream, self.kernel_params, 0)
         if err:
-            raise DeviceError("cuLaunchKernel", int(err), err.name,
-                              f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: {error_text(err)}")
-        if wait:
-            check(cu.cuEventRecord(end, stream), "cuEventRecord")
-            check(cu.cuEventSynchronize(end), "cuEventSynchronize")
-            ms = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
-            return float(ms) * 1e-3
-        return None
+            self._launch_failed(err, global_size, local_size)
+        check(cu.cuEventRecord(end, stream), "cuEventRecord")
+        check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+        ms = check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+        return float(ms) * 1e-3
 
     def __del__(self) -> None:
         try:
