@@ -48,7 +48,8 @@ def wave_size(arch: str) -> int:
 def capabilities(arch: str) -> Capabilities:
     return Capabilities(has_local=True, has_shared=True, local_max=(1024, 1024, 1024),
                         max_threads_per_group=1024, default_group=256,
-                        grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1), warp_size=wave_size(arch))
+                        grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1), warp_size=wave_size(arch),
+                        group_reduce=True)
 
 
 # ---- double-precision sin, exp2, log2 as IR ----------------------------------------------------
@@ -220,6 +221,12 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
         name = f"llvm.amdgcn.{base}.{'xyz'[dim]}"
         self.declare(name, "i32")
         return f"call i32 @{name}()"
+
+    def barrier(self) -> str:
+        # LDS writes must be visible to the work-group after s_barrier: release/acquire fences
+        self.declare("llvm.amdgcn.s.barrier", "void")
+        return ('fence syncscope("workgroup") release\n  call void @llvm.amdgcn.s.barrier()\n'
+                '  fence syncscope("workgroup") acquire')
 
     def trailer(self) -> list[str]:
         out = list(self.helpers.values())
