@@ -20,7 +20,7 @@ fi
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 set -o pipefail
-timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -rs -m cuda -p no:cacheprovider tests/ \
+timeout ${TEST_TIMEOUT:-420} python3 -m pytest -v -rs -m cuda -p no:cacheprovider tests/ \
   --junitxml="$OUT/pytest_cuda.xml" 2>&1 | tee "$OUT/pytest_cuda.log" | tail -60
 echo "pytest -m cuda exit: $?" | tee -a "$OUT/pytest_cuda.log"
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_compile.py 2>&1 | tail -3 | tee "$OUT/pytest_compile.log"
