@@ -17,10 +17,11 @@ from morok_py.device import DeviceSpec, Renderer
 from morok_py.dtypes import DType
 from morok_py.ir import Ops
 
-# what every NVIDIA GPU since Kepler offers; lowering picks 256-thread blocks for 1-D launches
+# what every NVIDIA GPU since Kepler offers; lowering picks 256-thread blocks for 1-D launches and
+# gives row kernels (softmax, row reductions) one block per row, combining in shared memory
 CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64),
                          max_threads_per_group=1024, default_group=256, grid_max=(2**31 - 1, 65535, 65535),
-                         warp_size=32)
+                         warp_size=32, group_reduce=True)
 
 
 # ---- kernel symbols ----------------------------------------------------------------------------
@@ -162,6 +163,11 @@ class NVPTXPrinter(LLVMIRPrinter):
 
     def trailer(self) -> list[str]:
         return list(self.helpers.values())
+
+    def barrier(self) -> str:
+        # bar.sync 0: every thread of the block arrives, and shared-memory writes before it are visible after
+        self.declare("llvm.nvvm.barrier.cta.sync.aligned.all", "void", "i32")
+        return "call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)"
 
     def f64_helper(self, op: Ops, a: str) -> str:
         helpers, decls = _f64_helpers()
