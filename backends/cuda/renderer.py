@@ -128,8 +128,8 @@ NVPTX_DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 
 def _f64_helpers():
     # Double-precision sin/exp2/log2 as IR functions: NVPTX, like AMDGPU, has no instruction for
-    # them and no libm. The ROCm backend's renderer holds the (pure LLVM IR) implementation.
-    from morok_py.backends.rocm.renderer import F64_HELPER_DECLS, F64_HELPERS
+    # them and no libm; the implementation is shared in morok_py.codegen.llvm_math.
+    from morok_py.codegen.llvm_math import F64_HELPER_DECLS, F64_HELPERS
     return F64_HELPERS, F64_HELPER_DECLS
 
 
