@@ -125,7 +125,7 @@ def note(msg: str) -> None:
 def measure(fn: Callable[[], float | None], warmup: int = 2, repeats: int = 7,
             min_time: float = 0.0, max_repeats: int = 2000, budget: float = 15.0) -> float:
     """Median seconds of `fn`. `fn` returns its own time (a program's `wait=True` time, an event
-    time, a Python float) or anything else (None, a result), in which case it is timed with perf_counter. With `min_time`, short runs are
+    time, a float) or anything else (None, a result), in which case it is timed with perf_counter. With `min_time`, short runs are
     repeated until about that much time was spent (at most `max_repeats`), which steadies tiny sizes.
     A slow `fn` stops after 3 runs once `budget` seconds are spent (warm-up drops to one run)."""
     t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def measure(fn: Callable[[], float | None], warmup: int = 2, repeats: int = 7,
         t0 = time.perf_counter()
         t = fn()
         wall = time.perf_counter() - t0
-        times.append(t if type(t) is float else wall)   # other return values are results, not times
+        times.append(float(t) if isinstance(t, (float, np.floating)) else wall)   # anything else is a result
         spent += wall
         if len(times) >= min(3, repeats) and spent >= budget:
             break

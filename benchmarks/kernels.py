@@ -509,8 +509,8 @@ def main() -> None:
 
     top = args.sweep_max or ((1 << 20) if args.quick else (256 << 20))
     sizes = [1 << k for k in range(10, 64, 2) if (1 << k) <= top]
-    npeers = (len(libs) if gpu else 1 + (nb is not None)) + 1
-    steps = len(names) * (1 + npeers) + (0 if args.no_sweep else len(sizes) * (1 + npeers))
+    npeers = len(libs) if gpu else 1 + (nb is not None)          # peers besides memcpy
+    steps = len(names) * (1 + npeers) + (0 if args.no_sweep else len(sizes) * (2 + npeers))
     bar = H.Progress(steps, "kernels")
 
     bar.step("memcpy ceiling")
