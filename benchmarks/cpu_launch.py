@@ -43,6 +43,7 @@ def main() -> None:
         raise SystemExit("cpu_launch.py measures the CPU device; use benchmarks/launch.py for CUDA")
     if args.quick:
         args.calls, args.repeats = 2000, 3
+    args.repeats = max(args.repeats, 3)
     from morok_py import Buffer, ExecutionPlan
     from morok_py import kernels as K
 
@@ -77,13 +78,16 @@ def main() -> None:
         ("Program.__call__", lambda: prog(a, b, c, n=n), 1),
         ("ExecutionPlan.run (per launch)", plan.run, plan_len),
     ]
-    bar = H.Progress(len(cases), "cpu launch")
-    times = {}
-    for label, fn, per in cases:
-        bar.step(label)
-        times[label] = per_call(fn, max(1, args.calls // per), args.repeats) / per
+    # interleaved rounds: each repeat times every case once, so drifting load hits all of them alike
+    bar = H.Progress(args.repeats, "cpu launch")
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    for _ in range(args.repeats):
+        bar.step("round")
+        for label, fn, per in cases:
+            samples[label].append(per_call(fn, max(1, args.calls // per), 1) / per)
         bar.advance()
     bar.close()
+    times = {label: statistics.median(v) for label, v in samples.items()}
     t_bare = times["bare ctypes call"]
     common = {"kernel": "add", "n": n}
     res.add("cpu_launch_bare_ctypes", n, "s", t_bare, label="bare ctypes", **common)

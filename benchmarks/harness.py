@@ -305,6 +305,8 @@ class Results:
                 old = [r for r in json.loads(path.read_text()).get("results", []) if r.get("script") != self.script]
             except (ValueError, OSError):
                 old = []
+        for r in self.records:       # the machine record is the last script's; each record keeps its commit
+            r.setdefault("git", mach["git"])
         doc = {"machine": mach, "results": old + self.records}
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
