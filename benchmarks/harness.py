@@ -74,8 +74,18 @@ def wait_quiet(seconds: float, below: float = 0.5) -> None:
 
 def open_device(name: str, wait: float = 0.0):
     wait_quiet(wait)
-    from morok_py import Device
-    return Device[name]
+    from morok_py import Device, MorokError
+    try:
+        dev = Device[name]
+    except (MorokError, ValueError) as e:
+        raise SystemExit(f"cannot benchmark {name}: {e}") from None
+    try:
+        compile_only = bool((dev.info() or {}).get("compile_only"))
+    except Exception:
+        compile_only = False
+    if compile_only:
+        raise SystemExit(f"{name} is open for compiling only (no driver here): nothing can be timed")
+    return dev
 
 
 def is_gpu(dev) -> bool:
