@@ -15,8 +15,9 @@ from morok_py.errors import DeviceError, LaunchError
 
 from .compiler import llvm
 
-# below this many innermost iterations a kernel runs on the calling thread
-PARALLEL_MIN_WORK = 1 << 16
+# below this many innermost iterations a kernel runs on the calling thread: handing work to the
+# pool costs tens of microseconds, about what one core needs for a 1M-element memory-bound pass
+PARALLEL_MIN_WORK = 1 << 20
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
