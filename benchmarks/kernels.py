@@ -403,18 +403,20 @@ def sweep(dev, args, res: H.Results, libs, bar: H.Progress, sizes: list[int], rn
                 timer = H.event_timer(lib_name, lib)
                 if lib_name == "cupy":
                     dsets = [(lib.asarray(a), lib.asarray(b), lib.empty(n, lib.float32)) for a, b, _ in host]
-                    peer_fns["cupy"] = H.Cycle([lambda a=a, b=b, c=c: timer(lambda: lib.add(a, b, out=c))
-                                                for a, b, c in dsets])
+                    # bind lib and timer now: the loop rebinds both for the next peer
+                    peer_fns["cupy"] = H.Cycle([lambda a=a, b=b, c=c, lib=lib, timer=timer:
+                                                timer(lambda: lib.add(a, b, out=c)) for a, b, c in dsets])
                     if not copy_fns:
-                        copy_fns = [lambda a=a, c=c: timer(lambda: c.data.copy_from_device_async(a.data, a.nbytes))
+                        copy_fns = [lambda a=a, c=c, timer=timer:
+                                    timer(lambda: c.data.copy_from_device_async(a.data, a.nbytes))
                                     for a, b, c in dsets]
                 else:
                     dsets = [(lib.from_numpy(a).cuda(), lib.from_numpy(b).cuda(),
                               lib.empty(n, dtype=lib.float32, device="cuda")) for a, b, _ in host]
-                    peer_fns["torch"] = H.Cycle([lambda a=a, b=b, c=c: timer(lambda: lib.add(a, b, out=c))
-                                                 for a, b, c in dsets])
+                    peer_fns["torch"] = H.Cycle([lambda a=a, b=b, c=c, lib=lib, timer=timer:
+                                                 timer(lambda: lib.add(a, b, out=c)) for a, b, c in dsets])
                     if not copy_fns:
-                        copy_fns = [lambda a=a, c=c: timer(lambda: c.copy_(a)) for a, b, c in dsets]
+                        copy_fns = [lambda a=a, c=c, timer=timer: timer(lambda: c.copy_(a)) for a, b, c in dsets]
         for pname, fn in peer_fns.items():
             bar.step(f"sweep {label}: {pname}")
             t = H.measure(fn, args.warmup, args.repeats, min_time=args.min_time)
