@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from morok_py.codegen.c_like import CStylePrinter
+from morok_py.codegen.c_like import GPUCPrinter
 from morok_py.codegen.linear import Instr, L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
@@ -144,37 +144,13 @@ _HIP_HALF_HELPERS = {
     ],
 }
 
-class HIPCPrinter(CStylePrinter):
+class HIPCPrinter(GPUCPrinter):
     """HIP C: `extern "C" __global__`, `__launch_bounds__`, `__restrict__`, blockIdx/threadIdx.
     hiprtc provides the HIP device headers itself; half values stay 16-bit patterns converted
     through clang's _Float16, so no hip_fp16.h is needed."""
 
-    def kernel_decl(self) -> str:
-        threads = max(1, math.prod(self.k.local_size))
-        return f'extern "C" __global__ void __launch_bounds__({threads})'
+    half_helpers = _HIP_HALF_HELPERS
 
-    def special(self, ins: Instr) -> str:
-        kind, dim = ins.arg
-        base = {"group_id": "blockIdx", "local_id": "threadIdx"}[kind]
-        return f"(int){base}.{'xyz'[dim]}"
-
-    def half_type(self, dt: DType) -> str:
-        return "morok_half" if dt.name == "float16" else "morok_bf16"
-
-    def half_to_float(self, expr: str, dt: DType) -> str:
-        self.uses.add(dt.name)
-        return f"{'morok_h2f' if dt.name == 'float16' else 'morok_bf2f'}({expr})"
-
-    def float_to_half(self, expr: str, dt: DType) -> str:
-        self.uses.add(dt.name)
-        return f"{'morok_f2h' if dt.name == 'float16' else 'morok_f2bf'}({expr})"
-
-    def prelude(self) -> list[str]:
-        out: list[str] = []
-        for name in ("float16", "bfloat16"):
-            if name in self.uses:
-                out.extend(_HIP_HALF_HELPERS[name])
-        return out
 
 class HIPRenderer(Renderer):
     """HIP C for hiprtc; the arch sets the wave size lowering sees."""

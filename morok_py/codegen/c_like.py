@@ -331,3 +331,38 @@ class CStylePrinter:
         self.emit(f"union {{ {self.ctype(fr)} a; {self.ctype(to)} b; }} {r}_u;")
         self.emit(f"{r}_u.a = {self.ref(src)};")
         self.define(ins, f"{r}_u.b")
+
+
+class GPUCPrinter(CStylePrinter):
+    """The dialect CUDA C and HIP C share: `extern "C" __global__` with `__launch_bounds__`,
+    blockIdx/threadIdx, and half/bfloat16 kept as 16-bit patterns converted by small helpers
+    (`half_helpers`: dtype name -> source lines, set by each backend) so no vendor headers are needed."""
+
+    half_helpers: dict[str, list[str]] = {}
+
+    def kernel_decl(self) -> str:
+        threads = max(1, math.prod(self.k.local_size))
+        return f'extern "C" __global__ void __launch_bounds__({threads})'
+
+    def special(self, ins: Instr) -> str:
+        kind, dim = ins.arg
+        base = {"group_id": "blockIdx", "local_id": "threadIdx"}[kind]
+        return f"(int){base}.{'xyz'[dim]}"
+
+    def half_type(self, dt: DType) -> str:
+        return "morok_half" if dt.name == "float16" else "morok_bf16"
+
+    def half_to_float(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_h2f' if dt.name == 'float16' else 'morok_bf2f'}({expr})"
+
+    def float_to_half(self, expr: str, dt: DType) -> str:
+        self.uses.add(dt.name)
+        return f"{'morok_f2h' if dt.name == 'float16' else 'morok_f2bf'}({expr})"
+
+    def prelude(self) -> list[str]:
+        out: list[str] = []
+        for name in ("float16", "bfloat16"):
+            if name in self.uses:
+                out.extend(self.half_helpers[name])
+        return out
