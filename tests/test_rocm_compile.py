@@ -20,6 +20,7 @@ from morok_py import kernels as K
 from morok_py.backends.rocm import compile_only_pairs
 from morok_py.backends.rocm import compiler as C
 from morok_py.backends.rocm import renderer as R
+from morok_py.codegen import llvm_math
 from morok_py.backends.rocm.runtime import check_code_object, check_kernarg_layout, kernarg_layout
 
 elftools = pytest.importorskip("elftools", reason="pyelftools checks the code objects (pip install pyelftools)")
@@ -151,7 +152,7 @@ def _host_helper(name, build):
     import llvmlite.binding as llvm
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-    ir = "\n".join(R.F64_HELPER_DECLS.values()) + "\n" + build() + f"""
+    ir = "\n".join(llvm_math.F64_HELPER_DECLS.values()) + "\n" + build() + f"""
 define void @run(ptr %i, ptr %o, i64 %n) {{
 entry:
   br label %loop
@@ -202,7 +203,7 @@ def _ulps(got, ref):
 ])
 def test_f64_helpers_match_numpy(op, ref, inputs, max_ulp, rng):
     from morok_py.ir import Ops
-    name, build = R.F64_HELPERS[getattr(Ops, op)]
+    name, build = llvm_math.F64_HELPERS[getattr(Ops, op)]
     f = _host_helper(name, build)
     x = inputs(rng)
     with np.errstate(all="ignore"):

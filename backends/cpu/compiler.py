@@ -4,25 +4,12 @@ from __future__ import annotations
 import threading
 
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
-from morok_py.errors import CompileError, DeviceUnavailableError
-
-_init_lock = threading.Lock()
-_initialized = False
-
+from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.errors import CompileError
 
 def llvm():
-    """The llvmlite binding, with native targets initialized once."""
-    global _initialized
-    try:
-        import llvmlite.binding as binding
-    except ImportError as e:
-        raise DeviceUnavailableError("CPU", f"llvmlite is not importable ({e})", "pip install llvmlite") from None
-    with _init_lock:
-        if not _initialized:
-            binding.initialize_native_target()
-            binding.initialize_native_asmprinter()
-            _initialized = True
-    return binding
+    """The llvmlite binding, initialized once (shared with the GPU backends)."""
+    return llvm_binding("CPU")
 
 
 def host_cpu() -> tuple[str, str]:

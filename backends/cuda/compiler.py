@@ -14,6 +14,7 @@ import re
 import threading
 
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
 
 INSTALL = "pip install morok-py[cuda]"
@@ -148,22 +149,8 @@ def _nvrtc_log(nvrtc, prog) -> str:
 
 # ---- LLVM NVPTX + nvJitLink ---------------------------------------------------------------------
 
-_llvm_lock = threading.Lock()
-_llvm_ready = False
-
-
 def _llvm():
-    global _llvm_ready
-    try:
-        import llvmlite.binding as binding
-    except ImportError as e:
-        raise DeviceUnavailableError("CUDA", f"llvmlite is not importable ({e})", "pip install llvmlite") from None
-    with _llvm_lock:
-        if not _llvm_ready:
-            binding.initialize_all_targets()
-            binding.initialize_all_asmprinters()
-            _llvm_ready = True
-    return binding
+    return llvm_binding("CUDA")
 
 
 class NVPTXCompiler(Compiler):

@@ -101,12 +101,6 @@ NVPTX_TRIPLE = "nvptx64-nvidia-cuda"
 NVPTX_DATALAYOUT = "e-p6:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 
 
-def _f64_helpers():
-    # Double-precision sin/exp2/log2 as IR functions: NVPTX, like AMDGPU, has no instruction for
-    # them and no libm; the implementation is shared in morok_py.codegen.llvm_math.
-    from morok_py.codegen.llvm_math import F64_HELPER_DECLS, F64_HELPERS
-    return F64_HELPERS, F64_HELPER_DECLS
-
 
 class NVPTXPrinter(LLVMIRPrinter):
     """LLVM IR for nvptx64: `ptx_kernel` entry, global-address-space buffers, nvvm special registers."""
@@ -115,10 +109,6 @@ class NVPTXPrinter(LLVMIRPrinter):
     triple = NVPTX_TRIPLE
     datalayout = NVPTX_DATALAYOUT
     param_attrs = "noalias"
-
-    def __init__(self, kernel: LinearKernel) -> None:
-        super().__init__(kernel)
-        self.helpers: dict[str, str] = {}
 
     def signature(self) -> str:
         args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
@@ -136,21 +126,10 @@ class NVPTXPrinter(LLVMIRPrinter):
         self.declare(name, "i32")
         return f"call i32 @{name}()"
 
-    def trailer(self) -> list[str]:
-        return list(self.helpers.values())
-
     def barrier(self) -> str:
         # bar.sync 0: every thread of the block arrives, and shared-memory writes before it are visible after
         self.declare("llvm.nvvm.barrier.cta.sync.aligned.all", "void", "i32")
         return "call void @llvm.nvvm.barrier.cta.sync.aligned.all(i32 0)"
-
-    def f64_helper(self, op: Ops, a: str) -> str:
-        helpers, decls = _f64_helpers()
-        name, build = helpers[op]
-        if name not in self.helpers:
-            self.helpers[name] = build()
-            self.decls.update(decls)
-        return f"call double @{name}(double {a})"
 
     def unary_float(self, op: Ops, dt: DType, a: str) -> str:
         if dt.name == "float64" and op in (Ops.SIN, Ops.EXP2, Ops.LOG2):

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
 
 from .renderer import CODE_OBJECT_VERSION, TRIPLE, parse_arch, wave_size
@@ -20,23 +21,9 @@ LLD_MIN_VERSION = 19
 LLD_INSTALL = ("an ld.lld of version 19 or newer: `apt-get install lld-19` (Debian/Ubuntu), ROCm's "
                "/opt/rocm/llvm/bin/ld.lld, or set MOROK_LLD=/path/to/ld.lld")
 
-_init_lock = threading.Lock()
-_initialized = False
-
-
 def llvm():
     """The llvmlite binding with every target (AMDGPU included) initialized once."""
-    global _initialized
-    try:
-        import llvmlite.binding as binding
-    except ImportError as e:
-        raise DeviceUnavailableError("ROCM", f"llvmlite is not importable ({e})", "pip install llvmlite") from None
-    with _init_lock:
-        if not _initialized:
-            binding.initialize_all_targets()
-            binding.initialize_all_asmprinters()
-            _initialized = True
-    return binding
+    return llvm_binding("ROCM")
 
 
 # ---- finding the linker ----------------------------------------------------------------------

@@ -47,7 +47,7 @@ def capabilities(arch: str) -> Capabilities:
                         grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1), warp_size=wave_size(arch),
                         group_reduce=True)
 
-from morok_py.codegen.llvm_math import F64_HELPER_DECLS, F64_HELPERS  # noqa: E402
+from morok_py.codegen.llvm_math import F64_HELPERS  # noqa: E402
 
 class AMDGPULLVMPrinter(LLVMIRPrinter):
     ptr = "ptr addrspace(1)"
@@ -55,10 +55,6 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
     datalayout = DATALAYOUT
     param_attrs = "noalias"
     acc_ptr = "ptr addrspace(5)"
-
-    def __init__(self, kernel: LinearKernel) -> None:
-        super().__init__(kernel)
-        self.helpers: dict[str, str] = {}
 
     def signature(self) -> str:
         args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
@@ -85,7 +81,7 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
                 '  fence syncscope("workgroup") acquire')
 
     def trailer(self) -> list[str]:
-        out = list(self.helpers.values())
+        out = super().trailer()
         out += ["!llvm.module.flags = !{!0}",
                 f'!0 = !{{i32 1, !"amdhsa_code_object_version", i32 {CODE_OBJECT_VERSION}}}']
         return out
@@ -107,11 +103,7 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
 
     def unary_float(self, op: Ops, dt: DType, a: str) -> str:
         if dt.name == "float64" and op in F64_HELPERS:
-            name, build = F64_HELPERS[op]
-            if name not in self.helpers:
-                self.helpers[name] = build()
-                self.decls.update(F64_HELPER_DECLS)
-            return f"call double @{name}(double {a})"
+            return self.f64_helper(op, a)
         return super().unary_float(op, dt, a)
 
 class AMDGPURenderer(Renderer):

@@ -52,6 +52,7 @@ class LLVMIRPrinter:
         self.label_id = 0
         self.metadata: list[str] = []
         self.globals: list[str] = []
+        self.helpers: dict[str, str] = {}   # IR functions the kernel calls, printed after it
 
     # ---- target hooks ---------------------------------------------------------------------
     def signature(self) -> str:
@@ -68,7 +69,16 @@ class LLVMIRPrinter:
         raise NotImplementedError(f"{type(self).__name__} has no work-item ids")
 
     def trailer(self) -> list[str]:
-        return []
+        return list(self.helpers.values())
+
+    def f64_helper(self, op: Ops, a: str) -> str:
+        """A call of the double-precision IR helper for `op` (GPU targets: no libm)."""
+        from .llvm_math import F64_HELPER_DECLS, F64_HELPERS
+        name, build = F64_HELPERS[op]
+        if name not in self.helpers:
+            self.helpers[name] = build()
+            self.decls.update(F64_HELPER_DECLS)
+        return f"call double @{name}(double {a})"
 
     local_ptr = "ptr addrspace(3)"   # work-group shared memory (NVPTX and AMDGPU agree on 3)
 

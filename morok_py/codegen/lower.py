@@ -439,7 +439,6 @@ class _Lowerer:
                 self.loaded_slots.add(n.src[0].arg)
             elif n.op is Ops.STORE:
                 writes.add(n.src[0].arg)
-            s = 0
             loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
             for src in n.src:
                 loads |= self.loads_from.get(id(src), frozenset())
