@@ -33,6 +33,11 @@ class Capabilities:
     warp_size: int = 1
     register_tile: tuple[int, int] | None = None   # CPU: (rows, columns) of a reduction's output tile
     group_reduce: bool = False    # GPU: row kernels get one work-group per output row, reducing in shared memory
+    grid_reduce: bool = False     # GPU: a full reduction is split over many work-groups in two stages
+                                  # (partials in a hidden scratch buffer, the last group to finish combines)
+    vector_width: int = 1         # GPU: elementwise kernels load/store this many contiguous elements per item
+    matmul_tile: tuple[int, int, int, int, int] | None = None
+    # GPU: (BM, BN, BK, TM, TN) shared-memory tiles of a contraction, TM x TN outputs per work-item
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,16 @@ class Variable:
     name: str
     min: int
     max: int
+
+
+@dataclass(frozen=True)
+class HiddenBuffer:
+    """A buffer the kernel needs but the caller never sees (e.g. the partials of a two-stage
+    reduction). The runtime allocates it once per loaded program, zero-filled, and passes it after
+    the caller's buffers; the kernel leaves it in the state it found it where that matters."""
+
+    dtype: DType
+    count: int
 
 
 @dataclass(frozen=True)
@@ -57,8 +72,10 @@ class LaunchInfo:
 
     def __init__(self, params: list[ParamInfo], variables: list[Variable], dims: list[UOp],
                  local_size: tuple[int, int, int], gpu: bool, accesses: list[Access],
-                 range_ends: list[UOp], grid_max: tuple[int, int, int], group_per_item: bool = False) -> None:
+                 range_ends: list[UOp], grid_max: tuple[int, int, int], group_per_item: bool = False,
+                 hidden: Sequence[HiddenBuffer] = ()) -> None:
         self.group_per_item = group_per_item
+        self.hidden = tuple(hidden)     # kernel params after the caller's buffers (slots buf_count...)
         self.params = params
         self.variables = variables
         self.var_names = [v.name for v in variables]
@@ -677,4 +694,9 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         ast = simplify(register_tile(ast, caps.register_tile))
     if ast.op is not Ops.SINK:
         raise TypeError("decomposition must keep the SINK root")
+    if caps.matmul_tile is not None and caps.has_shared:
+        from .gpu_tile import tile_contraction
+        tiled = tile_contraction(ast, caps, name)
+        if tiled is not None:
+            return tiled
     return _Lowerer(ast, caps, name).run()
