@@ -85,14 +85,16 @@ def test_code_object_is_a_valid_hsaco(arch, kernel):
     assert kmeta[".wavefront_size"] == wave
     assert kmeta[".max_flat_workgroup_size"] == math.prod(spec.launch.local_size)
     args = [a for a in kmeta[".args"] if not a[".value_kind"].startswith("hidden_")]
-    assert len(args) == spec.buf_count + len(spec.var_names)
-    for a in args[:spec.buf_count]:
+    assert len(args) == spec.buf_count + len(spec.launch.hidden) + len(spec.var_names)
+    nptr = spec.buf_count + len(spec.launch.hidden)   # hidden scratch buffers follow the caller's
+    for a in args[:nptr]:
         assert (a[".value_kind"], a[".address_space"], a[".size"]) == ("global_buffer", "global", 8)
-    for a, var in zip(args[spec.buf_count:], spec.var_names):
+    for a, var in zip(args[nptr:], spec.var_names):
         assert (a[".value_kind"], a[".size"], a[".name"]) == ("by_value", 4, f"var_{var}")
     # the runtime's packed argument buffer matches the metadata's offsets
-    layout = kernarg_layout(spec.buf_count, len(spec.var_names))
-    check_kernarg_layout(kernel, out.bytes, layout, spec.buf_count, len(spec.var_names))
+    nptr = spec.buf_count + len(spec.launch.hidden)
+    layout = kernarg_layout(nptr, len(spec.var_names))
+    check_kernarg_layout(kernel, out.bytes, layout, nptr, len(spec.var_names))
     assert C.code_object_metadata(out.bytes) == meta       # the runtime's own ELF reader agrees
 
 
@@ -375,6 +377,6 @@ def test_hiprtc_code_object(arch, kernel):
     assert (hdr["machine"], hdr["arch"]) == (C.EM_AMDGPU, arch)
     (kmeta,) = [k for k in C.code_object_metadata(out.bytes)["amdhsa.kernels"] if k[".name"] == kernel]
     args = [a for a in kmeta[".args"] if not a[".value_kind"].startswith("hidden_")]
-    assert len(args) == spec.buf_count + len(spec.var_names)
-    check_kernarg_layout(kernel, out.bytes, kernarg_layout(spec.buf_count, len(spec.var_names)),
-                         spec.buf_count, len(spec.var_names))
+    assert len(args) == spec.buf_count + len(spec.launch.hidden) + len(spec.var_names)
+    nptr = spec.buf_count + len(spec.launch.hidden)
+    check_kernarg_layout(kernel, out.bytes, kernarg_layout(nptr, len(spec.var_names)), nptr, len(spec.var_names))

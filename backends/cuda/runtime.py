@@ -94,7 +94,8 @@ class CUDAProgram(Program):
         self._fn = check(cu.cuModuleGetFunction(self._module, self.symbol.encode()), "cuModuleGetFunction")
         self._nbufs = compiled.buf_count
         self._nvars = len(compiled.var_names)
-        n = max(1, self._nbufs + self._nvars)
+        self._hidden_ptrs = self.alloc_hidden()     # passed after the caller's buffers
+        n = max(1, self._nbufs + len(self._hidden_ptrs) + self._nvars)
         # one 8-byte slot per parameter (pointers are 8 bytes; an int32 reads the low 4, little endian)
         self._slots = (ctypes.c_uint64 * n)()
         base = ctypes.addressof(self._slots)
@@ -143,7 +144,7 @@ class CUDAProgram(Program):
         if len(buffers) != self._nbufs or len(vals) != self._nvars:
             raise LaunchError(f"{self.name} takes {self._nbufs} buffers and {self._nvars} values, "
                               f"got {len(buffers)} and {len(vals)}")
-        args = [*buffers, *vals]
+        args = [*buffers, *self._hidden_ptrs, *vals]
         self._slots[0:len(args)] = [a & 0xFFFFFFFFFFFFFFFF for a in args]
         self._lb, self._lv = list(buffers), list(vals)
 
@@ -183,6 +184,7 @@ class CUDAProgram(Program):
                     cu.cuEventDestroy(e)
             if getattr(self, "_module", None) is not None:
                 cu.cuModuleUnload(self._module)
+            self.free_hidden()
         except Exception:
             pass
 

@@ -162,8 +162,9 @@ class HIPProgram(Program):
         check_code_object(compiled.name, compiled.bytes, device.target_id, device.name)
         self._nbufs = compiled.buf_count
         self._nvars = len(compiled.var_names)
-        layout = kernarg_layout(self._nbufs, self._nvars)
-        check_kernarg_layout(compiled.name, compiled.bytes, layout, self._nbufs, self._nvars)
+        nhidden = len(compiled.launch.hidden) if compiled.launch is not None else 0
+        layout = kernarg_layout(self._nbufs + nhidden, self._nvars)
+        check_kernarg_layout(compiled.name, compiled.bytes, layout, self._nbufs + nhidden, self._nvars)
         device.make_current()
         # hand HIP a plain address: the image is copied during the load
         image = ctypes.create_string_buffer(compiled.bytes, len(compiled.bytes))
@@ -172,8 +173,11 @@ class HIPProgram(Program):
         # the kernarg buffer, viewed as pointer slots and int slots over the same memory
         self._args = layout()
         base = ctypes.addressof(self._args)
-        self._ptr_slots = (ctypes.c_uint64 * max(1, self._nbufs)).from_address(base)
-        self._var_slots = (ctypes.c_int32 * max(1, self._nvars)).from_address(base + 8 * self._nbufs)
+        self._ptr_slots = (ctypes.c_uint64 * max(1, self._nbufs + nhidden)).from_address(base)
+        self._var_slots = (ctypes.c_int32 * max(1, self._nvars)).from_address(base + 8 * (self._nbufs + nhidden))
+        hidden = self.alloc_hidden()        # after the caller's buffers, set once
+        if hidden:
+            self._ptr_slots[self._nbufs:self._nbufs + nhidden] = hidden
         self._size = ctypes.c_size_t(ctypes.sizeof(layout))
         self._extra = (ctypes.c_void_p * 5)(HIP_LAUNCH_PARAM_BUFFER_POINTER, base, HIP_LAUNCH_PARAM_BUFFER_SIZE,
                                              ctypes.addressof(self._size), HIP_LAUNCH_PARAM_END)
@@ -244,5 +248,6 @@ class HIPProgram(Program):
                     hip.hipEventDestroy(e)
             if getattr(self, "_module", None) is not None and not self.device.closed:
                 hip.hipModuleUnload(self._module)
+                self.free_hidden()
         except Exception:
             pass

@@ -129,6 +129,15 @@ class CStylePrinter:
         """The C type of a buffer element (bool is a byte, as in the LLVM printer)."""
         return "unsigned char" if dt.is_bool else self.ctype(dt)
 
+    _VECTOR_BASE = {"float32": "float", "int32": "int", "uint32": "uint"}
+
+    def vector_type(self, dt: DType, width: int) -> str:
+        """The built-in vector type of `width` elements of dt (float4, int4, uint4)."""
+        base = self._VECTOR_BASE.get(dt.name)
+        if base is None or width not in (2, 4):
+            raise NotImplementedError(f"{type(self).__name__} has no {width}-wide vector of {dt.name}")
+        return f"{base}{width}"
+
     @staticmethod
     def unsigned_of(dt: DType) -> str:
         return "unsigned long long" if dt.bits > 32 else "unsigned int"
@@ -228,14 +237,35 @@ class CStylePrinter:
             self.emit(self.barrier())
         elif k is L.LOAD:
             buf, idx = ins.src
-            val = f"{self.ref(buf)}[{self.ref(idx)}]"
+            if ins.arg:
+                vt = self.vector_type(ins.dtype, ins.arg)
+                self.emit(f"{vt} v{ins.id} = *((const {vt}*)({self.ref(buf)} + {self.ref(idx)}));")
+                return
+            base = self.ref(buf)
+            if ins.volatile:
+                base = f"((volatile {self.mem_type(ins.dtype)}*){base})"
+            val = f"{base}[{self.ref(idx)}]"
             self.define(ins, f"({val} != 0)" if ins.dtype.is_bool else val)
         elif k is L.STORE:
             buf, idx, val = ins.src
             v = self.ref(val)
+            if ins.arg:
+                vt = self.vector_type(val.dtype, ins.arg)
+                self.emit(f"*(({vt}*)({self.ref(buf)} + {self.ref(idx)})) = {v};")
+                return
             if val.dtype.is_bool:
                 v = f"(unsigned char){v}"
             self.emit(f"{self.ref(buf)}[{self.ref(idx)}] = {v};")
+        elif k is L.VECTOR:
+            vt = self.vector_type(ins.dtype, len(ins.src))
+            self.emit(f"{vt} v{ins.id} = make_{vt}({', '.join(self.ref(x) for x in ins.src)});")
+        elif k is L.EXTRACT:
+            self.define(ins, f"{self.ref(ins.src[0])}.{'xyzw'[ins.arg]}")
+        elif k is L.ATOMIC_ADD:
+            buf, idx, val = ins.src
+            self.define(ins, f"atomicAdd({self.ref(buf)} + {self.ref(idx)}, {self.ref(val)})")
+        elif k is L.FENCE:
+            self.emit("__threadfence();")
         elif k is L.ACC:
             self.acc_decls.append(f"{self.ctype(ins.dtype)} acc{ins.id};")
             self.emit(f"acc{ins.id} = {self.const(ins.arg, ins.dtype)};")

@@ -21,8 +21,13 @@ class L(enum.Enum):
     SPECIAL = "special"      # arg: ('group_id'|'local_id', dim); GPU work-item ids
     THREAD_RANGE = "thread_range"  # arg: 'start'|'end'; CPU thread-split bounds
     LOOPVAR = "loopvar"      # the variable of a Loop
-    LOAD = "load"            # src: (param or local, index)
-    STORE = "store"          # src: (param or local, index, value)
+    LOAD = "load"            # src: (param or local, index); arg: None, or a vector width w: w contiguous
+                             # elements from index (aligned to w elements), the value is a w-vector
+    STORE = "store"          # src: (param or local, index, value); arg: None, or w for a w-vector value
+    VECTOR = "vector"        # src: w scalars of dtype -> one w-vector (for a vector STORE)
+    EXTRACT = "extract"      # src: (vector,); arg: lane -> the lane's scalar
+    ATOMIC_ADD = "atomic_add"  # src: (param, index, value); device-scope atomic add, the old value
+    FENCE = "fence"          # device-scope memory fence (orders global stores before later atomics)
     ACC = "acc"              # a mutable accumulator; arg: initial value
     ACC_LOAD = "acc_load"    # src: (acc,)
     ACC_STORE = "acc_store"  # src: (acc, value)
@@ -40,6 +45,7 @@ class Instr:
     id: int
     index_math: bool = False  # proven (by the launch check) not to overflow: renderers may add nsw
     reassoc: bool = False     # a reduction step: the renderer may reorder it (vectorized reductions)
+    volatile: bool = False    # LOAD: read what other work-groups wrote in this launch (no stale cache)
 
     def __repr__(self) -> str:
         a = self.arg.name if isinstance(self.arg, Ops) else self.arg

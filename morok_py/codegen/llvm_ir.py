@@ -81,6 +81,7 @@ class LLVMIRPrinter:
         return f"call double @{name}(double {a})"
 
     local_ptr = "ptr addrspace(3)"   # work-group shared memory (NVPTX and AMDGPU agree on 3)
+    sync_scope = ""                  # atomics and fences: the target's device scope (system if empty)
 
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no work-group barrier")
@@ -216,11 +217,15 @@ class LLVMIRPrinter:
             pt = self.local_ptr if buf.kind is L.LOCAL else self.ptr
             base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
             self.emit(f"{r}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
-            if ins.dtype.is_bool:
-                self.emit(f"{r}.m = load i8, {pt} {r}.p, align 1")
+            vol = "volatile " if ins.volatile else ""
+            if ins.arg:
+                w = ins.arg
+                self.emit(f"{r} = load {vol}<{w} x {mt}>, {pt} {r}.p, align {w * ins.dtype.itemsize}")
+            elif ins.dtype.is_bool:
+                self.emit(f"{r}.m = load {vol}i8, {pt} {r}.p, align 1")
                 self.emit(f"{r} = icmp ne i8 {r}.m, 0")
             else:
-                self.emit(f"{r} = load {mt}, {pt} {r}.p, align {ins.dtype.itemsize}")
+                self.emit(f"{r} = load {vol}{mt}, {pt} {r}.p, align {ins.dtype.itemsize}")
         elif k is L.STORE:
             buf, idx, val = ins.src
             dt = val.dtype
@@ -229,10 +234,32 @@ class LLVMIRPrinter:
             base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
             self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
             v = self.ref(val)
+            if ins.arg:
+                w = ins.arg
+                self.emit(f"store <{w} x {mt}> {v}, {pt} %s{ins.id}.p, align {w * dt.itemsize}")
+                return
             if dt.is_bool:
                 self.emit(f"%s{ins.id}.m = zext i1 {v} to i8")
                 v = f"%s{ins.id}.m"
             self.emit(f"store {mt} {v}, {pt} %s{ins.id}.p, align {dt.itemsize}")
+        elif k is L.VECTOR:
+            t = self.ty(ins.dtype)
+            w = len(ins.src)
+            prev = "poison"
+            for lane, x in enumerate(ins.src):
+                name = r if lane == w - 1 else f"{r}.{lane}"
+                self.emit(f"{name} = insertelement <{w} x {t}> {prev}, {t} {self.ref(x)}, i32 {lane}")
+                prev = name
+        elif k is L.EXTRACT:
+            (vec,) = ins.src
+            self.emit(f"{r} = extractelement <{vec.arg} x {self.mem_ty(ins.dtype)}> {self.ref(vec)}, i32 {ins.arg}")
+        elif k is L.ATOMIC_ADD:
+            buf, idx, val = ins.src
+            t = self.ty(ins.dtype)
+            self.emit(f"{r}.p = getelementptr inbounds {t}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            self.emit(f"{r} = atomicrmw add {self.ptr} {r}.p, {t} {self.ref(val)}{self.sync_scope} seq_cst")
+        elif k is L.FENCE:
+            self.emit(f"fence{self.sync_scope} seq_cst")
         elif k is L.ACC:
             self.allocas.append(f"%acc{ins.id} = alloca {self.ty(ins.dtype)}")
             init = self.ref(Instr(L.CONST, ins.dtype, (), ins.arg, -1))

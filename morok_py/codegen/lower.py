@@ -225,6 +225,12 @@ class _Lowerer:
         self.loaded_slots: set[int] = set()
         self.group_size = 1
         self.lid: Instr | None = None
+        self.dist: tuple[Instr, Instr] | None = None   # grid mode: (start, step) of the distributed loop
+        self.hidden: list[HiddenBuffer] = []
+        self.hidden_params: list[ParamInfo] = []
+        self.access_keys: set[tuple] = set()
+        self.vec_loads: dict[UOp, Instr] = {}      # vector mode: LOAD node -> its w-wide load
+        self.vec_lane: int | None = None           # vector mode: the lane being emitted
 
     def new(self, kind: L, dtype: DType | None, src=(), arg: Any = None) -> Instr:
         self.next_id += 1
@@ -275,8 +281,12 @@ class _Lowerer:
             elif op is Ops.DEFINE_VAR:
                 ins = self.new(L.VAR, node.dtype, (), node.arg[0])
             elif op is Ops.LOAD:
-                self.accesses.append(Access(node.src[0].arg, False, node.src[1], self.open_ranges(chain)))
-                ins = self.new(L.LOAD, node.dtype, srcs)
+                self.record(Access(node.src[0].arg, False, node.src[1], self.open_ranges(chain)))
+                vec = self.vec_loads.get(node) if self.vec_lane is not None else None
+                if vec is not None:
+                    ins = self.new(L.EXTRACT, node.dtype, (vec,), self.vec_lane)
+                else:
+                    ins = self.new(L.LOAD, node.dtype, srcs)
             else:
                 ins = self.new(L.ALU, node.dtype, srcs, op)
                 ins.index_math = id(node) in self.index_nodes
@@ -285,12 +295,21 @@ class _Lowerer:
         chain[depth].memo[node] = out
         return out
 
+    def record(self, a: Access) -> None:
+        """One bounds check per distinct access (vector lanes emit the same access several times)."""
+        key = (a.slot, a.store, id(a.index), tuple(id(r) for r in a.enclosing))
+        if key not in self.access_keys:
+            self.access_keys.add(key)
+            self.accesses.append(a)
+
     def open_ranges(self, chain: list[_Scope]) -> tuple[UOp, ...]:
         return tuple(sc.range for sc in chain if sc.range is not None)
 
     def open_loop(self, rng: UOp, chain: list[_Scope], depth: int, distributed: bool = False) -> list[_Scope]:
         end = self.emit(rng.src[0], chain)
-        if distributed:   # work-item lid takes lid, lid + group, lid + 2*group, ...
+        if distributed and self.dist is not None:   # the whole grid strides over the range
+            start, step = self.dist
+        elif distributed:   # work-item lid takes lid, lid + group, lid + 2*group, ...
             start = self.lid
             step = self.emit(UOp.const(self.group_size, dtypes.index), chain)
         else:
@@ -323,13 +342,7 @@ class _Lowerer:
         ranges = sorted(nodes[0].src[1:], key=lambda r: r.axis)
         accs = []
         for node in nodes:
-            dt, op = node.dtype, node.arg
-            ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
-            if dt.is_float:
-                ident = float(ident)
-            elif dt.is_bool:
-                ident = bool(ident) if op is not Ops.MAX else False
-            acc = self.new(L.ACC, dt, (), ident)
+            acc = self.new(L.ACC, node.dtype, (), _identity(node.dtype, node.arg))
             self.place(acc, chain, depth)
             accs.append(acc)
         inner = chain[:depth + 1]
@@ -406,7 +419,7 @@ class _Lowerer:
                     self.emit_reduces(reds, chain, depth)
         for store in stores:
             buf, idx, val = store.src
-            self.accesses.append(Access(buf.arg, True, idx, self.open_ranges(chain)))
+            self.record(Access(buf.arg, True, idx, self.open_ranges(chain)))
             srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
             st = self.new(L.STORE, None, srcs)
             if self.group_mode and not loops:
@@ -483,15 +496,21 @@ class _Lowerer:
         local = (1, 1, 1)
         self.group_mode = (caps.has_local and caps.group_reduce and len(globals_) <= 1
                            and any(r.axis_type is AxisType.REDUCE for r in ranges.values()))
+        self.n_params = len(pinfo)
+        vector = None
         if self.group_mode:
-            chain, dims, local = self.map_to_group_per_row(globals_, chain)
+            grid = self.grid_plan(ast, globals_)
+            chain, dims, local = self.map_to_group_per_row(globals_, chain, grid)
             self.min_depth = len(chain) - 1
+            if grid is not None:
+                chain = self.emit_grid_reduces(grid, chain)
         elif caps.has_local:
-            chain, dims, local = self.map_to_groups(globals_, chain)
+            vector = self.vector_plan(ast, globals_, ranges)
+            chain, dims, local = self.map_to_groups(globals_, chain, vector)
             self.min_depth = len(chain) - 1
         else:
             chain, dims = self.map_to_loops(globals_, chain)
-        for group in _store_groups(list(ast.src), self.loads_from):
+        for group in ([] if vector is not None else _store_groups(list(ast.src), self.loads_from)):
             gchain = chain
             if globals_ and not any(r.axis_type is AxisType.GLOBAL for r in group[0].free_ranges):
                 gchain = self.first_worker_chain(chain, caps)
@@ -500,18 +519,222 @@ class _Lowerer:
                 gchain[0].open_children.pop()
             for store in group:
                 self.invalidate(chain, store.src[0].arg)
-        kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
+        if vector is not None:
+            self.emit_vectorized(list(ast.src), chain, vector)
+        kernel = LinearKernel(self.name, pinfo + self.hidden_params, [v.name for v in var_list], body, local,
                               thread_split=not caps.has_local, gpu=caps.has_local)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
-                          [r.src[0] for r in ranges.values()], caps.grid_max, group_per_item=self.group_mode)
+                          [r.src[0] for r in ranges.values()], caps.grid_max, group_per_item=self.group_mode,
+                          hidden=self.hidden)
         return kernel, info
 
-    def map_to_group_per_row(self, globals_: list[UOp], chain: list[_Scope]):
+    # ---- two-stage reductions over the whole grid ----------------------------------------------
+    def grid_plan(self, ast: UOp, globals_: list[UOp]) -> "tuple[list[UOp], UOp] | None":
+        """A full reduction (no GLOBAL range) whose top-level REDUCEs share their ranges is split over
+        up to GRID_REDUCE_GROUPS work-groups: (the reduces, the group count as a UOp of the sizes)."""
+        if globals_ or not self.caps.grid_reduce:
+            return None
+        reds = _top_reduces(list(ast.src))
+        if not reds or any(r.free_ranges for r in reds):
+            return None
+        keys = {tuple(sorted((id(x) for x in r.src[1:]))) for r in reds}
+        if len(keys) != 1:
+            return None
+        outer = min(reds[0].src[1:], key=lambda r: r.axis)
+        per_group = self.caps.default_group * GRID_ITEMS_PER_WORKER
+        # max(1, min(G, ceil(E / per_group))), written so that no intermediate overflows
+        groups = ((outer.src[0] - 1) // per_group + 1).minimum(GRID_REDUCE_GROUPS).maximum(1)
+        return reds, simplify(groups)
+
+    def hidden_param(self, dt: DType, count: int) -> Instr:
+        slot = self.n_params + len(self.hidden)
+        self.hidden.append(HiddenBuffer(dt, count))
+        self.hidden_params.append(ParamInfo(slot, dt, True, True))
+        return self.new(L.PARAM, dt, (), slot)
+
+    def emit_grid_reduces(self, plan: "tuple[list[UOp], UOp]", chain: list[_Scope]) -> list[_Scope]:
+        """Stage 1: every work-group strides over the reduced range and combines its items in shared
+        memory; item 0 writes the group's partial to a hidden scratch buffer, then takes a ticket from a
+        hidden counter. Stage 2: the group that takes the last ticket combines the partials (and resets
+        the counter for the next launch); the rest of the kernel runs in that group only."""
+        reds, groups_expr = plan
+        depth = len(chain) - 1
+        top = chain[depth]
+        put = top.insert
+        idx = dtypes.index
+        n_groups = self.emit(groups_expr, chain)
+        gsize = self.emit(UOp.const(self.group_size, idx), chain)
+        zero = self.emit(UOp.const(0, idx), chain)
+        base = self.new(L.ALU, idx, (self.gid, gsize), Ops.MUL); base.index_math = True
+        start = self.new(L.ALU, idx, (base, self.lid), Ops.ADD); start.index_math = True
+        step = self.new(L.ALU, idx, (n_groups, gsize), Ops.MUL); step.index_math = True
+        for it in (base, start, step):
+            put(it)
+        self.dist = (start, step)
+        self.emit_reduces(reds, chain, depth, cooperative=True)
+        self.dist = None
+        parts = [top.memo.pop(r) for r in reds]
+        scratch = [self.hidden_param(r.dtype, GRID_REDUCE_GROUPS) for r in reds]
+        counter = self.hidden_param(dtypes.uint32, 1)
+        one_u = self.new(L.CONST, dtypes.uint32, (), 1)
+        one = self.emit(UOp.const(1, idx), chain)
+        last_ticket = self.new(L.ALU, idx, (n_groups, one), Ops.SUB); last_ticket.index_math = True
+        last_u = self.new(L.ALU, dtypes.uint32, (last_ticket,), Ops.CAST)
+        flag = self.new(L.LOCAL, dtypes.int32, (), 1)
+        is0 = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
+        first = If(is0)
+        for buf, part in zip(scratch, parts):
+            first.body.append(self.new(L.STORE, None, (buf, self.gid, part)))
+        ticket = self.new(L.ATOMIC_ADD, dtypes.uint32, (counter, zero, one_u))
+        got_last = self.new(L.ALU, dtypes.bool, (ticket, last_u), Ops.CMPEQ)
+        as_int = self.new(L.ALU, dtypes.int32, (got_last,), Ops.CAST)
+        first.body.extend([self.new(L.FENCE, None), ticket, self.new(L.FENCE, None), got_last, as_int,
+                           self.new(L.STORE, None, (flag, zero, as_int))])
+        zero32 = self.new(L.CONST, dtypes.int32, (), 0)
+        flag_val = self.new(L.LOAD, dtypes.int32, (flag, zero))
+        is_last = self.new(L.ALU, dtypes.bool, (flag_val, zero32), Ops.CMPNE)
+        last = If(is_last)
+        for it in (last_ticket, last_u, flag, is0, first, self.new(L.BARRIER, None), flag_val, is_last, last):
+            put(it)
+        top.open_children.append(last)
+        scope = _Scope(last.body, None, last)
+        chain = chain + [scope]
+        self.min_depth = len(chain) - 1
+        accs = [self.new(L.ACC, r.dtype, (), _identity(r.dtype, r.arg)) for r in reds]
+        scope.items.extend(accs)
+        loop = Loop(self.new(L.LOOPVAR, idx), self.lid, n_groups, AxisType.REDUCE, step=gsize)
+        for acc, buf, r in zip(accs, scratch, reds):
+            v = self.new(L.LOAD, r.dtype, (buf, loop.var)); v.volatile = True
+            cur = self.new(L.ACC_LOAD, r.dtype, (acc,))
+            upd = self.new(L.ALU, r.dtype, (cur, v), r.arg); upd.reassoc = True
+            loop.body.extend([v, cur, upd, self.new(L.ACC_STORE, None, (acc, upd))])
+        scope.items.append(loop)
+        for acc, r in zip(accs, reds):
+            res = self.new(L.ACC_LOAD, r.dtype, (acc,))
+            scope.items.append(res)
+            scope.memo[r] = self.combine_in_group(res, r.arg, chain, len(chain) - 1)
+        again = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
+        reset = self.new(L.STORE, None, (counter, zero, self.new(L.CONST, dtypes.uint32, (), 0)))
+        scope.items.extend([again, If(again, [reset])])
+        return chain
+
+    # ---- vector loads and stores of elementwise kernels ---------------------------------------
+    def vector_plan(self, ast: UOp, globals_: list[UOp], ranges: dict[int, UOp]):
+        """(x, width, vector loads, vector stores) when every range is GLOBAL, all stores use the
+        innermost axis x, and some access is contiguous in x; else None."""
+        w = self.caps.vector_width
+        if w <= 1 or not globals_ or any(r.axis_type is not AxisType.GLOBAL for r in ranges.values()):
+            return None
+        stores = list(ast.src)
+        x = globals_[-1]
+        if len(_store_groups(stores, self.loads_from)) != 1 or any(x not in st.free_ranges for st in stores):
+            return None
+        ok = lambda dt: dt is not None and dt.name in _VECTOR_DTYPES  # noqa: E731
+        loads = [n for n in ast.toposort() if n.op is Ops.LOAD and ok(n.dtype) and _x_coeff(n.src[1], x) == 1]
+        vstores = [st for st in stores if ok(st.src[2].dtype) and _x_coeff(st.src[1], x) == 1]
+        if not loads and not vstores:
+            return None
+        return x, w, loads, vstores
+
+    def emit_vectorized(self, stores: list[UOp], chain: list[_Scope], plan) -> None:
+        """Work-item t covers x in [w*t, w*t + w): when all w lanes are in range and every vector access
+        starts on a multiple of w, contiguous accesses are w-wide loads/stores; otherwise each lane runs
+        as a scalar (the tail, and rows whose start is not aligned)."""
+        x, w, vloads, vstores = plan
+        idx = dtypes.index
+        g = chain[-1]
+        t = self.global_instr[id(x)]
+        wc = self.emit(UOp.const(w, idx), chain)
+        t4 = self.new(L.ALU, idx, (t, wc), Ops.MUL); t4.index_math = True
+        g.insert(t4)
+        end = self.emit(x.src[0], chain)
+        bscope = _Scope(g.items, x)
+        bscope.memo[x] = t4
+        bchain = chain + [bscope]
+        full_end = self.new(L.ALU, idx, (end, self.emit(UOp.const(w - 1, idx), chain)), Ops.SUB)
+        cond = self.new(L.ALU, dtypes.bool, (t4, full_end), Ops.CMPLT)
+        g.insert(full_end); g.insert(cond)
+        mask = self.emit(UOp.const(w - 1, idx), chain)
+        zero = self.emit(UOp.const(0, idx), chain)
+        bases: dict[UOp, Instr] = {}
+        for node in [*vloads, *vstores]:
+            b = bases[node] = self.emit(node.src[1], bchain)
+            if b is not t4:
+                m = self.new(L.ALU, idx, (b, mask), Ops.AND)
+                c = self.new(L.ALU, dtypes.bool, (m, zero), Ops.CMPEQ)
+                both = self.new(L.ALU, dtypes.bool, (cond, c), Ops.AND)
+                for it in (m, c, both):
+                    g.insert(it)
+                cond = both
+        vec_if = If(cond)
+        g.insert(vec_if)
+        g.open_children.append(vec_if)
+        for node in vloads:
+            v = self.new(L.LOAD, node.dtype, (self.emit(node.src[0], chain), bases[node]), w)
+            vec_if.body.append(v)
+            self.vec_loads[node] = v
+        lanes = []
+        for k in range(w):
+            sc = _Scope(vec_if.body, x, vec_if)
+            if k == 0:
+                sc.memo[x] = t4
+            else:
+                xk = self.new(L.ALU, idx, (t4, self.emit(UOp.const(k, idx), chain)), Ops.ADD)
+                xk.index_math = True
+                vec_if.body.append(xk)
+                sc.memo[x] = xk
+            lanes.append(chain + [sc])
+        vset = set(vstores)
+        for st in stores:
+            buf, index, val = st.src
+            self.record(Access(buf.arg, True, index, self.open_ranges(lanes[0])))
+            if st in vset:
+                vals = []
+                for k in range(w):
+                    self.vec_lane = k
+                    vals.append(self.emit(val, lanes[k]))
+                self.vec_lane = None
+                vec = self.new(L.VECTOR, val.dtype, tuple(vals))
+                vec_if.body.extend([vec, self.new(L.STORE, None, (self.emit(buf, chain), bases[st], vec), w)])
+            else:
+                for k in range(w):
+                    self.vec_lane = k
+                    srcs = (self.emit(buf, chain), self.emit(index, lanes[k]), self.emit(val, lanes[k]))
+                    vec_if.body.append(self.new(L.STORE, None, srcs))
+                self.vec_lane = None
+        g.open_children.pop()
+        # the tail: lanes one by one, each guarded
+        not_full = self.new(L.ALU, dtypes.bool, (cond, self.new(L.CONST, dtypes.bool, (), True)), Ops.XOR)
+        tail = If(not_full)
+        g.insert(not_full)
+        g.insert(tail)
+        g.open_children.append(tail)
+        for k in range(w):
+            lim = self.new(L.ALU, idx, (end, self.emit(UOp.const(k, idx), chain)), Ops.SUB)
+            ck = self.new(L.ALU, dtypes.bool, (t4, lim), Ops.CMPLT)
+            lane_if = If(ck)
+            tail.body.extend([lim, ck, lane_if])
+            sc = _Scope(lane_if.body, x, lane_if)
+            if k == 0:
+                sc.memo[x] = t4
+            else:
+                xk = self.new(L.ALU, idx, (t4, self.emit(UOp.const(k, idx), chain)), Ops.ADD)
+                xk.index_math = True
+                lane_if.body.append(xk)
+                sc.memo[x] = xk
+            lane = chain + [sc]
+            for st in stores:
+                buf, index, val = st.src
+                srcs = (self.emit(buf, chain), self.emit(index, lane), self.emit(val, lane))
+                lane_if.body.append(self.new(L.STORE, None, srcs))
+        g.open_children.pop()
+
+    def map_to_group_per_row(self, globals_: list[UOp], chain: list[_Scope], grid=None):
         """GPU row kernels: work-group g handles row g of the (at most one) GLOBAL range; its
-        work-items share the row's loops and reductions."""
+        work-items share the row's loops and reductions. A grid reduction launches its group count."""
         top = chain[0]
         self.group_size = size = self.caps.default_group
-        gid = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
+        self.gid = gid = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
         self.lid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
         top.items.extend([gid, self.lid])
         self.gpu_ids.append(gid)
@@ -519,6 +742,8 @@ class _Lowerer:
         if globals_:
             self.global_instr[id(globals_[0])] = gid
             dims = [globals_[0].src[0]]
+        elif grid is not None:
+            dims = [grid[1]]
         else:
             dims = [UOp.const(1, dtypes.index)]
         guard = If(self.emit(UOp.const(True, dtypes.bool), chain))
@@ -572,8 +797,9 @@ class _Lowerer:
                 chain = self.open_loop(r, chain, len(chain) - 1)
         return chain, [globals_[0].src[0]]
 
-    def map_to_groups(self, globals_: list[UOp], chain: list[_Scope]):
-        """GPU: innermost global axis -> x; more than max_dims axes are merged into the last one."""
+    def map_to_groups(self, globals_: list[UOp], chain: list[_Scope], vector=None):
+        """GPU: innermost global axis -> x; more than max_dims axes are merged into the last one.
+        With a vector plan, x counts groups of `width` elements (emit_vectorized spreads them)."""
         caps = self.caps
         if not globals_:
             return chain, [UOp.const(1, dtypes.index)], (1, 1, 1)
@@ -583,6 +809,8 @@ class _Lowerer:
         dims = []
         for g in groups:
             e = g[0].src[0]
+            if vector is not None and g[0] is vector[0]:
+                e = (e - 1) // vector[1] + 1     # ceil(E / w) for E >= 1; no intermediate overflows
             for r in g[1:]:
                 e = e * r.src[0]
             dims.append(simplify(e))
@@ -626,7 +854,8 @@ class _Lowerer:
         # values of the global ranges are defined at the top: make them visible in the guarded body
         for g in groups:
             for r in g:
-                inner.memo[r] = self.global_instr[id(r)]
+                if vector is None or r is not vector[0]:
+                    inner.memo[r] = self.global_instr[id(r)]
         return chain + [inner], dims, local
 
     def choose_local(self, dims: list[UOp]) -> tuple[int, int, int]:
@@ -643,6 +872,44 @@ class _Lowerer:
                 want = min(want, 1 << max(0, (ext - 1).bit_length()))
             local[d] = max(1, min(want, caps.local_max[d]))
         return (local[0], local[1], local[2])
+
+
+GRID_REDUCE_GROUPS = 1024      # work-groups of a two-stage full reduction (at most)
+GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this many elements per work-item
+_VECTOR_DTYPES = ("float32", "int32", "uint32")
+
+
+def _x_coeff(index: UOp, x: UOp) -> int | None:
+    """c when index == c*x + (terms free of x), else None."""
+    if index is x:
+        return 1
+    if x not in index.free_ranges:
+        return 0
+    op = index.op
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = _x_coeff(index.src[0], x), _x_coeff(index.src[1], x)
+        if a is None or b is None:
+            return None
+        return a + b if op is Ops.ADD else a - b
+    if op is Ops.MUL:
+        for v, c in (index.src, index.src[::-1]):
+            if c.op is Ops.CONST:
+                a = _x_coeff(v, x)
+                return None if a is None else a * int(c.arg)
+        return None
+    if op is Ops.NEG:
+        a = _x_coeff(index.src[0], x)
+        return None if a is None else -a
+    return None
+
+
+def _identity(dt: DType, op: Ops):
+    ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
+    if dt.is_float:
+        return float(ident)
+    if dt.is_bool:
+        return bool(ident) if op is not Ops.MAX else False
+    return ident
 
 
 def _top_reduces(stores: list[UOp]) -> list[UOp]:
