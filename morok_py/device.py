@@ -178,6 +178,28 @@ class Program(abc.ABC):
         self.compiled = compiled
         self.launch = compiled.launch
         self._dtypes = compiled.param_dtypes
+        self._hidden: list[tuple[int, int]] = []
+
+    def alloc_hidden(self) -> list[int]:
+        """Allocate the kernel's hidden buffers (`LaunchInfo.hidden`, e.g. the partials and ticket
+        counter of a two-stage reduction) on this device, zero-filled; the runtime passes them after
+        the caller's buffers. They live as long as the program."""
+        info = self.launch
+        if info is None or not info.hidden:
+            return []
+        import numpy as np
+        alloc = self.device.allocator
+        for h in info.hidden:
+            nbytes = h.count * h.dtype.itemsize
+            ptr = alloc.alloc(nbytes)
+            self._hidden.append((ptr, nbytes))
+            alloc.copyin(ptr, np.zeros(h.count, dtype=h.dtype.np))
+        return [p for p, _ in self._hidden]
+
+    def free_hidden(self) -> None:
+        hidden, self._hidden = self._hidden, []
+        for ptr, nbytes in hidden:
+            self.device.allocator.free(ptr, nbytes)
 
     @property
     def name(self) -> str:

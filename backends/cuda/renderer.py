@@ -21,7 +21,7 @@ from morok_py.ir import Ops
 # gives row kernels (softmax, row reductions) one block per row, combining in shared memory
 CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64),
                          max_threads_per_group=1024, default_group=256, grid_max=(2**31 - 1, 65535, 65535),
-                         warp_size=32, group_reduce=True)
+                         warp_size=32, group_reduce=True, grid_reduce=True, vector_width=4)
 
 
 # ---- kernel symbols ----------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def capabilities(arch: str) -> Capabilities:
     return Capabilities(has_local=True, has_shared=True, local_max=(1024, 1024, 1024),
                         max_threads_per_group=1024, default_group=256,
                         grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1), warp_size=wave_size(arch),
-                        group_reduce=True)
+                        group_reduce=True, grid_reduce=True, vector_width=4)
 
 from morok_py.codegen.llvm_math import F64_HELPERS  # noqa: E402
 
@@ -55,6 +55,7 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
     datalayout = DATALAYOUT
     param_attrs = "noalias"
     acc_ptr = "ptr addrspace(5)"
+    sync_scope = ' syncscope("agent")'   # the device: global atomics and fences of a grid reduction
 
     def signature(self) -> str:
         args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
