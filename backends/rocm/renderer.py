@@ -83,8 +83,9 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
 
     def trailer(self) -> list[str]:
         out = super().trailer()
-        out += ["!llvm.module.flags = !{!0}",
-                f'!0 = !{{i32 1, !"amdhsa_code_object_version", i32 {CODE_OBJECT_VERSION}}}']
+        n = len(self.metadata)   # after the kernel's own metadata (loop hints)
+        out += [f"!llvm.module.flags = !{{!{n}}}",
+                f'!{n} = !{{i32 1, !"amdhsa_code_object_version", i32 {CODE_OBJECT_VERSION}}}']
         return out
 
     # accumulators are allocas, which live in the private address space (5) on AMDGPU

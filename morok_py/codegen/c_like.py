@@ -209,6 +209,8 @@ class CStylePrinter:
     def loop(self, lp: Loop) -> None:
         v = self.ref(lp.var)
         inc = f"{v}++" if lp.step is None else f"{v} += {self.ref(lp.step)}"
+        if lp.unroll > 1:
+            self.emit(f"#pragma unroll {lp.unroll}")
         self.emit(f"for ({self.index_type()} {v} = {self.ref(lp.start)}; {v} < {self.ref(lp.end)}; {inc}) {{")
         self.depth += 1
         self.items(lp.body)

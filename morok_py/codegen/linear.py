@@ -60,6 +60,7 @@ class Loop:
     kind: AxisType
     body: list["Item"] = field(default_factory=list)
     step: Instr | None = None   # None: 1; a work-group-strided loop steps by the group size
+    unroll: int = 0             # a hint: unroll this many times (more loads in flight per work-item)
 
 
 @dataclass(eq=False)

@@ -149,11 +149,10 @@ class LLVMIRPrinter:
         out.extend(self.metadata)
         return "\n".join(out) + "\n"
 
-    def loop_md(self) -> int:
-        if not self.metadata:
-            self.metadata += ['!0 = !{!"llvm.loop.vectorize.enable", i1 false}']
+    def loop_md(self, prop: str = '!"llvm.loop.vectorize.enable", i1 false') -> int:
+        """A distinct loop id carrying one property (default: no vectorization along the loop)."""
         n = len(self.metadata)
-        self.metadata.append(f"!{n} = distinct !{{!{n}, !0}}")
+        self.metadata += [f"!{n} = distinct !{{!{n}, !{n + 1}}}", f"!{n + 1} = !{{{prop}}}"]
         return n
 
     def items(self, items) -> None:
@@ -186,7 +185,13 @@ class LLVMIRPrinter:
         # a loop carrying many accumulators is a register tile: vectorize across the tile's lanes
         # (SLP), not along the loop, which would turn the tile's row loads into gathers
         tile = sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4
-        self.emit(f"br label %{head}" + (f", !llvm.loop !{self.loop_md()}" if tile else ""))
+        md = ""
+        if tile:
+            md = f", !llvm.loop !{self.loop_md()}"
+        elif lp.unroll > 1:
+            prop = '!"llvm.loop.unroll.count", i32 ' + str(lp.unroll)
+            md = f", !llvm.loop !{self.loop_md(prop)}"
+        self.emit(f"br label %{head}" + md)
         self.lines[phi_index] = (f"  {var} = phi i32 [ {self.ref(lp.start)}, %{pred} ], "
                                  f"[ {latch_val}, %{self.block} ]")
         self.start_block(done)

@@ -314,7 +314,8 @@ class _Lowerer:
             step = self.emit(UOp.const(self.group_size, dtypes.index), chain)
         else:
             start, step = self.emit(UOp.const(0, dtypes.index), chain), None
-        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step)
+        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step,
+                    unroll=GPU_STRIDED_UNROLL if distributed else 0)
         self.place(loop, chain, depth)
         chain[depth].open_children.append(loop)
         new_chain = chain[:depth + 1] + [_Scope(loop.body, rng, loop)]
@@ -874,6 +875,7 @@ class _Lowerer:
         return (local[0], local[1], local[2])
 
 
+GPU_STRIDED_UNROLL = 4         # group-strided loops: unroll hint, so each item has several loads in flight
 GRID_REDUCE_GROUPS = 1024      # work-groups of a two-stage full reduction (at most)
 GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this many elements per work-item
 _VECTOR_DTYPES = ("float32", "int32", "uint32")
