@@ -147,8 +147,8 @@ def test_large_kernels_run_on_the_worker_pool(cpu, rng, monkeypatch):
 def test_negative_thread_count_is_rejected(cpu, rng, monkeypatch):
     monkeypatch.setenv("MOROK_CPU_THREADS", "-2")
     x = rng.standard_normal(5).astype(np.float32)
-    with pytest.raises(ValueError, match="MOROK_CPU_THREADS"):
-        cpu.compile(K.unary("neg"))(cpu.buf(x), cpu.empty(5, dtypes.float32), n=5)
+    with pytest.raises(ValueError, match="MOROK_CPU_THREADS"):   # at the first launch with these values
+        cpu.compile(K.unary("neg"), name="neg_bad_threads")(cpu.buf(x), cpu.empty(5, dtypes.float32), n=5)
 
 
 def test_dropping_programs_does_not_break_later_compiles(cpu, rng):
@@ -164,3 +164,57 @@ def test_dropping_programs_does_not_break_later_compiles(cpu, rng):
         prog(cpu.buf(data), o)
         del prog
         np.testing.assert_allclose(o.numpy(), data + np.float32(i + 0.25), rtol=1e-6)
+
+
+# ---- streaming (non-temporal) stores ---------------------------------------------------------
+
+x86_only = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                              reason="the streaming variant is built for x86-64 only")
+
+
+@x86_only
+def test_elementwise_kernels_get_a_streaming_variant_with_non_temporal_stores(cpu):
+    renderer, compiler = cpu.pair()
+    spec = renderer.render(K.add(), name="add")
+    assert "@add__stream(" in spec.src
+    asm = compiler.disassemble(spec)
+    plain, stream = asm.split("add__stream:", 1)
+    assert "movnt" in stream and "movnt" not in plain
+
+
+def test_kernels_that_reduce_or_read_their_output_have_no_streaming_variant(cpu):
+    renderer, _ = cpu.pair()
+    x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
+    i = UOp.range(UOp.variable("n", 1, 1 << 30), 0)
+    accumulate = UOp.sink(out.store(i, out.load(i) + x.load(i)))
+    for ast in (K.sum_all(), K.matmul(), K.softmax(), accumulate):
+        assert "__stream" not in renderer.render(ast).src
+
+
+@x86_only
+@pytest.mark.parametrize("n,threads", [(10007, 3), (64 * 5 + 1, 2), (100, 1)])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_streaming_variant_matches_numpy(cpu, rng, monkeypatch, n, threads, symbolic):
+    monkeypatch.setattr(cpu_runtime, "STREAM_MIN_BYTES", 0)      # stream at any size
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # and split whatever can be split
+    monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
+    prog = cpu.compile(K.add(None if symbolic else n), name=f"stream_add_{n}_{threads}_{int(symbolic)}")
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = cpu.empty(n, dtypes.float32)
+    prog(cpu.buf(a), cpu.buf(b), out, **({"n": n} if symbolic else {}))
+    assert prog._plan([n] if symbolic else []) == (True, n >= threads * 64)
+    np.testing.assert_array_equal(out.numpy(), a + b)
+
+
+@x86_only
+def test_misaligned_output_takes_the_plain_variant(cpu, rng, monkeypatch):
+    monkeypatch.setattr(cpu_runtime, "STREAM_MIN_BYTES", 0)
+    n = 4099
+    prog = cpu.compile(K.add(), name="stream_add_misaligned")
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    da, db, out = cpu.buf(a), cpu.buf(b), cpu.buf(np.full(n + 1, 7.0, np.float32))
+    gs, ls = prog.launch.launch_dims({"n": n})
+    prog.execute([da.ptr, db.ptr, out.ptr + 4], [n], gs, ls)   # 4 bytes past a 64-byte line
+    got = out.numpy()
+    assert got[0] == 7.0
+    np.testing.assert_array_equal(got[1:], a + b)

@@ -1,11 +1,20 @@
 """llvmlite: parse, verify, optimize at O3 with the new pass manager, emit a host object file."""
 from __future__ import annotations
 
+import re
 import threading
 
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError
+
+from .renderer import STREAM_SUFFIX
+
+# bumped when the object code for the same source changes (part of the disk-cache identity)
+CODEGEN_REVISION = "nt1"
+_BYTES = {"i8": 1, "i16": 2, "half": 2, "bfloat": 2, "i32": 4, "float": 4, "i64": 8, "double": 8}
+_VECTOR_STORE = re.compile(r"^\s*store <(\d+) x (\w+)> .*, align (\d+)(?=,|$)")
+_METADATA_ID = re.compile(r"!(\d+)\b")
 
 def llvm():
     """The llvmlite binding, initialized once (shared with the GPU backends)."""
@@ -40,7 +49,7 @@ class CPUCompiler(Compiler):
         import llvmlite
         b = llvm()
         return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
-                f"{self.triple}/{self.arch}/{self.features}/O{self.opt}")
+                f"{self.triple}/{self.arch}/{self.features}/O{self.opt}/{CODEGEN_REVISION}")
 
     def optimize_ir(self, src: str, name: str):
         b = llvm()
@@ -59,6 +68,11 @@ class CPUCompiler(Compiler):
         pto.loop_unrolling = True
         pb = b.create_pass_builder(self._tm, pto)
         pb.getModulePassManager().run(mod, pb)
+        if f"@{name}{STREAM_SUFFIX}(" in src:
+            text, marked = mark_streaming_stores(str(mod), name + STREAM_SUFFIX)
+            if marked:
+                mod = b.parse_assembly(text)
+                mod.verify()
         return mod
 
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
@@ -71,3 +85,26 @@ class CPUCompiler(Compiler):
         with self._lock:
             mod = self.optimize_ir(spec.src, spec.name)
             return self._tm.emit_assembly(mod)
+
+
+def mark_streaming_stores(ir: str, fn: str) -> tuple[str, int]:
+    """Mark `!nontemporal` the vector stores of optimized function `@fn` that LLVM proved aligned to
+    their full width (an under-aligned one would be split into scalar non-temporal stores); returns
+    the new text and how many stores were marked. Runs after vectorization: the loop vectorizer
+    refuses scalar non-temporal stores that are less aligned than a vector."""
+    lines = ir.split("\n")
+    md = 1 + max((int(m) for m in _METADATA_ID.findall(ir)), default=-1)
+    inside = marked = 0
+    for i, line in enumerate(lines):
+        if line.startswith("define ") and f"@{fn}(" in line:
+            inside = 1
+        elif inside and line == "}":
+            break
+        elif inside:
+            m = _VECTOR_STORE.match(line)
+            if m and m.group(2) in _BYTES and int(m.group(3)) >= int(m.group(1)) * _BYTES[m.group(2)]:
+                lines[i] = line[:m.end()] + f", !nontemporal !{md}" + line[m.end():]
+                marked += 1
+    if marked:
+        lines.append(f"!{md} = !{{i32 1}}")
+    return "\n".join(lines), marked

@@ -2,14 +2,68 @@
 from __future__ import annotations
 
 from morok_py.codegen.decompose import vector_friendly_math
-from morok_py.codegen.linear import LinearKernel
+from morok_py.codegen.linear import L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
 from morok_py.device import DeviceSpec, Renderer
 
 
+# suffix of the streaming variant of a kernel: the same loop, its aligned vector stores non-temporal
+STREAM_SUFFIX = "__stream"
+# the streaming variant's contract with the runtime: written buffers are aligned to this many bytes
+# and every thread's `start` is a multiple of this many elements (so also of 64 bytes for any dtype)
+STREAM_ALIGN = 64
+
+
+def streams_output(kernel: LinearKernel) -> bool:
+    """Whether non-temporal stores can only help: a thread-split kernel with no reduction whose stored
+    buffers it never reads back, so every line it writes leaves the core untouched (x86-64 only)."""
+    if not kernel.thread_split or kernel.gpu:
+        return False
+    stored, loaded = set(), set()
+    for ins in kernel.walk():
+        if ins.kind in (L.ACC, L.LOCAL, L.ATOMIC_ADD):
+            return False
+        if ins.kind is L.STORE:
+            if ins.src[0].kind is not L.PARAM:
+                return False
+            stored.add(ins.src[0].arg)
+        elif ins.kind is L.LOAD:
+            loaded.add(ins.src[0].arg)
+    return bool(stored) and not stored & loaded
+
+
 class CPULLVMPrinter(LLVMIRPrinter):
     param_attrs = "noalias nocapture"
+
+    def trailer(self) -> list[str]:
+        out = super().trailer()
+        if self.triple.startswith("x86_64") and streams_output(self.k):
+            out += self.stream_variant()
+        return out
+
+    def stream_variant(self) -> list[str]:
+        """`@<name>__stream`: the kernel inlined under the runtime's alignment promises, so that LLVM
+        proves its vector stores aligned; the compiler then marks those non-temporal. The closing fence
+        orders the write-combined stores before the thread reports its chunk done."""
+        k = self.k
+        written = {p.slot for p in k.params if p.written}
+        params = [(f"ptr noalias nocapture{f' align {STREAM_ALIGN}' if p.slot in written else ''}", f"%p{p.slot}")
+                  for p in k.params]
+        params += [("i32", f"%var_{n}") for n in k.var_names] + [("i32", "%start"), ("i32", "%end")]
+        return [
+            f"define void @{k.name}{STREAM_SUFFIX}({', '.join(f'{t} {n}' for t, n in params)}) #0 {{",
+            "entry:",
+            f"  %start.low = and i32 %start, {STREAM_ALIGN - 1}",
+            "  %start.aligned = icmp eq i32 %start.low, 0",
+            "  call void @llvm.assume(i1 %start.aligned)",
+            f"  call void @{k.name}({', '.join(f'{t.split()[0]} {n}' for t, n in params)}) #1",
+            "  fence seq_cst",
+            "  ret void",
+            "}",
+            *([] if "llvm.assume" in self.decls else ["declare void @llvm.assume(i1 noundef)"]),
+            "attributes #1 = { alwaysinline }",
+        ]
 
 
 def register_tile_for(features: str) -> tuple[int, int]:

@@ -14,10 +14,33 @@ from morok_py.device import CompiledSpec, Program
 from morok_py.errors import DeviceError, LaunchError
 
 from .compiler import llvm
+from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 
 # below this many innermost iterations a kernel runs on the calling thread: handing work to the
 # pool costs tens of microseconds, about what one core needs for a 1M-element memory-bound pass
 PARALLEL_MIN_WORK = 1 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), 32 MiB where it cannot be read."""
+    best = 0
+    try:
+        root = "/sys/devices/system/cpu/cpu0/cache"
+        for entry in os.listdir(root):
+            if entry.startswith("index"):
+                with open(f"{root}/{entry}/size") as f:
+                    text = f.read().strip().upper()
+                scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+                best = max(best, int(text.rstrip("KMG")) * scale)
+    except (OSError, ValueError):
+        pass
+    return best or 32 << 20
+
+
+# a launch that touches more bytes than the last-level cache holds takes the streaming variant (its
+# vector stores non-temporal: no read-for-ownership of the destination, 3 memory transfers per
+# element of an add instead of 4); below that the output may still be in cache for the next kernel
+STREAM_MIN_BYTES = last_level_cache_bytes()
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -55,11 +78,16 @@ class CPUProgram(Program):
             raise DeviceError("load object", 0, "SYMBOL_NOT_FOUND", f"no symbol {compiled.name!r} in the object")
         nvars = len(compiled.var_names)
         argtypes = [ctypes.c_void_p] * compiled.buf_count + [ctypes.c_int32] * (nvars + 2)
-        self._fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+        proto = ctypes.CFUNCTYPE(None, *argtypes)
+        self._fn = proto(addr)
         self.address = addr
+        stream = self._engine.get_function_address(compiled.name + STREAM_SUFFIX)
+        self._stream_fn = proto(stream) if stream else None
+        info = compiled.launch
+        self._stream_slots = [] if info is None else [p.slot for p in info.params if p.written]
         self._nvars = nvars
         self._nbuf = compiled.buf_count
-        self._threads: dict[tuple, int] = {}
+        self._plans: dict[tuple, tuple[bool, bool]] = {}
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
                 global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
@@ -73,32 +101,52 @@ class CPUProgram(Program):
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         extent = global_size[0]
         t0 = time.perf_counter() if wait else 0.0
-        threads = 1
+        threads, fn = 1, self._fn
         if extent > 1:
-            key = (tuple(vals), os.environ.get("MOROK_CPU_THREADS"))
-            threads = self._threads.get(key, 0)
-            if not threads:
-                threads = self._decide_threads(vals)
-                if len(self._threads) > 1024:
-                    self._threads.clear()
-                self._threads[key] = threads
+            plan = self._plans.get(tuple(vals))
+            if plan is None:
+                plan = self._plan(vals)
+                if len(self._plans) > 1024:
+                    self._plans.clear()
+                self._plans[tuple(vals)] = plan
+            split, stream = plan
+            if split:   # the environment is read only where it matters: a lookup costs ~0.5 us
+                threads = config.cpu_threads()
+            # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
+            if stream and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
+                fn = self._stream_fn
         if threads > 1:
-            self._parallel(buffers, vals, extent, threads)
+            self._parallel(fn, buffers, vals, extent, threads)
         else:
-            self._fn(*buffers, *vals, 0, extent)
+            fn(*buffers, *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
 
-    def _decide_threads(self, vals: Sequence[int]) -> int:
-        """Worker threads for these values: one unless the work pays for the hand-off."""
-        n = config.cpu_threads()
+    def _plan(self, vals: Sequence[int]) -> tuple[bool, bool]:
+        """(split over the worker threads, take the streaming variant) for these values: split when
+        the work pays for the hand-off; stream where the bytes touched overflow the last-level cache."""
+        n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
-        work = 1 << 62 if info is None else info.prepare(dict(zip(info.var_names, vals)))[3]
-        return n if work >= PARALLEL_MIN_WORK else 1
+        if info is None:
+            return True, False
+        gs, _, bounds, work = info.prepare(dict(zip(info.var_names, vals)))
+        stream = False
+        # every thread's chunk must start on a multiple of STREAM_ALIGN of the outer axis
+        if self._stream_fn is not None and gs[0] >= n * STREAM_ALIGN:
+            spans: dict[int, tuple[int, int]] = {}
+            for b in bounds:
+                if b is not None:
+                    slot, _, lo, hi = b
+                    old = spans.get(slot, (lo, hi))
+                    spans[slot] = (min(old[0], lo), max(old[1], hi))
+            touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
+            stream = touched > STREAM_MIN_BYTES
+        return work >= PARALLEL_MIN_WORK, stream
 
-    def _parallel(self, buffers, vals, extent: int, threads: int) -> None:
+    def _parallel(self, fn, buffers, vals, extent: int, threads: int) -> None:
         chunks = min(threads, extent)
         step = -(-extent // chunks)
-        fn = self._fn
+        if fn is self._stream_fn:
+            step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
         pool = worker_pool(threads)
         futures = [pool.submit(fn, *buffers, *vals, s, min(s + step, extent))
                    for s in range(step, extent, step)]
