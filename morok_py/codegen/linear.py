@@ -46,6 +46,7 @@ class Instr:
     index_math: bool = False  # proven (by the launch check) not to overflow: renderers may add nsw
     reassoc: bool = False     # a reduction step: the renderer may reorder it (vectorized reductions)
     volatile: bool = False    # LOAD: read what other work-groups wrote in this launch (no stale cache)
+    cache: Any = None         # lowering-internal: a row-cache mark (key, position); printers ignore it
 
     def __repr__(self) -> str:
         a = self.arg.name if isinstance(self.arg, Ops) else self.arg

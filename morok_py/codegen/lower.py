@@ -231,6 +231,8 @@ class _Lowerer:
         self.access_keys: set[tuple] = set()
         self.vec_loads: dict[UOp, Instr] = {}      # vector mode: LOAD node -> its w-wide load
         self.vec_lane: int | None = None           # vector mode: the lane being emitted
+        self.row_cache: dict[UOp, tuple[UOp, int]] = {}    # group mode: LOAD -> (range, key) it caches under
+        self.row_cache_arrays: dict[int, Instr] = {}        # key -> the shared array once filled
 
     def new(self, kind: L, dtype: DType | None, src=(), arg: Any = None) -> Instr:
         self.next_id += 1
@@ -283,8 +285,13 @@ class _Lowerer:
             elif op is Ops.LOAD:
                 self.record(Access(node.src[0].arg, False, node.src[1], self.open_ranges(chain)))
                 vec = self.vec_loads.get(node) if self.vec_lane is not None else None
+                cached = self.row_cache.get(node)
                 if vec is not None:
                     ins = self.new(L.EXTRACT, node.dtype, (vec,), self.vec_lane)
+                elif cached is not None and self.in_distributed_loop(chain, depth, cached[0]):
+                    ins = self.emit_row_cached(node, srcs, cached, chain, depth)
+                    chain[depth].memo[node] = ins
+                    return ins
                 else:
                     ins = self.new(L.LOAD, node.dtype, srcs)
             else:
@@ -294,6 +301,93 @@ class _Lowerer:
             out = ins
         chain[depth].memo[node] = out
         return out
+
+    # ---- rows kept in shared memory ---------------------------------------------------------
+    def plan_row_cache(self, ast: UOp, globals_: list[UOp], read_only: set[int]) -> None:
+        """Group mode: a row loaded by several passes (softmax reads it for the max, the sum and the
+        output) is read from global memory once. Loads of a read-only buffer whose index differs
+        only in the (constant-extent) range its group-strided loop runs over share a key; the first
+        pass stores what each work-item loaded into a shared array, later passes read it back. Every
+        pass strides the same way, so each item reads only what it wrote: no barrier is needed."""
+        budget = ROW_CACHE_BYTES
+        groups: dict[int, list[UOp]] = {}
+        keys: dict[int, UOp] = {}
+        gl = set(globals_)
+        for n in ast.toposort():
+            if n.op is not Ops.LOAD or n.src[0].arg not in read_only or n.dtype.is_bool:
+                continue
+            rs = [r for r in n.free_ranges if r not in gl]
+            if len(rs) != 1 or rs[0].src[0].op is not Ops.CONST:
+                continue
+            r = rs[0]
+            from ..ir import substitute
+            canon = substitute(n.src[1], {r: UOp.range(r.src[0], -1, AxisType.LOOP)})
+            groups.setdefault(id(canon), []).append((n, r))
+            keys[id(canon)] = canon
+        for k, members in groups.items():
+            if len(members) < 2:
+                continue
+            extent = members[0][1].src[0].arg
+            nbytes = extent * members[0][0].dtype.itemsize
+            if nbytes > budget:
+                continue
+            budget -= nbytes
+            for n, r in members:
+                self.row_cache[n] = (r, k)
+
+    def in_distributed_loop(self, chain: list[_Scope], depth: int, r: UOp) -> bool:
+        sc = chain[depth]
+        return sc.range is r and isinstance(sc.owner, Loop) and sc.owner.step is not None and self.dist is None
+
+    def emit_row_cached(self, node: UOp, srcs: list[Instr], cached: tuple[UOp, int], chain: list[_Scope],
+                        depth: int) -> Instr:
+        """A global load marked with its cache key; `finish_row_cache` decides, in program order
+        (not emission order: a pass's reduce may be emitted after the pass that uses it), which load
+        fills the shared array and which ones read it."""
+        r, key = cached
+        if key not in self.row_cache_arrays:
+            self.row_cache_arrays[key] = self.new(L.LOCAL, node.dtype, (), r.src[0].arg)
+        ins = self.new(L.LOAD, node.dtype, srcs)
+        ins.cache = (key, chain[depth].memo[r])   # the loop variable: this item's element of the row
+        self.place(ins, chain, depth)
+        return ins
+
+    def finish_row_cache(self, body: list[Item]) -> None:
+        if not self.row_cache_arrays:
+            return
+        filled: set[int] = set()
+        used: set[int] = set()
+
+        def walk(items: list[Item]) -> None:
+            i = 0
+            while i < len(items):
+                it = items[i]
+                if isinstance(it, (Loop, If)):
+                    walk(it.body)
+                elif it.cache is not None:
+                    key, pos = it.cache
+                    arr = self.row_cache_arrays[key]
+                    if key not in filled:
+                        filled.add(key)
+                        items.insert(i + 1, self.new(L.STORE, None, (arr, pos, it)))
+                        i += 1
+                    else:
+                        it.src = (arr, pos)
+                        used.add(key)
+                i += 1
+        walk(body)
+        for key, arr in self.row_cache_arrays.items():
+            if key in used:
+                body.insert(0, arr)
+            else:       # a single pass survived: nothing reads the array back
+                self.strip_fill(body, arr)
+
+    def strip_fill(self, items: list[Item], arr: Instr) -> None:
+        for it in list(items):
+            if isinstance(it, (Loop, If)):
+                self.strip_fill(it.body, arr)
+            elif it.kind is L.STORE and it.src[0] is arr:
+                items.remove(it)
 
     def record(self, a: Access) -> None:
         """One bounds check per distinct access (vector lanes emit the same access several times)."""
@@ -501,6 +595,8 @@ class _Lowerer:
         vector = None
         if self.group_mode:
             grid = self.grid_plan(ast, globals_)
+            if grid is None and caps.has_shared:
+                self.plan_row_cache(ast, globals_, {p.slot for p in pinfo if p.read and not p.written})
             chain, dims, local = self.map_to_group_per_row(globals_, chain, grid)
             self.min_depth = len(chain) - 1
             if grid is not None:
@@ -522,6 +618,7 @@ class _Lowerer:
                 self.invalidate(chain, store.src[0].arg)
         if vector is not None:
             self.emit_vectorized(list(ast.src), chain, vector)
+        self.finish_row_cache(body)
         kernel = LinearKernel(self.name, pinfo + self.hidden_params, [v.name for v in var_list], body, local,
                               thread_split=not caps.has_local, gpu=caps.has_local)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
@@ -875,6 +972,7 @@ class _Lowerer:
         return (local[0], local[1], local[2])
 
 
+ROW_CACHE_BYTES = 24 * 1024    # shared memory a row kernel may spend keeping rows it reads more than once
 GPU_STRIDED_UNROLL = 4         # group-strided loops: unroll hint, so each item has several loads in flight
 GRID_REDUCE_GROUPS = 1024      # work-groups of a two-stage full reduction (at most)
 GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this many elements per work-item
