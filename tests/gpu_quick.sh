@@ -13,7 +13,7 @@ else
   export PYTHONPATH=$PWD
 fi
 nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
-timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m cuda -p no:cacheprovider tests/ -x ${PYTEST_ARGS:-} 2>&1 \
+timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m cuda -p no:cacheprovider tests/ ${PYTEST_ARGS:-} 2>&1 \
   | tee "$WORK/pytest_cuda.log" | tail -40
 echo "pytest exit: ${PIPESTATUS[0]}"
 timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/kernels.py --device CUDA --no-sweep --results "$WORK" \
