@@ -3,15 +3,23 @@
 Method cache (memory): (base device type, compiler cache_key, arch, ast key, name) -> CompiledSpec,
 shared by every ordinal of a device type; loaded Programs stay per device instance.
 
-Disk cache: sha256(package version, compiler identity, arch, options, rendered source) -> raw
-bytes plus JSON metadata with the bytes' sha256. Never pickle. Writes are atomic; a corrupt entry
-is reported as a miss, removed, and rewritten by the caller.
+Disk cache, two levels, both entries raw bytes plus JSON metadata with the bytes' sha256 (never pickle;
+atomic writes; a corrupt or unreadable entry is a miss, counted, removed and rewritten):
+- by AST (looked up first, before any lowering or rendering): sha256(package version, the code that
+  renders, renderer fingerprint, cheap compiler identity, arch, kernel name, ast key) -> the launch
+  information as JSON (codegen/launch_io) and the key of the entry below. A hit in a fresh process
+  costs two small file reads and a JSON parse.
+- by source: sha256(package version, cheap compiler identity, arch, kernel name, rendered source) ->
+  the compiled bytes. It outlives edits of the code that renders: when they leave a kernel's source
+  unchanged, the compile is saved.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -20,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import config
+from .codegen import launch_io   # here, not at the first hit: its import is part of `import morok_py`
 from .errors import MorokError
 
 if TYPE_CHECKING:
@@ -35,6 +44,8 @@ class CacheStats:
     method_hits: int = 0
     disk_hits: int = 0
     disk_corrupt: int = 0
+    ast_hits: int = 0            # disk hits by AST (no lowering, no rendering); also counted in disk_hits
+    renders: int = 0             # Renderer.render calls made by compile_through_caches
     loads: int = 0
     compile_seconds: float = 0.0
     by_key: dict = field(default_factory=dict)
@@ -94,17 +105,21 @@ class DiskCache:
         except (ValueError, UnicodeDecodeError):
             ok = False
         if not ok:
-            with _lock:
-                stats.disk_corrupt += 1
-            for p in (bin_path, meta_path):
-                try:
-                    p.unlink()
-                except OSError:
-                    pass
-            if config.debug_level() >= 1:
-                config.log(f"disk cache entry {key[:12]} is corrupt; recompiling")
+            self.discard(key, "its bytes do not match their checksum")
             return None
         return data, meta
+
+    def discard(self, key: str, why: str) -> None:
+        """Count and remove a corrupt or unreadable entry (the caller then recompiles and rewrites it)."""
+        with _lock:
+            stats.disk_corrupt += 1
+        for p in self._paths(key):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        if config.debug_level() >= 1:
+            config.log(f"disk cache entry {key[:12]} is unusable ({why}); recompiling")
 
     def put(self, key: str, data: bytes, meta: dict) -> None:
         bin_path, meta_path = self._paths(key)
@@ -131,25 +146,124 @@ class DiskCache:
                 config.log(f"disk cache write failed ({e}); continuing without it")
 
 
-def disk_key(compiler: "Compiler", spec: "ProgramSpec") -> str:
-    return DiskCache.key(f"morok_py-{__version__}", compiler.identity(), compiler.arch, spec.name, spec.src)
+# ---- identities for the keys: cheap, because a hit must not load any toolchain -----------------
 
+DISK_FORMAT = "disk-2"      # bump when the layout of entries changes: old entries are then never looked up
+
+
+def file_identity(path: str) -> str:
+    """A file by resolved path, size and mtime: a stand-in for its content in cache keys that costs one
+    stat (hashing a 100 MB compiler library would cost more than the compile it saves)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@functools.lru_cache(maxsize=None)
+def llvmlite_identity() -> str:
+    """llvmlite's version and its compiled library (which holds LLVM), found without importing
+    llvmlite.binding: that import loads the library, and initializing its targets costs ~100 ms."""
+    import importlib.util
+    import llvmlite
+    spec = importlib.util.find_spec("llvmlite")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        for lib in ("libllvmlite.so", "libllvmlite.dylib", "llvmlite.dll"):
+            path = os.path.join(folder, "binding", lib)
+            if os.path.isfile(path):
+                return f"llvmlite-{llvmlite.__version__}/{file_identity(path)}"
+    # an unusual layout: ask the library itself (loads it)
+    from .codegen.llvm_binding import llvm_binding
+    return f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, llvm_binding().llvm_version_info))}"
+
+
+def compiler_identity(compiler: "Compiler") -> str:
+    """What keys a compiler's output: `cache_identity()` where the compiler has one (cheap: paths and
+    stats of its libraries), else `identity()` (which may load the toolchain to read its version)."""
+    cheap = getattr(compiler, "cache_identity", None)
+    return cheap() if cheap is not None else compiler.identity()
+
+
+_code_fingerprints: dict[tuple, str] = {}
+
+
+def code_fingerprint(renderer: "Renderer", compiler: "Compiler") -> str:
+    """Path, size and mtime of every module file in morok_py, morok_py/codegen and the folders that
+    define the renderer's and compiler's classes. The AST-level key needs it: an edit of lowering or
+    of a printer changes what an AST compiles to, and the package version does not change with it."""
+    from .device import Compiler, Renderer
+    classes = (type(renderer), type(compiler))
+    hit = _code_fingerprints.get(classes)
+    if hit is not None:
+        return hit
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = {here, os.path.join(here, "codegen")}
+    for cls in classes:
+        for k in cls.__mro__:
+            if issubclass(k, (Renderer, Compiler)):
+                f = getattr(sys.modules.get(k.__module__), "__file__", None)
+                if f:
+                    folders.add(os.path.dirname(os.path.abspath(f)))
+    h = hashlib.sha256()
+    for folder in sorted(folders):
+        try:
+            entries = sorted((e for e in os.scandir(folder) if e.name.endswith(".py")), key=lambda e: e.name)
+            for e in entries:
+                st = e.stat()
+                h.update(f"{e.path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogatepass"))
+        except OSError as err:
+            h.update(f"{folder}\0{err}\0".encode("utf-8", "surrogatepass"))
+    with _lock:
+        _code_fingerprints[classes] = hit = h.hexdigest()
+    return hit
+
+
+def renderer_fingerprint(renderer: "Renderer") -> str | None:
+    """The renderer's class, capabilities (every field) and other settings (triple, arch, ...): all
+    that changes its output besides the code. None when a setting has no stable text (a repr with an
+    address): such a renderer gets no AST-level entries, only source-level ones."""
+    cls = type(renderer)
+    settings = sorted((k, v) for k, v in vars(renderer).items() if k != "device")   # ordinals render alike
+    text = f"{cls.__module__}.{cls.__qualname__}|caps={renderer.caps!r}|{settings!r}"
+    return None if " at 0x" in text else text
+
+
+def disk_key(compiler: "Compiler", spec: "ProgramSpec") -> str:
+    """The source-level key."""
+    return DiskCache.key(f"morok_py-{__version__}", DISK_FORMAT, "source", compiler_identity(compiler),
+                         compiler.arch, spec.name, spec.src)
+
+
+def ast_key(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str) -> str | None:
+    """The AST-level key (None: this renderer cannot have one, see `renderer_fingerprint`)."""
+    fingerprint = renderer_fingerprint(renderer)
+    if fingerprint is None:
+        return None
+    return DiskCache.key(f"morok_py-{__version__}", DISK_FORMAT, "ast", code_fingerprint(renderer, compiler),
+                         fingerprint, compiler_identity(compiler), compiler.arch, name, ast.key)
+
+
+# ---- compiling through the disk cache ------------------------------------------------------------
 
 def compile_spec(compiler: "Compiler", spec: "ProgramSpec") -> "CompiledSpec":
-    """Compile through the disk cache (when enabled)."""
+    """Compile through the source-level disk cache (when enabled)."""
+    return _compile_spec(compiler, spec, config.cache_enabled())[0]
+
+
+def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> tuple["CompiledSpec", str | None]:
+    """The compiled spec and its source-level key (None with the disk cache off)."""
     from .device import CompiledSpec
-    use_disk = config.cache_enabled()
-    if use_disk:
-        dc = DiskCache()
-        key = disk_key(compiler, spec)
+    dc = DiskCache()
+    key = disk_key(compiler, spec) if use_disk else None
+    if key is not None:
         hit = dc.get(key)
         if hit is not None:
             data, meta = hit
             with _lock:
                 stats.disk_hits += 1
             if meta.get("kind") == "src":
-                return CompiledSpec.from_source(spec, data.decode(), arch=compiler.arch, compiler=compiler.cache_key)
-            return CompiledSpec.from_bytes(spec, data, arch=compiler.arch, compiler=compiler.cache_key)
+                return CompiledSpec.from_source(spec, data.decode(), arch=compiler.arch,
+                                                compiler=compiler.cache_key), key
+            return CompiledSpec.from_bytes(spec, data, arch=compiler.arch, compiler=compiler.cache_key), key
     t0 = time.perf_counter()
     compiled = compiler.compile(spec)
     dt = time.perf_counter() - t0
@@ -158,10 +272,103 @@ def compile_spec(compiler: "Compiler", spec: "ProgramSpec") -> "CompiledSpec":
         stats.compile_seconds += dt
     if config.debug_level() >= 1:
         config.log(f"compiled {spec.name} with {compiler.cache_key} for {compiler.arch} in {dt * 1e3:.1f} ms")
-    if use_disk:
+    if key is not None:
         kind = "bytes" if compiled.bytes is not None else "src"
         dc.put(key, compiled.payload, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
                                        "kind": kind, "identity": compiler.identity()})
+    return compiled, key
+
+
+AST_ENTRY_FORMAT = "morok-ast-entry-1"
+
+
+def _ast_entry(compiled: "CompiledSpec", source_key: str) -> bytes:
+    """What an AST-level entry holds (its bytes, so the stored checksum covers all of it): every field
+    of the CompiledSpec except the compiled output, which lives in the source-level entry."""
+    entry = {"format": AST_ENTRY_FORMAT, "source_key": source_key, "name": compiled.name,
+             "var_names": list(compiled.var_names),
+             "global_size": None if compiled.global_size is None else list(compiled.global_size),
+             "local_size": None if compiled.local_size is None else list(compiled.local_size),
+             "buf_count": compiled.buf_count, "param_dtypes": [d.name for d in compiled.param_dtypes],
+             "launch": launch_io.dump(compiled.launch)}
+    return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _from_ast_entry(data: bytes, dc: DiskCache, compiler: "Compiler", ast: "UOp", name: str) -> "CompiledSpec | None":
+    """The CompiledSpec an AST-level entry describes, its output read from the source-level entry;
+    None when that entry is gone. ValueError (incl. LaunchIOError) when the entry is malformed."""
+    from .device import CompiledSpec
+    from .dtypes import dtypes
+    e = json.loads(data)
+    if not isinstance(e, dict) or e.get("format") != AST_ENTRY_FORMAT or e.get("name") != name:
+        raise ValueError(f"not a {AST_ENTRY_FORMAT} entry for {name}")
+
+    def size(x):
+        if x is None:
+            return None
+        if not (isinstance(x, list) and len(x) == 3 and all(type(v) is int for v in x)):
+            raise ValueError(f"bad launch size {x!r}")
+        return tuple(x)
+
+    var_names, dts, buf_count = e["var_names"], e["param_dtypes"], e["buf_count"]
+    if not (isinstance(var_names, list) and all(type(v) is str for v in var_names) and isinstance(dts, list)
+            and all(type(d) is str for d in dts) and type(buf_count) is int and type(e["source_key"]) is str):
+        raise ValueError("bad spec fields")
+    launch = launch_io.load(e["launch"])
+    gs, ls, param_dtypes = size(e["global_size"]), size(e["local_size"]), tuple(dtypes.from_name(d) for d in dts)
+    hit = dc.get(e["source_key"])
+    if hit is None:
+        return None
+    payload, meta = hit
+    kind = meta.get("kind")
+    if kind not in ("src", "bytes"):
+        raise ValueError(f"bad output kind {kind!r}")
+    src, out = (payload.decode(), None) if kind == "src" else (None, payload)
+    return CompiledSpec(name, src, out, ast, tuple(var_names), gs, ls, buf_count, launch, compiler.arch,
+                        compiler.cache_key, param_dtypes)
+
+
+def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str | None) -> "CompiledSpec":
+    """Render and compile through both disk-cache levels: a hit by AST skips lowering and rendering."""
+    from .device import kernel_name
+    nm = kernel_name(ast, name)
+    use_disk = config.cache_enabled()
+    debug = config.debug_level()
+    dc = DiskCache()
+    akey = ast_key(renderer, compiler, ast, nm) if use_disk else None
+    # MOROK_DEBUG >= 2 prints the rendered source: render even when the AST entry would hit
+    if akey is not None and debug < 2:
+        hit = dc.get(akey)
+        if hit is not None:
+            try:
+                compiled = _from_ast_entry(hit[0], dc, compiler, ast, nm)
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+                dc.discard(akey, str(e))
+                compiled = None
+            if compiled is not None:
+                with _lock:
+                    stats.disk_hits += 1
+                    stats.ast_hits += 1
+                return compiled
+    spec = renderer.render(ast, name)
+    with _lock:
+        stats.renders += 1
+    if debug >= 4 and spec.linear is not None:
+        config.log(f"{spec.name} linear IR:\n{spec.linear.dump()}")
+    if debug >= 2:
+        config.log(f"{spec.name} source ({renderer.device}):\n{spec.src}")
+    compiled, skey = _compile_spec(compiler, spec, use_disk)
+    if debug >= 3:
+        config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
+    if akey is not None and skey is not None and compiled.launch is not None:
+        try:
+            entry = _ast_entry(compiled, skey)
+        except launch_io.LaunchIOError as e:     # launch information launch_io cannot store: source level only
+            if debug >= 1:
+                config.log(f"{spec.name}: no AST-level disk cache entry ({e})")
+        else:
+            dc.put(akey, entry, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
+                                 "kind": "ast"})
     return compiled
 
 
@@ -188,14 +395,7 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
             return prog
         compiled = _method_cache.get(mkey)
         if compiled is None:
-            spec = renderer.render(ast, name)
-            if config.debug_level() >= 4 and spec.linear is not None:
-                config.log(f"{spec.name} linear IR:\n{spec.linear.dump()}")
-            if config.debug_level() >= 2:
-                config.log(f"{spec.name} source ({renderer.device}):\n{spec.src}")
-            compiled = compile_spec(compiler, spec)
-            if config.debug_level() >= 3:
-                config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
+            compiled = compile_ast(renderer, compiler, ast, name)
             with _lock:
                 _method_cache[mkey] = compiled
         else:

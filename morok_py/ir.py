@@ -438,3 +438,98 @@ def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
 
 def as_uops(xs: Iterable[Any]) -> tuple[UOp, ...]:
     return tuple(xs)
+
+
+# ---- JSON (de)serialization: the disk cache stores launch information as UOp graphs --------------
+
+UOPS_FORMAT = "morok-uops-1"
+
+
+def _arg_to_json(arg: Any) -> Any:
+    # exact types only: a subclass (np.float64, a str enum) is a different hash-consed node
+    t = type(arg)
+    if arg is None or t in (bool, int, str):
+        return arg
+    if t is float:
+        return {"f": arg.hex()}     # exact, and covers inf, nan and -0.0
+    if t is tuple:
+        return [_arg_to_json(a) for a in arg]
+    if t is Ops:
+        return {"op": arg.name}
+    if t is AxisType:
+        return {"axis": arg.name}
+    if t is DType:
+        return {"dtype": arg.name}
+    raise TypeError(f"a UOp arg of type {t.__name__} ({arg!r}) has no JSON form")
+
+
+_FROM_TAG = {"op": Ops.__members__, "axis": AxisType.__members__}
+
+
+def _arg_from_json(x: Any) -> Any:
+    t = type(x)
+    if x is None or t is int or t is str or t is bool:
+        return x
+    if t is list:
+        return tuple(_arg_from_json(a) for a in x)
+    if t is dict and len(x) == 1:
+        (tag, v), = x.items()
+        if type(v) is str:
+            if tag == "f":
+                return float.fromhex(v)
+            if tag == "dtype":
+                return dtypes.from_name(v)
+            members = _FROM_TAG.get(tag)
+            if members is not None and v in members:
+                return members[v]
+    raise ValueError(f"bad UOp arg {x!r}")
+
+
+def uops_to_json(roots: Iterable[UOp]) -> dict:
+    """A JSON-able table of every node reachable from `roots`, each node once (sources by index,
+    always earlier in the table); `uops_from_json` rebuilds the same hash-consed nodes."""
+    index: dict[int, int] = {}
+    nodes: list[list] = []
+    root_ids: list[int] = []
+    for root in roots:
+        if not isinstance(root, UOp):
+            raise TypeError(f"uops_to_json takes UOps, got {type(root).__name__}")
+        for u in root.toposort():
+            if id(u) not in index:
+                index[id(u)] = len(nodes)
+                nodes.append([u.op.name, u.dtype.name if u.dtype is not None else None,
+                              [index[id(s)] for s in u.src], _arg_to_json(u.arg)])
+        root_ids.append(index[id(root)])
+    return {"format": UOPS_FORMAT, "nodes": nodes, "roots": root_ids}
+
+
+def uops_from_json(d: Any) -> list[UOp]:
+    """The roots of a `uops_to_json` table; ValueError for anything malformed or unknown."""
+    if type(d) is not dict or d.get("format") != UOPS_FORMAT:
+        raise ValueError(f"not a {UOPS_FORMAT} UOp table")
+    nodes, roots = d.get("nodes"), d.get("roots")
+    if type(nodes) is not list or type(roots) is not list:
+        raise ValueError("a UOp table needs 'nodes' and 'roots' lists")
+    ops, dts = Ops.__members__, _dtype_names()
+    built: list[UOp] = []
+    for n in nodes:
+        try:
+            op_name, dt_name, src, arg = n
+            op, dt = ops[op_name], None if dt_name is None else dts[dt_name]
+            # indices point back into the table: a source is always built before its users
+            if type(src) is not list:
+                raise ValueError
+            for s in src:
+                if type(s) is not int or not 0 <= s < len(built):
+                    raise ValueError
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"bad UOp table row {len(built)}: {n!r}") from None
+        built.append(UOp(op, dt, tuple([built[s] for s in src]), _arg_from_json(arg)))
+    if not all(type(r) is int and 0 <= r < len(built) for r in roots):
+        raise ValueError(f"bad root indices {roots!r}")
+    return [built[r] for r in roots]
+
+
+def _dtype_names() -> dict[str, DType]:
+    from .dtypes import BY_NAME
+    return BY_NAME

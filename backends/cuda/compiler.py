@@ -13,6 +13,7 @@ import functools
 import re
 import threading
 
+from morok_py.cache import file_identity, llvmlite_identity
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
@@ -49,6 +50,37 @@ def load_library(name: str) -> str:
         return pathfinder.load_nvidia_dynamic_lib(name).abs_path or name
     except Exception as e:  # DynamicLibNotFoundError and friends
         raise DeviceUnavailableError("CUDA", f"lib{name} was not found ({e})", INSTALL) from None
+
+
+def locate_library(name: str) -> str | None:
+    """Where `load_library(name)` would load lib<name> from, found without loading it: a copy already
+    loaded into the process (RTLD_NOLOAD), else the pip wheels or conda, as cuda-pathfinder searches
+    them. None when only loading can tell (a system install found by the dynamic loader). This uses
+    cuda-pathfinder internals: any change there is a None, never a wrong answer."""
+    try:
+        from cuda.pathfinder._dynamic_libs.lib_descriptor import LIB_DESCRIPTORS
+        from cuda.pathfinder._dynamic_libs.platform_loader import LOADER
+        from cuda.pathfinder._dynamic_libs.search_steps import EARLY_FIND_STEPS, SearchContext, run_find_steps
+        desc = LIB_DESCRIPTORS[name]
+        loaded = LOADER.check_if_already_loaded_from_elsewhere(desc)
+        if loaded is not None:
+            return loaded.abs_path
+        found = run_find_steps(SearchContext(desc), EARLY_FIND_STEPS)
+        return found.abs_path if found is not None else None
+    except Exception:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def library_identity(name: str) -> str:
+    """lib<name> for disk-cache keys: its file by path, size and mtime, located without loading it
+    (loading libnvrtc costs 60-150 ms, more than a cache hit may take); loads it when that is the only
+    way to find it."""
+    path = locate_library(name) or load_library(name)
+    try:
+        return file_identity(path)
+    except OSError:
+        return f"{name}:{path}"
 
 
 def _nvrtc():
@@ -105,6 +137,10 @@ class NVRTCCompiler(Compiler):
     def identity(self) -> str:
         major, minor = nvrtc_version()
         return f"nvrtc-{major}.{minor}/{self.arch}/{' '.join(self.options)}"
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key, with libnvrtc told by its file instead of its version."""
+        return f"nvrtc/{library_identity('nvrtc')}/{self.arch}/{' '.join(self.options)}"
 
     def command(self, name: str) -> str:
         return f"nvcc -cubin -arch={self.arch} -o {name}.cubin {name}.cu"
@@ -188,6 +224,11 @@ class NVPTXCompiler(Compiler):
         major, minor = _nvjitlink().version()
         return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
                 f"nvjitlink-{major}.{minor}/{self.arch}/O{self.opt}")
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key: llvmlite and libnvJitLink told by their files, so that a
+        hit neither initializes LLVM nor loads nvJitLink."""
+        return f"{llvmlite_identity()}/nvjitlink/{library_identity('nvJitLink')}/{self.arch}/O{self.opt}"
 
     def command(self, name: str) -> str:
         # ptxas is the toolkit's equivalent of nvJitLink's PTX -> CUBIN step

@@ -11,6 +11,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from morok_py.cache import file_identity, llvmlite_identity
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
@@ -64,26 +65,34 @@ def find_lld() -> Linker:
     return hit
 
 
-def _search_lld(morok_lld: str, rocm_path: str, path_env: str) -> Linker | str:
-    def usable(p: str) -> bool:
-        return os.path.isfile(p) and os.access(p, os.X_OK)
+def _usable(p: str) -> bool:
+    return os.path.isfile(p) and os.access(p, os.X_OK)
 
+
+def _rocm_llds(rocm_path: str) -> list[tuple[str, str]]:
+    """(rule, path) of the ROCm linkers, in search order; the first usable one is taken as it is."""
+    return [("$ROCM_PATH/llvm/bin/ld.lld", os.path.join(rocm_path, "llvm", "bin", "ld.lld") if rocm_path else ""),
+            ("/opt/rocm/llvm/bin/ld.lld", "/opt/rocm/llvm/bin/ld.lld")]
+
+
+_PATH_LLDS = ["ld.lld"] + [f"ld.lld-{n}" for n in range(40, LLD_MIN_VERSION - 1, -1)]
+
+
+def _search_lld(morok_lld: str, rocm_path: str, path_env: str) -> Linker | str:
     if morok_lld:
         # an explicit choice is used as given or reported, never silently replaced
-        if not usable(morok_lld):
+        if not _usable(morok_lld):
             return f"MOROK_LLD={morok_lld!r} is not an executable file"
         v = lld_version(morok_lld)
         if v is None:
             return f"MOROK_LLD={morok_lld!r} does not report an LLD version (is it ld.lld?)"
         return Linker(morok_lld, ".".join(map(str, v)), "MOROK_LLD")
-    for rule, p in ((f"$ROCM_PATH/llvm/bin/ld.lld", os.path.join(rocm_path, "llvm", "bin", "ld.lld") if rocm_path else ""),
-                    ("/opt/rocm/llvm/bin/ld.lld", "/opt/rocm/llvm/bin/ld.lld")):
-        if p and usable(p):
+    for rule, p in _rocm_llds(rocm_path):
+        if p and _usable(p):
             v = lld_version(p)
             return Linker(p, ".".join(map(str, v)) if v else "rocm", rule)
     rejected = []
-    names = ["ld.lld"] + [f"ld.lld-{n}" for n in range(40, LLD_MIN_VERSION - 1, -1)]
-    for name in names:
+    for name in _PATH_LLDS:
         p = shutil.which(name, path=path_env or None)
         if not p:
             continue
@@ -95,6 +104,33 @@ def _search_lld(morok_lld: str, rocm_path: str, path_env: str) -> Linker | str:
     if rejected:
         why += f"; too old: {', '.join(rejected)}"
     return why
+
+
+_lld_identities: dict[tuple, str] = {}
+
+
+def lld_identity() -> str:
+    """The linker for disk-cache keys without running any: `find_lld` runs `ld.lld --version` (a
+    process per candidate); this stats the files it would choose among (path, size, mtime), which
+    decide its choice."""
+    env = (os.environ.get("MOROK_LLD", ""), os.environ.get("ROCM_PATH", ""), os.environ.get("PATH", ""))
+    hit = _lld_identities.get(env)
+    if hit is None:
+        morok_lld, rocm_path, path_env = env
+        if morok_lld:
+            paths = [morok_lld]
+        else:
+            paths = [p for _, p in _rocm_llds(rocm_path) if p and _usable(p)][:1] or \
+                [p for p in (shutil.which(n, path=path_env or None) for n in _PATH_LLDS) if p]
+        parts = []
+        for p in paths:
+            try:
+                parts.append(file_identity(p))
+            except OSError:
+                parts.append(f"{p}:missing")
+        with _linker_lock:
+            hit = _lld_identities[env] = ";".join(parts) or "no-lld"
+    return hit
 
 
 # ---- the compiler ----------------------------------------------------------------------------
@@ -148,6 +184,12 @@ class AMDGPUCompiler(Compiler):
         lld = find_lld()
         return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
                 f"lld-{lld.version}/{TRIPLE}/{self.arch}/{self.features}/O{self.opt}/co{CODE_OBJECT_VERSION}")
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key: llvmlite and ld.lld told by their files, so that a hit
+        neither initializes LLVM nor runs the linker."""
+        return (f"{llvmlite_identity()}/lld/{lld_identity()}/{TRIPLE}/{self.arch}/{self.features}/O{self.opt}/"
+                f"co{CODE_OBJECT_VERSION}")
 
     def _command(self) -> str:
         return (f"llc -mtriple={TRIPLE} -mcpu={self.arch} -mattr={self.features} -O{self.opt} -filetype=obj "
