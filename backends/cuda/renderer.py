@@ -19,9 +19,13 @@ from morok_py.ir import Ops
 
 # what every NVIDIA GPU since Kepler offers; lowering picks 256-thread blocks for 1-D launches and
 # gives row kernels (softmax, row reductions) one block per row, combining in shared memory
+# contractions: 128x128 output tiles, k in steps of 8, 8x8 outputs per thread (256 threads, <= 128
+# registers each, so two blocks share an SM)
+MATMUL_TILE = (128, 128, 8, 8, 8)
 CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64),
                          max_threads_per_group=1024, default_group=256, grid_max=(2**31 - 1, 65535, 65535),
-                         warp_size=32, group_reduce=True, grid_reduce=True, vector_width=4)
+                         warp_size=32, group_reduce=True, grid_reduce=True, vector_width=4, warp_shuffle=True,
+                         matmul_tile=MATMUL_TILE)
 
 
 # ---- kernel symbols ----------------------------------------------------------------------------
@@ -118,6 +122,12 @@ class NVPTXPrinter(LLVMIRPrinter):
     def attributes(self) -> str:
         threads = max(1, math.prod(self.k.local_size))
         return f'attributes #0 = {{ nounwind "nvvm.maxntid"="{threads}" }}'
+
+    def shuffle_xor(self, ins: Instr) -> None:
+        t = self.ty(ins.dtype)
+        name = f"llvm.nvvm.shfl.sync.bfly.{'f32' if t == 'float' else 'i32'}"
+        self.declare(name, t, "i32", t, "i32", "i32")
+        self.emit(f"{self.ref(ins)} = call {t} @{name}(i32 -1, {t} {self.ref(ins.src[0])}, i32 {ins.arg[0]}, i32 31)")
 
     def special(self, ins: Instr) -> str:
         kind, dim = ins.arg

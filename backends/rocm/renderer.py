@@ -45,7 +45,8 @@ def capabilities(arch: str) -> Capabilities:
     return Capabilities(has_local=True, has_shared=True, local_max=(1024, 1024, 1024),
                         max_threads_per_group=1024, default_group=256,
                         grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1), warp_size=wave_size(arch),
-                        group_reduce=True, grid_reduce=True, vector_width=4)
+                        group_reduce=True, grid_reduce=True, vector_width=4, warp_shuffle=True,
+                        matmul_tile=(128, 128, 8, 8, 8))
 
 from morok_py.codegen.llvm_math import F64_HELPERS  # noqa: E402
 
@@ -74,6 +75,25 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
         name = f"llvm.amdgcn.{base}.{'xyz'[dim]}"
         self.declare(name, "i32")
         return f"call i32 @{name}()"
+
+    def shuffle_xor(self, ins: Instr) -> None:
+        """ds_bpermute: read the 32-bit value of lane (lane ^ mask); lane = local id % wave size."""
+        value, lid = ins.src
+        mask, width = ins.arg
+        r, t = self.ref(ins), self.ty(ins.dtype)
+        self.declare("llvm.amdgcn.ds.bpermute", "i32", "i32", "i32")
+        self.emit(f"{r}.l = and i32 {self.ref(lid)}, {width - 1}")
+        self.emit(f"{r}.x = xor i32 {r}.l, {mask}")
+        self.emit(f"{r}.a = shl i32 {r}.x, 2")
+        bits = self.ref(value)
+        if t != "i32":
+            self.emit(f"{r}.b = bitcast {t} {bits} to i32")
+            bits = f"{r}.b"
+        if t != "i32":
+            self.emit(f"{r}.s = call i32 @llvm.amdgcn.ds.bpermute(i32 {r}.a, i32 {bits})")
+            self.emit(f"{r} = bitcast i32 {r}.s to {t}")
+        else:
+            self.emit(f"{r} = call i32 @llvm.amdgcn.ds.bpermute(i32 {r}.a, i32 {bits})")
 
     def barrier(self) -> str:
         # LDS writes must be visible to the work-group after s_barrier: release/acquire fences
@@ -144,6 +164,9 @@ class HIPCPrinter(GPUCPrinter):
     through clang's _Float16, so no hip_fp16.h is needed."""
 
     half_helpers = _HIP_HALF_HELPERS
+
+    def shuffle_xor(self, value: str, mask: int) -> str:
+        return f"__shfl_xor({value}, {mask})"
 
 
 class HIPRenderer(Renderer):

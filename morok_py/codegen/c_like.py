@@ -268,6 +268,8 @@ class CStylePrinter:
             self.define(ins, f"atomicAdd({self.ref(buf)} + {self.ref(idx)}, {self.ref(val)})")
         elif k is L.FENCE:
             self.emit("__threadfence();")
+        elif k is L.SHUFFLE_XOR:
+            self.define(ins, self.shuffle_xor(self.ref(ins.src[0]), ins.arg[0]))
         elif k is L.ACC:
             self.acc_decls.append(f"{self.ctype(ins.dtype)} acc{ins.id};")
             self.emit(f"acc{ins.id} = {self.const(ins.arg, ins.dtype)};")
@@ -383,6 +385,9 @@ class GPUCPrinter(CStylePrinter):
 
     def half_type(self, dt: DType) -> str:
         return "morok_half" if dt.name == "float16" else "morok_bf16"
+
+    def shuffle_xor(self, value: str, mask: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {mask})"
 
     def half_to_float(self, expr: str, dt: DType) -> str:
         self.uses.add(dt.name)

@@ -28,6 +28,8 @@ class L(enum.Enum):
     EXTRACT = "extract"      # src: (vector,); arg: lane -> the lane's scalar
     ATOMIC_ADD = "atomic_add"  # src: (param, index, value); device-scope atomic add, the old value
     FENCE = "fence"          # device-scope memory fence (orders global stores before later atomics)
+    SHUFFLE_XOR = "shuffle_xor"  # src: (value, local id); arg: (mask, warp size): the value of the lane
+                                 # (lane ^ mask) of this warp; a 32-bit value, every lane of the warp active
     ACC = "acc"              # a mutable accumulator; arg: initial value
     ACC_LOAD = "acc_load"    # src: (acc,)
     ACC_STORE = "acc_store"  # src: (acc, value)

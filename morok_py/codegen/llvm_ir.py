@@ -86,6 +86,9 @@ class LLVMIRPrinter:
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no work-group barrier")
 
+    def shuffle_xor(self, ins: Instr) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no warp shuffles")
+
     # ---- helpers ----------------------------------------------------------------------------
     def declare(self, name: str, ret: str, *args: str) -> str:
         self.decls[name] = f"declare {ret} @{name}({', '.join(args)})"
@@ -265,6 +268,8 @@ class LLVMIRPrinter:
             self.emit(f"{r} = atomicrmw add {self.ptr} {r}.p, {t} {self.ref(val)}{self.sync_scope} seq_cst")
         elif k is L.FENCE:
             self.emit(f"fence{self.sync_scope} seq_cst")
+        elif k is L.SHUFFLE_XOR:
+            self.shuffle_xor(ins)
         elif k is L.ACC:
             self.allocas.append(f"%acc{ins.id} = alloca {self.ty(ins.dtype)}")
             init = self.ref(Instr(L.CONST, ins.dtype, (), ins.arg, -1))

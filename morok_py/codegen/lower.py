@@ -35,6 +35,7 @@ class Capabilities:
     group_reduce: bool = False    # GPU: row kernels get one work-group per output row, reducing in shared memory
     grid_reduce: bool = False     # GPU: a full reduction is split over many work-groups in two stages
                                   # (partials in a hidden scratch buffer, the last group to finish combines)
+    warp_shuffle: bool = False    # GPU: 32-bit lanes of a warp exchange values (group combines use it)
     vector_width: int = 1         # GPU: elementwise kernels load/store this many contiguous elements per item
     matmul_tile: tuple[int, int, int, int, int] | None = None
     # GPU: (BM, BN, BK, TM, TN) shared-memory tiles of a contraction, TM x TN outputs per work-item
@@ -460,7 +461,14 @@ class _Lowerer:
             chain[depth].memo[node] = res
 
     def combine_in_group(self, part: Instr, op: Ops, chain: list[_Scope], depth: int) -> Instr:
-        """Tree-combine one partial value per work-item in shared memory; all items get the total."""
+        """Combine one partial value per work-item; all items get the total. 32-bit values go through
+        warp shuffles (two barriers), others through a shared-memory tree (one barrier per level)."""
+        w = self.caps.warp_size
+        size = self.group_size
+        nw = size // w if w > 1 else 0
+        if (self.caps.warp_shuffle and part.dtype.name in ("float32", "int32", "uint32") and size % w == 0
+                and 1 <= nw <= w and nw & (nw - 1) == 0):
+            return self.combine_with_shuffles(part, op, chain, depth, w, nw)
         size = self.group_size
         dt = part.dtype
         put = lambda it: self.place(it, chain, depth)  # noqa: E731
@@ -489,6 +497,40 @@ class _Lowerer:
         res = self.new(L.LOAD, dt, (smem, zero))
         put(res)
         put(self.new(L.BARRIER, None))   # everyone has read the total before the array is reused
+        return res
+
+    def combine_with_shuffles(self, part: Instr, op: Ops, chain: list[_Scope], depth: int, w: int,
+                              nw: int) -> Instr:
+        """Butterfly within each warp; lane 0 of each warp writes its total to shared memory; after a
+        barrier every warp butterflies over the nw warp totals, so every item ends with the total."""
+        dt, idx, lid = part.dtype, dtypes.index, self.lid
+        put = lambda it: self.place(it, chain, depth)  # noqa: E731
+
+        def butterfly(v: Instr, width: int) -> Instr:
+            m = width // 2
+            while m >= 1:
+                o = self.new(L.SHUFFLE_XOR, dt, (v, lid), (m, w))
+                put(o)
+                v = self.new(L.ALU, dt, (v, o), op)
+                v.reassoc = True
+                put(v)
+                m //= 2
+            return v
+
+        v = butterfly(part, w)
+        smem = self.new(L.LOCAL, dt, (), nw)
+        put(smem)
+        lane = self.new(L.ALU, idx, (lid, self.emit(UOp.const(w - 1, idx), chain)), Ops.AND)
+        warp = self.new(L.ALU, idx, (lid, self.emit(UOp.const(w.bit_length() - 1, idx), chain)), Ops.SHR)
+        first = self.new(L.ALU, dtypes.bool, (lane, self.emit(UOp.const(0, idx), chain)), Ops.CMPEQ)
+        for it in (lane, warp, first, If(first, [self.new(L.STORE, None, (smem, warp, v))]),
+                   self.new(L.BARRIER, None)):
+            put(it)
+        slot = self.new(L.ALU, idx, (lid, self.emit(UOp.const(nw - 1, idx), chain)), Ops.AND)
+        tot = self.new(L.LOAD, dt, (smem, slot))
+        put(slot), put(tot)
+        res = butterfly(tot, nw)
+        put(self.new(L.BARRIER, None))   # everyone has read the totals before the array is reused
         return res
 
     def emit_group(self, stores: list[UOp], chain: list[_Scope]) -> None:
