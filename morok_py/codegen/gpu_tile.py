@@ -1,16 +1,528 @@
 """GPU contractions (matmul-like kernels) lowered with shared-memory tiles and register blocking.
 
+A kernel `out[b, i, j] = g(REDUCE_k f(...), ...)` -- one store over two GLOBAL ranges i, j (and an
+optional outer batch range b), one REDUCE over one range k, where every load (or range) inside f
+depends on {i, k} or on {k, j} -- is lowered as the classic tiled GEMM: work-group (x, y) owns a
+BM x BN block of the output and each of its work-items a TM x TN block of accumulators in registers.
+The k range is walked BK at a time: the work-items copy the operand tiles from global into shared
+memory (coalesced along whichever index is contiguous), wait at a barrier, then every work-item
+updates its accumulators from the tiles. The epilogue computes g and stores the in-range outputs.
+
+Sizes may be symbolic, so the kernel is right for any size:
+- tile rows/columns past the end of i or j (and k past the end of the last tile) are loaded from
+  *clamped*, in-range coordinates: no load needs a guard, and every address read is one that the
+  launch-time bounds check of the original load proved in bounds. Those rows and columns are computed
+  and never stored.
+- padded k must never reach an accumulator (f(pad) need not be 0): the k loop runs over full tiles
+  (an inner loop of constant trip count BK, which compilers unroll) and then one tail tile whose
+  inner loop runs over the valid k only.
+
+Staging: f is split top-down into maximal sub-expressions ("units") that depend on {i, k} (A tiles,
+stored transposed as As[kk][m] so that work-items read rows along m), {k, j} (B tiles, Bs[kk][n]),
+{k} (a BK-vector), or on {i} / {j} / nothing (computed once per work-item, kept in registers).
+What is left of f -- typically one multiply -- runs per accumulator in the inner loop.
+
 `tile_contraction` returns None for kernels it does not handle; `lower` then uses the general path.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..dtypes import DType, dtypes
+from ..ir import AxisType, Ops, UOp
+from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
+from .symbolic import simplify
+
 if TYPE_CHECKING:
-    from ..ir import UOp
-    from .linear import LinearKernel
     from .lower import Capabilities, LaunchInfo
+
+PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
+                      # filled along k, and rows stay 16-byte aligned for vector reads
+SMEM_LIMIT = 48 << 10  # static shared memory of one work-group (CUDA's limit without opt-in)
+_VECTOR_DTYPES = ("float32", "int32", "uint32")   # what the renderers print as float4/int4/uint4
+UNROLL_FULL_TILES = False  # unroll the kk loop of full tiles in the kernel (see the note at k_step)
+MIN_REUSE = 16        # constant i or j extents below this gain nothing from tiles: general path
+
+
+# ---- recognition ---------------------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    store: UOp
+    red: UOp
+    i: UOp
+    j: UOp
+    k: UOp
+    b: UOp | None
+    units: dict[UOp, str]            # staged sub-expression of f -> 'A' | 'B' | 'K' | 'I' | 'J' | 'S'
+    tile: tuple[int, int, int, int, int]
+    fast: dict[UOp, str] = field(default_factory=dict)   # A/B unit -> 'k' or 'w': contiguous index
+
+
+def _stage(f: UOp, i: UOp, j: UOp, k: UOp, b: UOp | None) -> dict[UOp, str] | None:
+    """Split f into units by the ranges they depend on; None if some load or range fits no unit."""
+    units: dict[UOp, str] = {}
+    done: set[UOp] = set()
+    ik, kj = frozenset({i, k}), frozenset({k, j})
+
+    def visit(node: UOp) -> bool:
+        if node in done or node in units:
+            return True
+        rs = node.free_ranges - {b}
+        has_load = any(n.op is Ops.LOAD for n in node.toposort())
+        if not rs and not has_load:
+            done.add(node)      # constants and variables: computed where used
+            return True
+        kind = ("A" if rs == ik else "B" if rs == kj else "K" if rs == {k} else "I" if rs == {i}
+                else "J" if rs == {j} else "S" if not rs else None)
+        if kind is not None:
+            units[node] = kind
+            return True
+        if node.op in (Ops.LOAD, Ops.RANGE, Ops.REDUCE):
+            return False
+        done.add(node)
+        return all(visit(s) for s in node.src)
+
+    return units if visit(f) else None
+
+
+def _role_candidates(globals_: list[UOp], out_idx: UOp) -> list[tuple[UOp, UOp, UOp | None]]:
+    """(i, j, b) assignments to try: j is the output's contiguous range where there is one."""
+    from .lower import _x_coeff
+    out = []
+    for b in ([None] if len(globals_) == 2 else globals_):
+        rest = [r for r in globals_ if r is not b]
+        unit = [r for r in rest if _x_coeff(out_idx, r) == 1]
+        j = unit[-1] if unit else rest[-1]
+        i = next(r for r in rest if r is not j)
+        out.append((i, j, b))
+    return out
+
+
+def _choose_tile(caps: "Capabilities", M: UOp, N: UOp) -> tuple[int, int, int, int, int] | None:
+    """The caps' tile; for small constant extents a half-size tile (more work-groups), or None (the
+    general path) where an extent is too small for tiles to pay."""
+    BM, BN, BK, TM, TN = caps.matmul_tile
+    if M.op is Ops.CONST and N.op is Ops.CONST:
+        if min(M.arg, N.arg) < MIN_REUSE:
+            return None
+        groups = -(-M.arg // BM) * -(-N.arg // BN)
+        if groups < 16 and TM % 2 == 0 and TN % 2 == 0 and BM % 2 == 0 and BN % 2 == 0:
+            return (BM // 2, BN // 2, BK, TM // 2, TN // 2)
+    return (BM, BN, BK, TM, TN)
+
+
+def _valid_tile(tile: tuple[int, int, int, int, int], caps: "Capabilities") -> bool:
+    BM, BN, BK, TM, TN = tile
+    if min(tile) < 1 or BM % TM or BN % TN:
+        return False
+    threads = (BM // TM) * (BN // TN)
+    return threads <= min(caps.max_threads_per_group, caps.local_max[0])
+
+
+def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
+    from .lower import _x_coeff
+    if len(ast.src) != 1:
+        return None
+    store = ast.src[0]
+    out_buf, out_idx, val = store.src
+    nodes = ast.toposort()
+    reds = [n for n in nodes if n.op is Ops.REDUCE]
+    if len(reds) != 1 or len(reds[0].src) != 2:
+        return None
+    red = reds[0]
+    k = red.src[1]
+    ranges = {n for n in nodes if n.op is Ops.RANGE}
+    globals_ = sorted((r for r in ranges if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
+    if ranges != set(globals_) | {k} or len(globals_) not in (2, 3) or store.free_ranges != frozenset(globals_):
+        return None
+    if len({r.axis for r in ranges}) != len(ranges) or any(r.src[0].free_ranges for r in ranges):
+        return None   # the general path reports these
+    if any(n.op is Ops.LOAD for n in out_idx.toposort()):
+        return None
+    f = red.src[0]
+    slot = out_buf.arg
+    if any(n.op is Ops.LOAD and n.src[0].arg == slot for n in f.toposort()):
+        return None   # f reads what the kernel writes
+    if any(n.op is Ops.LOAD and n.src[0].arg == slot and n.src[1] is not out_idx for n in val.toposort()):
+        return None   # g reads outputs another work-item may write
+    for i, j, b in _role_candidates(globals_, out_idx):
+        units = _stage(f, i, j, k, b)
+        if units is None:
+            continue
+        tile = _choose_tile(caps, i.src[0], j.src[0])
+        if tile is None or not _valid_tile(tile, caps):
+            return None
+        plan = _Plan(store, red, i, j, k, b, units, tile)
+        for u, kind in units.items():
+            if kind in "AB":
+                w = i if kind == "A" else j
+                loads = [n for n in u.toposort() if n.op is Ops.LOAD]
+                if any(_x_coeff(n.src[1], k) == 1 for n in loads):
+                    plan.fast[u] = "k"
+                else:
+                    plan.fast[u] = "w" if any(_x_coeff(n.src[1], w) == 1 for n in loads) or not loads else "k"
+        return plan
+    return None
+
+
+# ---- kernel --------------------------------------------------------------------------------------
+
+@dataclass
+class _Tile:
+    unit: UOp
+    kind: str                # 'A', 'B' or 'K'
+    smem: Instr
+    ld: int                  # elements per k-row of the tile
+    passes: list = field(default_factory=list)   # (guard | None, smem index, lk, clamped w coordinate)
+
+
+def _outside(root: UOp, red: UOp) -> list[UOp]:
+    """The nodes of root's graph reachable without passing through `red`."""
+    seen: dict[UOp, None] = {}
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n in seen or n is red:
+            continue
+        seen[n] = None
+        stack.extend(n.src)
+    return list(seen)
+
+
+def _cdiv_groups(extent: UOp, block: int) -> UOp:
+    """ceil(extent / block) groups, 0 for an empty extent, with no intermediate overflow."""
+    return simplify(((extent - 1) // block + 1).minimum(extent))
+
+
+class _Builder:
+    def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan) -> None:
+        self.ast, self.caps, self.name, self.p = ast, caps, name, plan
+        self.next_id = 0
+        self.leaves: dict[tuple, Instr] = {}
+        nodes = ast.toposort()
+        # integer nodes of load/store indices and range ends may be printed with nsw (the launch check
+        # proves them in range); arithmetic above a load is data, not proven (as in the general path)
+        above_load: set[int] = set()
+        for n in nodes:
+            if n.op is Ops.LOAD or any(id(s) in above_load for s in n.src):
+                above_load.add(id(n))
+        self.index_nodes: set[int] = set()
+        for n in nodes:
+            if n.op in (Ops.LOAD, Ops.STORE):
+                self.index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
+            if n.op is Ops.RANGE:
+                self.index_nodes.update(id(u) for u in n.src[0].toposort())
+        self.index_nodes -= above_load
+
+    # instructions ---------------------------------------------------------------------------
+    def new(self, kind: L, dtype: DType | None, src=(), arg=None) -> Instr:
+        self.next_id += 1
+        return Instr(kind, dtype, tuple(src), arg, self.next_id)
+
+    def leaf(self, kind: L, dtype: DType, arg) -> Instr:
+        """CONST, PARAM and VAR: printed inline, so one instruction serves every block."""
+        key = (kind, dtype, type(arg), arg)
+        hit = self.leaves.get(key)
+        if hit is None:
+            hit = self.leaves[key] = self.new(kind, dtype, (), arg)
+        return hit
+
+    def c(self, v: int) -> Instr:
+        return self.leaf(L.CONST, dtypes.index, v)
+
+    def op(self, out: list[Item], op: Ops, *src: Instr, dtype: DType = dtypes.index) -> Instr:
+        """Index arithmetic of the tiling: every value is bounded by a range end (see the comments at
+        each use), so it is marked overflow-free."""
+        ins = self.new(L.ALU, dtypes.bool if op is Ops.CMPLT else dtype, src, op)
+        ins.index_math = dtype is dtypes.index and op is not Ops.CMPLT
+        out.append(ins)
+        return ins
+
+    def expr(self, node: UOp, env: dict[UOp, Instr], out: list[Item], memo: dict[UOp, Instr]) -> Instr:
+        """Emit `node` into `out` with ranges (and staged units, the reduce) bound by `env`."""
+        hit = env.get(node)
+        if hit is None:
+            hit = memo.get(node)
+        if hit is not None:
+            return hit
+        op = node.op
+        if op is Ops.CONST:
+            ins = self.leaf(L.CONST, node.dtype, node.arg)
+        elif op is Ops.PARAM:
+            ins = self.leaf(L.PARAM, node.dtype, node.arg)
+        elif op is Ops.DEFINE_VAR:
+            ins = self.leaf(L.VAR, node.dtype, node.arg[0])
+        elif op in (Ops.RANGE, Ops.REDUCE):
+            raise AssertionError(f"unbound {op.name} in a tiled contraction")
+        else:
+            srcs = [self.expr(s, env, out, memo) for s in node.src]
+            if op is Ops.LOAD:
+                ins = self.new(L.LOAD, node.dtype, srcs)
+            else:
+                ins = self.new(L.ALU, node.dtype, srcs, op)
+                ins.index_math = id(node) in self.index_nodes
+            out.append(ins)
+        memo[node] = ins
+        return ins
+
+    # the kernel -------------------------------------------------------------------------------
+    def build(self) -> "tuple[LinearKernel, LaunchInfo] | None":
+        from .lower import _identity
+        p = self.p
+        BM, BN, BK, TM, TN = p.tile
+        MT, NT = BM // TM, BN // TN          # work-items along rows and columns
+        self.T, self.BK = MT * NT, BK
+        # a work-item's TM rows come in runs of VM contiguous rows, the runs MT*VM apart, so that
+        # neighbouring work-items read neighbouring shared words (and a run is one vector read)
+        VM = 4 if TM % 4 == 0 else 2 if TM % 2 == 0 else 1
+        VN = 4 if TN % 4 == 0 else 2 if TN % 2 == 0 else 1
+        self.runs = {"A": VM, "B": VN}
+        self.offs = {"A": [(r // VM) * MT * VM + r % VM for r in range(TM)],
+                     "B": [(c // VN) * NT * VN + c % VN for c in range(TN)]}
+        body: list[Item] = []
+        top = body
+        gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
+        gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
+        tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
+        top += [gx, gy, tid]
+        self.bind: dict[UOp, Instr] = {}
+        if p.b is not None:
+            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
+            top.append(gz)
+            self.bind[p.b] = gz
+        memo: dict[UOp, Instr] = {}
+        M = self.expr(p.i.src[0], {}, top, memo)
+        N = self.expr(p.j.src[0], {}, top, memo)
+        K = self.expr(p.k.src[0], {}, top, memo)
+        tx = self.op(top, Ops.MOD, tid, self.c(NT))
+        ty = self.op(top, Ops.IDIV, tid, self.c(NT))
+        # the grid has exactly ceil(M / BM) x ceil(N / BN) groups: row0 <= M - 1, col0 <= N - 1
+        row0 = self.op(top, Ops.MUL, gy, self.c(BM))
+        col0 = self.op(top, Ops.MUL, gx, self.c(BN))
+        rem_m = self.op(top, Ops.SUB, M, row0)       # >= 1: the rows of this group that exist
+        rem_n = self.op(top, Ops.SUB, N, col0)
+        # per side of the block (A: rows, B: columns): (first coordinate, how many exist, last local one)
+        self.side = {"A": (row0, rem_m, self.op(top, Ops.SUB, rem_m, self.c(1))),
+                     "B": (col0, rem_n, self.op(top, Ops.SUB, rem_n, self.c(1)))}
+        self.tiles = [self.tile(u, kind, BM if kind == "A" else BN if kind == "B" else 1, tid, top)
+                      for u, kind in p.units.items() if kind in "ABK"]
+        if sum(t.smem.arg * t.smem.dtype.itemsize for t in self.tiles) > SMEM_LIMIT:
+            return None
+        red = p.red
+        ident = _identity(red.dtype, red.arg)
+        self.accs = [[self.new(L.ACC, red.dtype, (), ident) for _ in range(TN)] for _ in range(TM)]
+        top.extend(a for row in self.accs for a in row)
+        self.first = {"A": self.op(top, Ops.MUL, ty, self.c(VM)), "B": self.op(top, Ops.MUL, tx, self.c(VN))}
+
+        # everything that reads the inputs runs only when K > 0: the launch check skips the loads of f
+        # when the reduce has no iterations, so they may be out of bounds then
+        zero = self.c(0)
+        has_k = If(self.op(top, Ops.CMPLT, zero, K))
+        top.append(has_k)
+        work = has_k.body
+        self.regs = self.register_units(work)
+        # full tiles: k0 = 0, BK, ..., k_full - BK
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        work.append(main)
+        self.k_step(main.body, main.var, None, self.c(BK))
+        main.body.append(self.new(L.BARRIER, None))   # every tile is read before the next fill
+        # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+        self.k_step(tail.body, k_full, self.op(tail.body, Ops.SUB, k_rem, self.c(1)), k_rem)
+        self.epilogue(top)
+        return self.finish(body)
+
+    def finish(self, body: list[Item]) -> "tuple[LinearKernel, LaunchInfo]":
+        """The kernel and its launch information, built the way the general path builds them."""
+        from .lower import Access, LaunchInfo, Variable
+        p = self.p
+        BM, BN = p.tile[:2]
+        params: dict[int, UOp] = {}
+        variables: dict[str, UOp] = {}
+        reads, writes = set(), set()
+        ranges: dict[int, UOp] = {}
+        for n in self.ast.toposort():
+            if n.op is Ops.PARAM:
+                params[n.arg] = n
+            elif n.op is Ops.DEFINE_VAR:
+                variables[n.arg[0]] = n
+            elif n.op is Ops.RANGE:
+                ranges[n.axis] = n
+            elif n.op is Ops.LOAD:
+                reads.add(n.src[0].arg)
+            elif n.op is Ops.STORE:
+                writes.add(n.src[0].arg)
+        pinfo = [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)]
+        var_list = [Variable(*variables[v].arg) for v in sorted(variables)]
+        # one bounds check per load of f (inside the reduce: skipped when it has no iterations, as in the
+        # general path), per load of g and for the store (always checked)
+        red = p.red
+        accesses = [Access(n.src[0].arg, False, n.src[1], (p.k,)) for n in red.src[0].toposort() if n.op is Ops.LOAD]
+        accesses += [Access(n.src[0].arg, False, n.src[1], ()) for n in _outside(p.store, red) if n.op is Ops.LOAD]
+        accesses.append(Access(p.store.src[0].arg, True, p.store.src[1], ()))
+        dims = [_cdiv_groups(p.j.src[0], BN), _cdiv_groups(p.i.src[0], BM)]
+        if p.b is not None:
+            dims.append(p.b.src[0])
+        local = (self.T, 1, 1)
+        kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
+                              thread_split=False, gpu=True)
+        info = LaunchInfo(pinfo, var_list, dims, local, True, accesses,
+                          [r.src[0] for r in ranges.values()], self.caps.grid_max, group_per_item=True)
+        return kernel, info
+
+    def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
+        """A shared tile [BK][width + PAD] and, per fill pass, where work-item tid puts its element."""
+        BK, T = self.BK, self.T
+        ld = width + PAD if kind != "K" else 1
+        per16 = max(1, 16 // unit.dtype.itemsize)          # whole 16-byte rows: aligned neighbours
+        smem = self.new(L.LOCAL, unit.dtype, (), -(-BK * ld // per16) * per16)
+        top.append(smem)
+        t = _Tile(unit, kind, smem, ld)
+        elems = BK * width
+        fast = self.p.fast.get(unit, "k")
+        for pas in range(-(-elems // T)):
+            e = self.op(top, Ops.ADD, tid, self.c(pas * T)) if pas else tid
+            guard = self.op(top, Ops.CMPLT, e, self.c(elems)) if (pas + 1) * T > elems else None
+            if kind == "K":
+                t.passes.append((guard, e, e, None))
+                continue
+            if fast == "k":     # consecutive work-items: consecutive k of one row
+                lk = self.op(top, Ops.MOD, e, self.c(BK))
+                lw = self.op(top, Ops.IDIV, e, self.c(BK))
+            else:               # consecutive work-items: consecutive rows (columns) of one k
+                lw = self.op(top, Ops.MOD, e, self.c(width))
+                lk = self.op(top, Ops.IDIV, e, self.c(width))
+            sidx = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lk, self.c(ld)), lw)
+            t.passes.append((guard, sidx, lk, self.clamped(top, kind, lw)))
+        return t
+
+    def clamped(self, out: list[Item], kind: str, local: Instr) -> Instr:
+        """The coordinate of row (column) `local` of the group's block, clamped into the extent: rows
+        past its end read the last row (their results are never stored)."""
+        base, _, last = self.side[kind]
+        return self.op(out, Ops.ADD, base, self.op(out, Ops.MIN, local, last))
+
+    def register_units(self, out: list[Item]) -> dict[tuple, Instr]:
+        """Units of f that do not depend on k: computed once, per output row (I), column (J) or once (S)."""
+        p = self.p
+        regs: dict[tuple, Instr] = {}
+        for u, kind in p.units.items():
+            if kind == "S":
+                regs[(u, 0)] = self.expr(u, dict(self.bind), out, {})
+            elif kind in "IJ":
+                side, rng = ("A", p.i) if kind == "I" else ("B", p.j)
+                for n, off in enumerate(self.offs[side]):
+                    local = self.op(out, Ops.ADD, self.first[side], self.c(off))
+                    regs[(u, n)] = self.expr(u, {**self.bind, rng: self.clamped(out, side, local)}, out, {})
+        return regs
+
+    def k_step(self, out: list[Item], k0: Instr, k_last: Instr | None, kk_end: Instr) -> None:
+        """Fill the tiles for k0..k0+BK (k clamped to k_last in the tail), barrier, accumulate kk < kk_end."""
+        p = self.p
+        for t in self.tiles:
+            for guard, sidx, lk, w in t.passes:
+                blk: list[Item] = out
+                if guard is not None:
+                    g = If(guard)
+                    out.append(g)
+                    blk = g.body
+                kc = self.op(blk, Ops.ADD, k0, lk if k_last is None else self.op(blk, Ops.MIN, lk, k_last))
+                env = {**self.bind, p.k: kc}
+                if w is not None:
+                    env[p.i if t.kind == "A" else p.j] = w
+                v = self.expr(t.unit, env, blk, {})
+                blk.append(self.new(L.STORE, None, (t.smem, sidx, v)))
+        out.append(self.new(L.BARRIER, None))
+        if k_last is None and UNROLL_FULL_TILES:
+            # full tiles: the kk loop unrolled here, so every shared read has a constant offset and the
+            # reads of step kk+1 can be scheduled under the arithmetic of step kk
+            for kk in range(self.BK):
+                self.accumulate(out, self.c(kk))
+        else:
+            inner = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), kk_end, AxisType.REDUCE)
+            out.append(inner)
+            self.accumulate(inner.body, inner.var)
+
+    def accumulate(self, body: list[Item], kk: Instr) -> None:
+        """Read row kk of every tile into registers; acc[r][c] op= f(...) for the work-item's outputs."""
+        p = self.p
+        vals: dict[tuple, Instr] = {}
+        for t in self.tiles:
+            if t.kind == "K":
+                v = self.new(L.LOAD, t.smem.dtype, (t.smem, kk))
+                body.append(v)
+                vals[(t.unit, 0)] = v
+                continue
+            offs, vw = self.offs[t.kind], self.runs[t.kind]
+            row = self.c(kk.arg * t.ld) if kk.kind is L.CONST else self.op(body, Ops.MUL, kk, self.c(t.ld))
+            base = self.op(body, Ops.ADD, self.first[t.kind], row)
+            vector = vw > 1 and t.smem.dtype.name in _VECTOR_DTYPES and t.ld % vw == 0
+            for n0 in range(0, len(offs), vw if vector else 1):
+                idx = self.op(body, Ops.ADD, base, self.c(offs[n0])) if offs[n0] else base
+                if vector:
+                    vec = self.new(L.LOAD, t.smem.dtype, (t.smem, idx), vw)
+                    body.append(vec)
+                    for lane in range(vw):
+                        x = self.new(L.EXTRACT, t.smem.dtype, (vec,), lane)
+                        body.append(x)
+                        vals[(t.unit, n0 + lane)] = x
+                else:
+                    x = self.new(L.LOAD, t.smem.dtype, (t.smem, idx))
+                    body.append(x)
+                    vals[(t.unit, n0)] = x
+        f = p.red.src[0]
+        for r, row_accs in enumerate(self.accs):
+            for c, acc in enumerate(row_accs):
+                env = dict(self.bind)
+                for u, kind in p.units.items():
+                    n = r if kind in "AI" else c if kind in "BJ" else 0
+                    env[u] = vals[(u, n)] if kind in "ABK" else self.regs[(u, n)]
+                fv = self.expr(f, env, body, {})
+                cur = self.new(L.ACC_LOAD, acc.dtype, (acc,))
+                upd = self.new(L.ALU, acc.dtype, (cur, fv), p.red.arg)
+                upd.reassoc = True
+                body.extend([cur, upd, self.new(L.ACC_STORE, None, (acc, upd))])
+
+    def epilogue(self, top: list[Item]) -> None:
+        """out[i, j] = g(acc, ...) for the outputs that exist; i and j are computed under their guards."""
+        p = self.p
+        buf, out_idx, val = p.store.src
+        row0, rem_m = self.side["A"][:2]
+        col0, rem_n = self.side["B"][:2]
+        cols = []
+        for off in self.offs["B"]:
+            lc = self.op(top, Ops.ADD, self.first["B"], self.c(off)) if off else self.first["B"]
+            cols.append((lc, self.op(top, Ops.CMPLT, lc, rem_n)))
+        for r, off in enumerate(self.offs["A"]):
+            lr = self.op(top, Ops.ADD, self.first["A"], self.c(off)) if off else self.first["A"]
+            row_if = If(self.op(top, Ops.CMPLT, lr, rem_m))
+            top.append(row_if)
+            i_val = self.op(row_if.body, Ops.ADD, row0, lr)          # <= M - 1 under the guard
+            for c, (lc, ok) in enumerate(cols):
+                col_if = If(ok)
+                row_if.body.append(col_if)
+                blk = col_if.body
+                j_val = self.op(blk, Ops.ADD, col0, lc)
+                acc_v = self.new(L.ACC_LOAD, self.accs[r][c].dtype, (self.accs[r][c],))
+                blk.append(acc_v)
+                env = {**self.bind, p.i: i_val, p.j: j_val, p.red: acc_v}
+                memo: dict[UOp, Instr] = {}
+                v = self.expr(val, env, blk, memo)
+                ix = self.expr(out_idx, env, blk, memo)
+                blk.append(self.new(L.STORE, None, (self.expr(buf, env, blk, memo), ix, v)))
 
 
 def tile_contraction(ast: "UOp", caps: "Capabilities", name: str) -> "tuple[LinearKernel, LaunchInfo] | None":
-    return None
+    """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big)."""
+    if caps.matmul_tile is None or not caps.has_local or not caps.has_shared:
+        return None
+    plan = _plan(ast, caps)
+    if plan is None:
+        return None
+    return _Builder(ast, caps, name, plan).build()

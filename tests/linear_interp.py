@@ -1,0 +1,282 @@
+"""A test-only interpreter of GPU LinearKernels on numpy arrays: a lowering test, not a device test.
+
+Each work-group runs its work-items in lock step, one numpy lane per work-item, masked by `If`
+conditions and per-lane loop bounds. Lock step would hide missing barriers, so the interpreter checks
+what a GPU run might not show:
+
+- a BARRIER that only some work-items of the group reach (divergent barrier);
+- shared memory read before anything wrote it, or written by one work-item and read or written by
+  another with no BARRIER in between (a race);
+- global loads and stores outside their buffers, and misaligned vector accesses.
+
+It also counts the stores to every global element, so a test can check that each output is written
+exactly once.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Mapping
+
+import numpy as np
+
+from morok_py.codegen.linear import If, Instr, L, LinearKernel, Loop
+from morok_py.dtypes import DType, to_numpy
+from morok_py.ir import Ops
+
+
+class InterpError(AssertionError):
+    """The kernel did something a GPU would not do reliably (or at all)."""
+
+
+def _np(dt: DType) -> np.dtype:
+    return np.dtype(np.bool_) if dt.is_bool else to_numpy(dt)
+
+
+class _Shared:
+    """One LOCAL array of a work-group, with the race bookkeeping of the current barrier interval."""
+
+    def __init__(self, dt: DType, count: int) -> None:
+        self.data = np.zeros(count, _np(dt))
+        self.init = np.zeros(count, bool)
+        self.writer = np.full(count, -1, np.int64)     # lane that wrote since the last barrier
+        self.reader = np.full(count, -1, np.int64)     # lane that read since then (-2: several)
+
+    def barrier(self) -> None:
+        self.writer[:] = -1
+        self.reader[:] = -1
+
+
+class _Group:
+    def __init__(self, kernel: LinearKernel, bufs: list[np.ndarray], writes: list[np.ndarray],
+                 values: Mapping[str, int], group: tuple[int, int, int]) -> None:
+        self.k, self.bufs, self.writes = kernel, bufs, writes
+        self.values = values
+        self.group = group
+        ls = kernel.local_size
+        self.n = n = math.prod(ls)
+        lane = np.arange(n)
+        self.local_ids = (lane % ls[0], (lane // ls[0]) % ls[1], lane // (ls[0] * ls[1]))
+        self.lane = lane
+        self.vals: dict[int, np.ndarray] = {}
+        self.accs: dict[int, np.ndarray] = {}
+        self.shared: dict[int, _Shared] = {}
+
+    # -- values ------------------------------------------------------------------------------------
+    def val(self, ins: Instr) -> np.ndarray:
+        try:
+            return self.vals[ins.id]
+        except KeyError:
+            pass
+        k = ins.kind
+        if k not in (L.CONST, L.VAR):
+            raise InterpError(f"{ins!r} is used before it is defined")
+        v = np.full(self.n, ins.arg if k is L.CONST else self.values[ins.arg], _np(ins.dtype))
+        self.vals[ins.id] = v   # leaves are never redefined
+        return v
+
+    def run(self) -> None:
+        with np.errstate(all="ignore"):
+            self.items(self.k.body, np.ones(self.n, bool))
+
+    def items(self, items, mask: np.ndarray) -> None:
+        for it in items:
+            if isinstance(it, Loop):
+                var = self.val(it.start).copy()
+                end = self.val(it.end)
+                step = self.val(it.step) if it.step is not None else 1
+                while True:
+                    m = mask & (var < end)
+                    if not m.any():
+                        break
+                    self.vals[it.var.id] = var
+                    self.items(it.body, m)
+                    var = np.where(m, var + step, var)
+            elif isinstance(it, If):
+                m = mask & self.val(it.cond)
+                if m.any():
+                    self.items(it.body, m)
+            else:
+                self.instr(it, mask)
+
+    # -- instructions -------------------------------------------------------------------------------
+    def instr(self, ins: Instr, mask: np.ndarray) -> None:
+        k = ins.kind
+        if k in (L.CONST, L.VAR, L.PARAM):
+            return
+        if k is L.SPECIAL:
+            kind, dim = ins.arg
+            v = np.full(self.n, self.group[dim]) if kind == "group_id" else self.local_ids[dim]
+            self.vals[ins.id] = v.astype(_np(ins.dtype))
+        elif k is L.LOCAL:
+            if ins.id not in self.shared:
+                self.shared[ins.id] = _Shared(ins.dtype, ins.arg)
+        elif k is L.BARRIER:
+            if not mask.all():
+                raise InterpError(f"barrier %{ins.id} reached by {int(mask.sum())} of {self.n} work-items")
+            for s in self.shared.values():
+                s.barrier()
+        elif k is L.LOAD:
+            self.vals[ins.id] = self.load(ins, mask)
+        elif k is L.STORE:
+            self.store(ins, mask)
+        elif k is L.ACC:
+            acc = self.accs.setdefault(ins.id, np.zeros(self.n, _np(ins.dtype)))
+            acc[mask] = ins.arg
+        elif k is L.ACC_LOAD:
+            self.vals[ins.id] = self.accs[ins.src[0].id].copy()
+        elif k is L.ACC_STORE:
+            acc, v = ins.src
+            self.accs[acc.id][mask] = self.val(v)[mask]
+        elif k is L.EXTRACT:
+            self.vals[ins.id] = self.val(ins.src[0])[:, ins.arg].copy()
+        elif k is L.VECTOR:
+            self.vals[ins.id] = np.stack([self.val(s) for s in ins.src], axis=1)
+        elif k is L.FENCE:
+            pass
+        elif k is L.ATOMIC_ADD:
+            buf, idx, v = ins.src
+            data = self.bufs[buf.arg]
+            ix, vv = self.val(idx), self.val(v)
+            old = np.zeros(self.n, data.dtype)
+            for lane in np.flatnonzero(mask):   # one at a time, in lane order
+                self.check_bounds(buf.arg, ix[lane:lane + 1], data.size, "atomic on")
+                old[lane] = data[ix[lane]]
+                data[ix[lane]] = data[ix[lane]] + vv[lane]
+            self.vals[ins.id] = old
+        elif k is L.ALU:
+            self.vals[ins.id] = alu(ins.arg, ins.dtype, [self.val(s) for s in ins.src], [s.dtype for s in ins.src])
+        else:
+            raise InterpError(f"the interpreter has no rule for {k}")
+
+    def check_bounds(self, slot: int, ix: np.ndarray, size: int, what: str) -> None:
+        if ix.size and (ix.min() < 0 or ix.max() >= size):
+            raise InterpError(f"{what} buffer {slot} at [{ix.min()}, {ix.max()}] outside its {size} element(s) "
+                              f"(group {self.group})")
+
+    def load(self, ins: Instr, mask: np.ndarray) -> np.ndarray:
+        buf, idx = ins.src
+        width = ins.arg or 1
+        ix = self.val(idx).astype(np.int64)
+        lanes = np.flatnonzero(mask)
+        span = (ix[lanes, None] + np.arange(width)).reshape(-1)   # every element the active lanes read
+        who = np.repeat(lanes, width)
+        if width > 1 and (ix[lanes] % width).any():
+            raise InterpError(f"vector load %{ins.id} of {width} at an index that is not a multiple of {width}")
+        if buf.kind is L.LOCAL:
+            sh = self.shared[buf.id]
+            self.check_bounds(-1, span, sh.data.size, f"load %{ins.id} from shared")
+            if not sh.init[span].all():
+                raise InterpError(f"load %{ins.id} reads shared memory that nothing wrote")
+            w = sh.writer[span]
+            if ((w != -1) & (w != who)).any():
+                raise InterpError(f"race: load %{ins.id} reads shared memory another work-item wrote with no "
+                                  f"barrier in between")
+            r = sh.reader[span]
+            sh.reader[span] = np.where((r == -1) | (r == who), who, -2)
+            data = sh.data
+        else:
+            data = self.bufs[buf.arg]
+            self.check_bounds(buf.arg, span, data.size, f"load %{ins.id} from")
+        out = np.zeros((self.n, width), data.dtype)
+        out[lanes] = data[span].reshape(len(lanes), width)
+        out = out.astype(_np(ins.dtype)) if ins.dtype.is_bool else out
+        return out if ins.arg else out[:, 0]
+
+    def store(self, ins: Instr, mask: np.ndarray) -> None:
+        buf, idx, v = ins.src
+        width = ins.arg or 1
+        ix = self.val(idx).astype(np.int64)
+        vv = self.val(v).reshape(self.n, width)
+        lanes = np.flatnonzero(mask)
+        span = (ix[lanes, None] + np.arange(width)).reshape(-1)
+        who = np.repeat(lanes, width)
+        vals = vv[lanes].reshape(-1)
+        if width > 1 and (ix[lanes] % width).any():
+            raise InterpError(f"vector store %{ins.id} of {width} at an index that is not a multiple of {width}")
+        if buf.kind is L.LOCAL:
+            sh = self.shared[buf.id]
+            self.check_bounds(-1, span, sh.data.size, f"store %{ins.id} to shared")
+            if len(np.unique(span)) != len(span):
+                raise InterpError(f"race: store %{ins.id}: two work-items write one shared element")
+            w, r = sh.writer[span], sh.reader[span]
+            if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any():
+                raise InterpError(f"race: store %{ins.id} writes shared memory another work-item used with no "
+                                  f"barrier in between")
+            sh.writer[span] = who
+            sh.init[span] = True
+            sh.data[span] = vals
+        else:
+            data = self.bufs[buf.arg]
+            self.check_bounds(buf.arg, span, data.size, f"store %{ins.id} to")
+            data[span] = vals.astype(data.dtype)
+            np.add.at(self.writes[buf.arg], span, 1)
+
+
+def _c_idiv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    b = np.where(b == 0, 1, b)
+    if a.dtype.kind == "u":
+        return a // b
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+
+
+def alu(op: Ops, dt: DType, a: list[np.ndarray], src_dts: list[DType]) -> np.ndarray:
+    """One ALU op on lanes, with the semantics of the renderers: C-truncating integer division,
+    wrapping integers, NaN-propagating float max/min."""
+    out = _np(dt)
+    x = a[0]
+    if op is Ops.CAST:
+        if dt.is_bool:
+            return x != 0
+        return x.astype(out)
+    if op is Ops.BITCAST:
+        return x.astype(_np(src_dts[0])).view(out)
+    if op is Ops.WHERE:
+        return np.where(a[0], a[1], a[2]).astype(out)
+    unary = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SQRT: np.sqrt, Ops.SIN: np.sin, Ops.TRUNC: np.trunc}
+    if op in unary:
+        return unary[op](x).astype(out)
+    if op is Ops.RECIP:
+        return (np.ones_like(x) / x).astype(out)
+    if op is Ops.NEG:
+        return (np.zeros_like(x) - x).astype(out)
+    if op is Ops.NOT:
+        return np.logical_not(x) if x.dtype == np.bool_ else np.invert(x)
+    y = a[1]
+    if op is Ops.ADD: r = x + y
+    elif op is Ops.SUB: r = x - y
+    elif op is Ops.MUL: r = x * y
+    elif op is Ops.FDIV: r = x / y
+    elif op is Ops.IDIV: r = _c_idiv(x, y)
+    elif op is Ops.MOD: r = x - _c_idiv(x, y) * np.where(y == 0, 1, y)
+    elif op is Ops.MAX: r = (x | y) if x.dtype == np.bool_ else np.maximum(x, y)
+    elif op is Ops.MIN: r = (x & y) if x.dtype == np.bool_ else np.minimum(x, y)
+    elif op is Ops.CMPLT: r = x < y
+    elif op is Ops.CMPEQ: r = x == y
+    elif op is Ops.CMPNE: r = x != y
+    elif op is Ops.AND: r = x & y
+    elif op is Ops.OR: r = x | y
+    elif op is Ops.XOR: r = x ^ y
+    elif op is Ops.SHL: r = np.left_shift(x, y)
+    elif op is Ops.SHR: r = np.right_shift(x, y)
+    else:
+        raise InterpError(f"the interpreter has no rule for {op}")
+    return np.asarray(r).astype(out)
+
+
+def run(kernel: LinearKernel, info, bufs: list[np.ndarray], values: Mapping[str, int] | None = None
+        ) -> list[np.ndarray]:
+    """Launch `kernel` over the grid its LaunchInfo gives for `values`, on flat numpy buffers (changed
+    in place, after the same launch-time checks a device runs). Returns, per buffer, how many times
+    each element was stored."""
+    if not kernel.gpu:
+        raise ValueError("the interpreter runs GPU kernels (work-groups and work-items)")
+    vals = info.values_from(values or {})
+    gs, ls, bounds, _ = info.prepare(vals)
+    info.check_sizes(bounds, [b.size for b in bufs])
+    all_bufs = list(bufs) + [np.zeros(h.count, _np(h.dtype)) for h in getattr(info, "hidden", ())]
+    writes = [np.zeros(b.size, np.int64) for b in all_bufs]
+    for z, y, x in itertools.product(range(gs[2]), range(gs[1]), range(gs[0])):
+        _Group(kernel, all_bufs, writes, vals, (x, y, z)).run()
+    return writes[:len(bufs)]
