@@ -409,8 +409,14 @@ class _Lowerer:
             step = self.emit(UOp.const(self.group_size, dtypes.index), chain)
         else:
             start, step = self.emit(UOp.const(0, dtypes.index), chain), None
-        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step,
-                    unroll=GPU_STRIDED_UNROLL if distributed else 0)
+        unroll = 0
+        if distributed:
+            unroll = GPU_STRIDED_UNROLL
+            if self.dist is None and rng.src[0].op is Ops.CONST:
+                # a known trip count: unroll it whole (up to 16) so all of an item's loads are in flight
+                trips = -(-rng.src[0].arg // self.group_size)
+                unroll = min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
+        loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step, unroll=unroll)
         self.place(loop, chain, depth)
         chain[depth].open_children.append(loop)
         new_chain = chain[:depth + 1] + [_Scope(loop.body, rng, loop)]
@@ -1016,6 +1022,7 @@ class _Lowerer:
 
 ROW_CACHE_BYTES = 24 * 1024    # shared memory a row kernel may spend keeping rows it reads more than once
 GPU_STRIDED_UNROLL = 4         # group-strided loops: unroll hint, so each item has several loads in flight
+GPU_STRIDED_UNROLL_MAX = 16    # ... up to this many when the trip count is known
 GRID_REDUCE_GROUPS = 1024      # work-groups of a two-stage full reduction (at most)
 GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this many elements per work-item
 _VECTOR_DTYPES = ("float32", "int32", "uint32")
