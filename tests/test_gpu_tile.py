@@ -136,6 +136,17 @@ def test_an_epilogue_reading_other_outputs_is_not_tiled():
     assert tile_contraction(ast, caps(), "mm") is not None
 
 
+def test_malformed_kernels_are_left_to_the_general_path_which_reports_them():
+    a64 = UOp.param(0, dtypes.float64)
+    bad_dtype = contraction(lambda a, b, i, j, k: a * b * a64.load(k).cast(dtypes.float32))
+    bad_vars = contraction(MUL, M=var("M"), N=var("M", 1, 7))
+    bad_end = contraction(MUL, N=UOp.param(2, dtypes.int32).load(0).cast(dtypes.index), extra=(dtypes.int32,))
+    for ast in (bad_dtype, bad_vars, bad_end):
+        assert tile_contraction(ast, caps(), "mm") is None
+        with pytest.raises(ValueError):
+            lower(ast, caps(), "mm")
+
+
 def test_small_constant_extents_use_the_general_path_or_a_smaller_tile():
     assert tile_contraction(K.matmul(7, 300, 64), caps(), "mm") is None
     kernel, _ = tile_contraction(K.matmul(130, 257, 31), caps(), "mm")
@@ -399,13 +410,10 @@ CASES = list(_cases())
 def _cuda_pair(key: str, arch: str = "sm_90"):
     pytest.importorskip("cuda.bindings", reason="the cuda extra is not installed (pip install morok-py[cuda])")
     from morok_py.backends.cuda import compile_only_pairs
-    for r, c in compile_only_pairs(arch):
-        if c.cache_key == key:
-            why = c.available()
-            if why is not None:
-                pytest.skip(f"{key} is unavailable here: {why}")
-            return r, c
-    raise AssertionError(key)
+    r, c = next(rc for rc in compile_only_pairs(arch) if rc[1].cache_key == key)
+    if c.available() is not None:
+        pytest.skip(f"{key} is unavailable here: {c.available()}")
+    return r, c
 
 
 def cubin_resources(cubin: bytes) -> dict[str, int]:

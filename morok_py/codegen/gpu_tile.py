@@ -26,7 +26,6 @@ What is left of f -- typically one multiply -- runs per accumulator in the inner
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -122,6 +121,17 @@ def _valid_tile(tile: tuple[int, int, int, int, int], caps: "Capabilities") -> b
     return threads <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
+def _well_formed(nodes: list[UOp], ranges: set[UOp]) -> bool:
+    """Params numbered 0..n-1 with one dtype each, one bound per variable name, one range per axis,
+    range ends of variables and constants only."""
+    params = {(n.arg, n.dtype) for n in nodes if n.op is Ops.PARAM}
+    slots = sorted(s for s, _ in params)      # a slot with two dtypes is listed twice
+    names = [n.arg[0] for n in nodes if n.op is Ops.DEFINE_VAR]
+    return (slots == list(range(len(slots))) and len(set(names)) == len(names)
+            and len({r.axis for r in ranges}) == len(ranges)
+            and not any(u.op in (Ops.RANGE, Ops.LOAD) for r in ranges for u in r.src[0].toposort()))
+
+
 def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
     from .lower import _x_coeff
     if len(ast.src) != 1:
@@ -138,8 +148,8 @@ def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
     globals_ = sorted((r for r in ranges if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
     if ranges != set(globals_) | {k} or len(globals_) not in (2, 3) or store.free_ranges != frozenset(globals_):
         return None
-    if len({r.axis for r in ranges}) != len(ranges) or any(r.src[0].free_ranges for r in ranges):
-        return None   # the general path reports these
+    if not _well_formed(nodes, ranges):
+        return None   # the general path reports what is wrong
     if any(n.op is Ops.LOAD for n in out_idx.toposort()):
         return None
     f = red.src[0]
@@ -157,13 +167,11 @@ def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
             return None
         plan = _Plan(store, red, i, j, k, b, units, tile)
         for u, kind in units.items():
-            if kind in "AB":
+            if kind in "AB":   # fill the tile along k where its loads are contiguous in k only
                 w = i if kind == "A" else j
-                loads = [n for n in u.toposort() if n.op is Ops.LOAD]
-                if any(_x_coeff(n.src[1], k) == 1 for n in loads):
-                    plan.fast[u] = "k"
-                else:
-                    plan.fast[u] = "w" if any(_x_coeff(n.src[1], w) == 1 for n in loads) or not loads else "k"
+                idxs = [n.src[1] for n in u.toposort() if n.op is Ops.LOAD]
+                along_k = any(_x_coeff(x, k) == 1 for x in idxs) and not any(_x_coeff(x, w) == 1 for x in idxs)
+                plan.fast[u] = "k" if along_k else "w"
         return plan
     return None
 
@@ -224,7 +232,7 @@ class _Builder:
 
     def leaf(self, kind: L, dtype: DType, arg) -> Instr:
         """CONST, PARAM and VAR: printed inline, so one instruction serves every block."""
-        key = (kind, dtype, type(arg), arg)
+        key = (kind, dtype, type(arg).__name__, repr(arg))   # repr: -0.0 is not 0.0
         hit = self.leaves.get(key)
         if hit is None:
             hit = self.leaves[key] = self.new(kind, dtype, (), arg)
