@@ -442,7 +442,7 @@ def as_uops(xs: Iterable[Any]) -> tuple[UOp, ...]:
 
 # ---- JSON (de)serialization: the disk cache stores launch information as UOp graphs --------------
 
-UOPS_FORMAT = "morok-uops-1"
+UOPS_FORMAT = "morok-uops-2"
 
 
 def _arg_to_json(arg: Any) -> Any:
@@ -486,19 +486,22 @@ def _arg_from_json(x: Any) -> Any:
 
 
 def uops_to_json(roots: Iterable[UOp]) -> dict:
-    """A JSON-able table of every node reachable from `roots`, each node once (sources by index,
-    always earlier in the table); `uops_from_json` rebuilds the same hash-consed nodes."""
+    """A JSON-able table of every node reachable from `roots`, each node once, sources before their
+    users and named by their index in the table; `uops_from_json` rebuilds the same hash-consed nodes.
+
+    The table is one flat list, a node after another as `op name, dtype name or None, number of
+    sources, the sources' indices..., arg`: a cache hit parses it without a list per node."""
     index: dict[int, int] = {}
-    nodes: list[list] = []
+    nodes: list = []
     root_ids: list[int] = []
     for root in roots:
         if not isinstance(root, UOp):
             raise TypeError(f"uops_to_json takes UOps, got {type(root).__name__}")
         for u in root.toposort():
             if id(u) not in index:
-                index[id(u)] = len(nodes)
-                nodes.append([u.op.name, u.dtype.name if u.dtype is not None else None,
-                              [index[id(s)] for s in u.src], _arg_to_json(u.arg)])
+                index[id(u)] = len(index)
+                nodes += [u.op.name, u.dtype.name if u.dtype is not None else None, len(u.src),
+                          *(index[id(s)] for s in u.src), _arg_to_json(u.arg)]
         root_ids.append(index[id(root)])
     return {"format": UOPS_FORMAT, "nodes": nodes, "roots": root_ids}
 
@@ -512,19 +515,22 @@ def uops_from_json(d: Any) -> list[UOp]:
         raise ValueError("a UOp table needs 'nodes' and 'roots' lists")
     ops, dts = Ops.__members__, _dtype_names()
     built: list[UOp] = []
-    for n in nodes:
+    i, end = 0, len(nodes)
+    while i < end:
         try:
-            op_name, dt_name, src, arg = n
-            op, dt = ops[op_name], None if dt_name is None else dts[dt_name]
-            # indices point back into the table: a source is always built before its users
-            if type(src) is not list:
+            op, dt, n = ops[nodes[i]], nodes[i + 1], nodes[i + 2]
+            dt = None if dt is None else dts[dt]
+            if type(n) is not int or not 0 <= n <= end - i - 4:
                 raise ValueError
-            for s in src:
+            src = nodes[i + 3:i + 3 + n]
+            for s in src:   # a source is always built before its users
                 if type(s) is not int or not 0 <= s < len(built):
                     raise ValueError
-        except (ValueError, TypeError, KeyError):
-            raise ValueError(f"bad UOp table row {len(built)}: {n!r}") from None
-        built.append(UOp(op, dt, tuple([built[s] for s in src]), _arg_from_json(arg)))
+            arg = _arg_from_json(nodes[i + 3 + n])
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise ValueError(f"bad UOp table entry {len(built)} at position {i}") from None
+        built.append(UOp(op, dt, tuple([built[s] for s in src]), arg))
+        i += 4 + n
     if not all(type(r) is int and 0 <= r < len(built) for r in roots):
         raise ValueError(f"bad root indices {roots!r}")
     return [built[r] for r in roots]

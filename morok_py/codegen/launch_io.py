@@ -13,11 +13,12 @@ from ..ir import UOp, uops_from_json, uops_to_json
 from .linear import ParamInfo
 from .lower import Access, HiddenBuffer, LaunchInfo, Variable
 
-FORMAT = "morok-launch-1"
+FORMAT = "morok-launch-2"
 
 # every attribute a LaunchInfo has; `dump` refuses one with others (they would be lost silently)
 STORED = frozenset({"params", "variables", "dims", "local_size", "gpu", "accesses", "range_ends", "grid_max",
                     "group_per_item", "hidden"})
+RECORD_FIELDS = STORED | {"format", "uops", "nests"}
 DERIVED = frozenset({"var_names", "buf_count", "symbolic"})     # recomputed by LaunchInfo.__init__
 INTERNAL = frozenset({"_cache", "_lock"})
 KNOWN = STORED | DERIVED | INTERNAL
@@ -46,6 +47,11 @@ def dump(info: LaunchInfo) -> dict:
             roots.append(u)
         return index[id(u)]
 
+    nests: dict[tuple[int, ...], int] = {}     # distinct enclosing-range tuples: accesses share a few
+    accesses: list = []
+    for a in info.accesses:                    # flat, 4 per access: a hit parses no list per access
+        nest = tuple(ref(r) for r in a.enclosing)
+        accesses += [a.slot, a.store, ref(a.index), nests.setdefault(nest, len(nests))]
     out = {
         "format": FORMAT,
         "params": [[p.slot, p.dtype.name, p.read, p.written] for p in info.params],
@@ -53,7 +59,8 @@ def dump(info: LaunchInfo) -> dict:
         "dims": [ref(d) for d in info.dims],
         "local_size": list(info.local_size),
         "gpu": info.gpu,
-        "accesses": [[a.slot, a.store, ref(a.index), [ref(r) for r in a.enclosing]] for a in info.accesses],
+        "accesses": accesses,
+        "nests": [list(n) for n in nests],
         "range_ends": [ref(r) for r in info.range_ends],
         "grid_max": list(info.grid_max),
         "group_per_item": info.group_per_item,
@@ -107,8 +114,8 @@ def _triple(x: Any) -> tuple[int, int, int]:
 def _load(d: Any) -> LaunchInfo:
     if type(d) is not dict or d.get("format") != FORMAT:
         raise LaunchIOError(f"not a {FORMAT} record")
-    if set(d) != STORED | {"format", "uops"}:
-        raise LaunchIOError(f"launch record fields {sorted(d)} are not {sorted(STORED | {'format', 'uops'})}")
+    if set(d) != RECORD_FIELDS:
+        raise LaunchIOError(f"launch record fields {sorted(d)} are not {sorted(RECORD_FIELDS)}")
     uops = uops_from_json(d["uops"])
     n = len(uops)
 
@@ -125,11 +132,17 @@ def _load(d: Any) -> LaunchInfo:
     for v in _list(d["variables"]):
         name, lo, hi = _list(v, 3)
         variables.append(Variable(_str(name), _int(lo), _int(hi)))
+    nests = [tuple(refs(n)) for n in _list(d["nests"])]
+    flat = _list(d["accesses"])
+    if len(flat) % 4:
+        raise LaunchIOError(f"the access list has {len(flat)} entries, not 4 per access")
     accesses = []
-    for a in _list(d["accesses"]):   # hundreds in a register-tiled matmul: kept lean
-        slot, store, idx, enclosing = _list(a, 4)
-        index, *ranges = refs([idx, *_list(enclosing)])
-        accesses.append(Access(_int(slot), _bool(store), index, tuple(ranges)))
+    for k in range(0, len(flat), 4):    # hundreds in a register-tiled matmul: kept lean
+        slot, store, idx, nest = flat[k:k + 4]
+        if type(slot) is not int or type(store) is not bool or type(idx) is not int or not 0 <= idx < n \
+                or type(nest) is not int or not 0 <= nest < len(nests):
+            raise LaunchIOError(f"bad access {flat[k:k + 4]!r}")
+        accesses.append(Access(slot, store, uops[idx], nests[nest]))
     hidden = []
     for h in _list(d["hidden"]):
         dt, count = _list(h, 2)
