@@ -85,7 +85,8 @@ class CStylePrinter:
 
     def shared_decl(self, ins: Instr) -> str:
         """A work-group shared array (CUDA and HIP spell it the same)."""
-        return f"__shared__ {self.mem_type(ins.dtype)} smem{ins.id}[{ins.arg}];"
+        # 16-byte aligned: tiles are read back as 4-wide vectors
+        return f"__shared__ __align__(16) {self.mem_type(ins.dtype)} smem{ins.id}[{ins.arg}];"
 
     def barrier(self) -> str:
         return "__syncthreads();"
