@@ -294,7 +294,8 @@ def _ast_entry(compiled: "CompiledSpec", source_key: str) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _from_ast_entry(data: bytes, dc: DiskCache, compiler: "Compiler", ast: "UOp", name: str) -> "CompiledSpec | None":
+def _from_ast_entry(data: bytes, dc: DiskCache, compiler: "Compiler", ast: "UOp",
+                    name: str) -> "CompiledSpec | None":
     """The CompiledSpec an AST-level entry describes, its output read from the source-level entry;
     None when that entry is gone. ValueError (incl. LaunchIOError) when the entry is malformed."""
     from .device import CompiledSpec
@@ -342,8 +343,8 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
         if hit is not None:
             try:
                 compiled = _from_ast_entry(hit[0], dc, compiler, ast, nm)
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-                dc.discard(akey, str(e))
+            except Exception as e:   # whatever an entry holds, it is never worse than a miss
+                dc.discard(akey, f"{type(e).__name__}: {e}")
                 compiled = None
             if compiled is not None:
                 with _lock:
