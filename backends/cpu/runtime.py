@@ -129,6 +129,8 @@ class CPUProgram(Program):
         if info is None:
             return True, False
         gs, _, bounds, work = info.prepare(dict(zip(info.var_names, vals)))
+        # a register-tiled kernel does one store per output of its tile in each innermost iteration
+        work *= max(1, sum(1 for b in bounds if b is not None and b[1]))
         stream = False
         # every thread's chunk must start on a multiple of STREAM_ALIGN of the outer axis
         if self._stream_fn is not None and gs[0] >= n * STREAM_ALIGN:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..dtypes import dtypes
 from ..ir import AxisType, Ops, UOp, substitute
+from .symbolic import simplify
 
 
 def _addends(idx: UOp) -> list[UOp]:
@@ -15,51 +16,179 @@ def _has_reduce(u: UOp) -> bool:
     return any(n.op is Ops.REDUCE for n in u.toposort())
 
 
+def _const(u: UOp) -> int | None:
+    """The value of an integer expression of constants (None when it involves variables)."""
+    u = simplify(u)
+    return u.arg if u.op is Ops.CONST else None
+
+
+def _ceil_div(n: UOp, d: int) -> UOp:
+    """ceil(n / d) for n >= 0, with no intermediate above n (sizes may be near the index maximum)."""
+    return n // d + (n % d).minimum(1)
+
+
+def _at_least(n: UOp, w: int) -> UOp:
+    """1 if n >= w else 0 (n >= 0): the extent of a loop that guards a region."""
+    return (n // w).minimum(1)
+
+
+def _below(n: UOp, w: int) -> UOp:
+    """1 if n < w else 0."""
+    return (UOp.const(w, dtypes.index) - n).maximum(0).minimum(1)
+
+
+# outer work units the tile walk aims for, so that up to this many threads share a narrow matrix
+SPLIT_UNITS = 16
+
+
+class _Axes:
+    """Fresh axis numbers for the ranges a rewrite adds."""
+
+    def __init__(self, ast: UOp) -> None:
+        axes = [n.axis for n in ast.toposort() if n.op is Ops.RANGE]
+        self.next = (max(axes) + 1) if axes else 0
+
+    def range(self, end, kind: AxisType = AxisType.LOOP) -> UOp:
+        r = UOp.range(end, self.next, kind)
+        self.next += 1
+        return r
+
+
 def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     """Register blocking for reductions like matmul (CPU).
 
-    A store over GLOBAL ranges (i, j) whose index has j as a plain addend (unit stride) and whose
-    value reduces is split into a main region of ti x tj output tiles -- ti*tj stores whose
-    reductions the lowering fuses into one loop with ti*tj accumulators, and whose tj consecutive
-    lanes LLVM turns into vector FMAs -- plus two tail regions (leftover columns, leftover rows)
-    that run as plain loops. The tile loop over columns is outermost, so each thread keeps its panel
-    of the right-hand matrix in cache while it walks the rows.
+    A kernel of one store over GLOBAL ranges (i, j) whose index has j as a plain addend (unit stride)
+    and whose value reduces is rewritten into ti x tj output tiles: ti*tj stores whose reductions the
+    lowering fuses into one loop with ti*tj accumulators, and whose tj consecutive lanes LLVM turns
+    into vector FMAs. The only GLOBAL range (the thread split) walks column tiles (cut into row
+    partitions when there are few), so every output is computed in parallel, tails included.
+
+    Leftovers need no serial tail loops. Rows past the partitions' full row tiles run as 1 x tj tiles
+    in the same column tile, spread over its partitions. When N % tj != 0 the last column tile starts at N - tj and overlaps its
+    neighbour: a few outputs are computed twice, by the same instructions, and written twice with
+    the same value. A static N below tj becomes the tile width; a symbolic N gets three guarded
+    regions, of which one runs: tj-wide tiles (N >= tj), w-wide tiles (w <= N < tj), single columns.
     """
-    ti, tj = tile
     stores = list(ast.src)
-    axes = [n.axis for n in ast.toposort() if n.op is Ops.RANGE]
-    next_axis = (max(axes) + 1) if axes else 0
+    if len(stores) != 1:
+        return ast      # one GLOBAL loop nest holds every store: tiles for one would repeat the others
+    st = stores[0]
+    buf, idx, val = st.src
+    free = st.free_ranges
+    globals_ = sorted((r for r in free if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
+    if len(globals_) < 2 or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
+        return ast
+    adds = _addends(idx)
+    unit = [r for r in globals_ if any(a is r for a in adds)]
+    if not unit:
+        return ast
+    j = unit[-1]
+    i = [r for r in globals_ if r is not j][-1]
+    M, N = i.src[0], j.src[0]
+    ti, tj = tile
+    m_static, n_static = _const(M), _const(N)
+    if m_static is not None:
+        ti = max(1, min(ti, m_static))
+    rem = 0
+    if n_static is not None:
+        tj, rem = _tile_width(n_static, tj)
+    axes = _Axes(ast)
+
+    # the tile walk: the outer (thread-split) range takes column tiles, each cut into P partitions of
+    # its full row tiles when there are few column tiles (a narrow matrix still splits); an inner
+    # loop walks a partition's row tiles, so a thread reuses one panel of the right-hand matrix.
+    # Row indices stay affine in the loop variables: a clamped row (min(row, M-1)) or a flat walk of
+    # all tiles (t % Ci, t // Ci) made LLVM's SLP vectorizer fall back to 4- or 8-wide vectors.
+    full = M // ti
+    Cj = N // tj if rem else _ceil_div(N, tj)
+    if _const(full) is not None and _const(Cj) is not None:
+        P = UOp.const(_partitions(_const(full), _const(Cj)), dtypes.index)
+    else:
+        P = (UOp.const(SPLIT_UNITS, dtypes.index) // Cj.maximum(1)).minimum(full // 4).maximum(1)
+    Q = full // P
+    u = axes.range(Cj * P, AxisType.GLOBAL)
+    jo, p = u // P, u % P
+    io = axes.range(Q)
+    tile_rows = [(io + p * Q) * ti + a for a in range(ti)]
+    # rows past the partitions' tiles (fewer than (P + 1) * ti), one at a time, dealt round-robin to
+    # the partitions; the last round clamps to M - 1 where the count is not a multiple of P
+    first = P * Q * ti
+    left = M - first
+    ir = axes.range(_ceil_div(left, _const(P)) if _const(P) is not None else (left + P - 1) // P)
+    tail_row = first + ir * P + p
+    if not (_const(left) is not None and _const(P) is not None and _const(left) % _const(P) == 0):
+        tail_row = tail_row.minimum(M - 1)
+
+    def tile_stores(col0: UOp, width: int) -> list[UOp]:
+        main = [substitute(st, {i: tile_rows[a], j: col0 + b}) for a in range(ti) for b in range(width)]
+        if _const(left) == 0:
+            return main
+        return main + [substitute(st, {i: tail_row, j: col0 + b}) for b in range(width)]
+
     out: list[UOp] = []
-    changed = False
-    for st in stores:
-        buf, idx, val = st.src
-        free = st.free_ranges
-        globals_ = sorted((r for r in free if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
-        if len(globals_) < 2 or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
-            out.append(st)
-            continue
-        adds = _addends(idx)
-        unit = [r for r in globals_ if any(a is r for a in adds)]
-        if not unit:
-            out.append(st)
-            continue
-        j = unit[-1]
-        i = [r for r in globals_ if r is not j][-1]
-        M, N = i.src[0], j.src[0]
-        base = next_axis
-        next_axis += 8
-        jo = UOp.range(N // tj, base, AxisType.GLOBAL)      # outermost: the thread split
-        io = UOp.range(M // ti, base + 1, AxisType.GLOBAL)
-        for a in range(ti):
-            for b in range(tj):
-                out.append(substitute(st, {i: io * ti + a, j: jo * tj + b}))
-        # leftover columns, every row
-        il = UOp.range(M, base + 2, AxisType.LOOP)
-        jr = UOp.range(N % tj, base + 3, AxisType.LOOP)
-        out.append(substitute(st, {i: il, j: (N // tj) * tj + jr}))
-        # leftover rows, the tiled columns
-        ir = UOp.range(M % ti, base + 4, AxisType.LOOP)
-        jl = UOp.range((N // tj) * tj, base + 5, AxisType.LOOP)
-        out.append(substitute(st, {i: (M // ti) * ti + ir, j: jl}))
-        changed = True
-    return UOp.sink(*out) if changed else ast
+    if n_static is not None:
+        # the last column tile overlaps its neighbour when N % tj != 0 (and no remainder region)
+        col0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
+        out += tile_stores(col0, tj)
+        if rem:
+            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - rem, rem)
+    else:
+        # N >= tj: tj-wide tiles, the last one overlapping its neighbour
+        g = axes.range(_at_least(N, tj))
+        out += tile_stores((jo * tj).minimum(N - tj) + g, tj)
+        # w <= N < tj (then Cj == 1): w-wide tiles along the row
+        w = max(1, tj // 4)
+        if 1 < w < tj:
+            jn = axes.range(_ceil_div(N, w) * _at_least(N, w) * _below(N, tj))
+            out += tile_stores((jn * w).minimum(N - w) + jo, w)      # jo == 0 here
+        else:
+            w = tj
+        # N < w: one column at a time
+        jc = axes.range(N * _below(N, w))
+        out += tile_stores(jc + jo, 1)
+    return UOp.sink(*out)
+
+
+def _tile_width(n: int, tj: int) -> tuple[int, int]:
+    """(tile width, remainder columns) for a static N. Below tj the tile is N wide. A remainder of at
+    most tj/4 columns gets a region of its own (narrow vectors, but no wasted columns); a larger one
+    is covered by an overlapping last tile, tj or tj/2 wide, whichever computes fewer columns
+    (a half-width tile counted 10% slower per column)."""
+    if n < tj:
+        return max(1, n), 0
+    r = n % tj
+    if r == 0 or 4 * r <= tj:
+        return tj, r
+    half = tj // 2
+    cost = lambda w: -(-n // w) * w * (1.0 if w == tj else 1.1)   # noqa: E731
+    return (half if half >= 8 and cost(half) < cost(tj) else tj), 0
+
+
+def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp, ti: int, full: UOp,
+                       M: UOp, col0: UOp, width: int) -> list[UOp]:
+    """The last `width` columns (static sizes): their row tiles, then their leftover rows one at a
+    time, dealt round-robin to the `units` outer iterations; the last round clamps (a few rows
+    computed twice)."""
+    U, F = _const(units), _const(full)
+    k = axes.range(-(-F // U))
+    tile = u + k * U
+    if F % U:
+        tile = tile.minimum(F - 1)
+    out = [substitute(st, {i: tile * ti + a, j: col0 + b}) for a in range(ti) for b in range(width)]
+    left = _const(M) - F * ti
+    if left:
+        r = axes.range(-(-left // U))
+        row = F * ti + r * U + u
+        if left % U:
+            row = row.minimum(M - 1)
+        out += [substitute(st, {i: row, j: col0 + b}) for b in range(width)]
+    return out
+
+
+def _partitions(full: int | None, col_tiles: int | None) -> int:
+    """Row partitions per column tile: a divisor of the full row tiles (so that no row is clamped)
+    that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition."""
+    if full is None or col_tiles is None or full < 2:
+        return 1
+    want = max(1, SPLIT_UNITS // max(col_tiles, 1))
+    return max(d for d in range(1, min(want, full) + 1) if full % d == 0 and (full // d >= 4 or d == 1))
