@@ -3,6 +3,7 @@ Renderer, Compiler, RuntimeFactory, Program, Allocator and Device."""
 from __future__ import annotations
 
 import abc
+import operator
 import re
 import threading
 import time
@@ -170,6 +171,9 @@ class Compiler(abc.ABC):
 RuntimeFactory = Callable[[CompiledSpec], "Program"]
 
 
+_buffer_ptr = operator.attrgetter("_ptr")    # a Buffer's address, None once freed
+
+
 class Program(abc.ABC):
     """A loaded kernel. `execute` takes raw addresses; calling it takes Buffers and names."""
 
@@ -212,7 +216,37 @@ class Program(abc.ABC):
         """Launch on raw buffer addresses with variable values in `var_names` order; with
         `wait=True` block until done and return the kernel's time in seconds."""
 
+    # a passed launch check, per (buffer ids, values): weak references to the buffers and their
+    # pointers, the checked values and the launch sizes; created on the first call
+    _checked: "dict[tuple, tuple] | None" = None
+    _CHECKED_MAX = 64
+
     def __call__(self, *buffers: "Buffer", wait: bool = False, **values: int) -> float | None:
+        """Launch on Buffers, every argument checked first (count, device, dtype, aliasing, variable
+        names, types and bounds, index bounds against the buffer sizes). A call with the same Buffer
+        objects, still holding the same memory, and the same values (types included) as one that
+        passed reuses that result: a Buffer's device, dtype and size never change, and its pointer
+        changes only when it is freed, so every check would pass again."""
+        checked = self._checked
+        if checked is not None:
+            try:
+                hit = checked.get((*map(id, buffers), *values.items()))
+            except TypeError:       # an unhashable value: the full check reports it
+                hit = None
+            # the entry lives only while its buffers do (a weakref callback drops it), so equal ids are
+            # the same objects; a freed or other buffer shows in the pointers
+            if hit is not None and tuple(map(_buffer_ptr, buffers)) == hit[0]:
+                for v in values.values():
+                    if type(v) is not int:    # True or 16.0 equal 1 or 16: let the full check judge
+                        break
+                else:
+                    return self._launch(buffers, *hit[2:], wait)
+        vals, ptrs, ordered, gs, ls = self._check(buffers, values)
+        self._remember(buffers, values, (vals, ptrs, ordered, gs, ls))
+        return self._launch(buffers, vals, ptrs, ordered, gs, ls, wait)
+
+    def _check(self, buffers: tuple, values: dict) -> tuple:
+        """Every launch check; (values by name, pointers, values in order, global and local size)."""
         info = self.launch
         if info is None:
             raise LaunchError(f"{self.name}: compiled without launch information; use execute()")
@@ -238,12 +272,31 @@ class Program(abc.ABC):
         gs, ls, bounds, _work = info.prepare(vals)
         info.check_sizes(bounds, sizes)
         ptrs = [b.ptr for b in buffers]
-        ordered = [vals[n] for n in info.var_names]
-        if config.validate_with_cpu() and dev.spec.type != "CPU":
+        return vals, ptrs, [vals[n] for n in info.var_names], gs, ls
+
+    def _remember(self, buffers: tuple, values: dict, result: tuple) -> None:
+        """Keep a passed check for plain Buffers and int values, until one of the buffers is collected."""
+        import weakref
+        from .buffer import Buffer
+        if any(type(b) is not Buffer for b in buffers) or any(type(v) is not int for v in values.values()):
+            return
+        key = (*map(id, buffers), *values.items())
+        checked = self._checked
+        if checked is None:
+            checked = self._checked = {}
+        elif len(checked) >= self._CHECKED_MAX:
+            checked.clear()
+        forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
+        refs = tuple(weakref.ref(b, forget) for b in buffers)
+        checked[key] = (tuple(map(_buffer_ptr, buffers)), refs) + result
+
+    def _launch(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
+        dev = self.device
+        if dev.spec.type != "CPU" and config.validate_with_cpu():
             from .validate import validated_launch
             return validated_launch(self, buffers, vals, lambda: self.execute(ptrs, ordered, gs, ls, wait=True))
         t = self.execute(ptrs, ordered, gs, ls, wait=wait)
-        if config.debug_level() >= 1 and wait:
+        if wait and config.debug_level() >= 1:
             config.log(f"{dev.name} {self.name}: {t * 1e6:.1f} us")
         return t
 
