@@ -1,13 +1,14 @@
 """The CPU device: arch override, compile errors, the host allocator, worker threads."""
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import platform
 
 import numpy as np
 import pytest
 
-from morok_py import (CompileError, DeviceError, DeviceSpec, OutOfMemoryError, UOp, dtypes,
+from morok_py import (AxisType, CompileError, DeviceError, DeviceSpec, OutOfMemoryError, UOp, dtypes,
                       kernels as K)
 from morok_py.backends.cpu import runtime as cpu_runtime
 from morok_py.backends.cpu.allocator import ALIGN, HostAllocator
@@ -218,3 +219,186 @@ def test_misaligned_output_takes_the_plain_variant(cpu, rng, monkeypatch):
     got = out.numpy()
     assert got[0] == 7.0
     np.testing.assert_array_equal(got[1:], a + b)
+
+
+# ---- register tiles (codegen/opt.py) ----------------------------------------------------------
+
+def matmul_into_nan(cpu, prog, a, b, **sizes):
+    """C = A @ B into a buffer prefilled with NaN: an output the kernel never writes stays NaN."""
+    M, N = a.shape[0], b.shape[1]
+    out = cpu.buf(np.full(M * N, np.nan, np.float32))
+    prog(cpu.buf(a), cpu.buf(b), out, **sizes)
+    return out.numpy().reshape(M, N)
+
+
+# (M, K, N): sizes below, at and above the tile (8 x 32 with AVX-512, 6 x 16 with AVX2), not multiples
+TILE_SHAPES = [(1, 5, 1), (7, 3, 9), (13, 17, 10), (9, 31, 33), (33, 20, 65), (100, 64, 47), (8, 5, 32),
+               (17, 9, 8), (65, 13, 4), (129, 40, 100), (16, 16, 31), (512, 64, 10)]
+
+
+@pytest.mark.parametrize("M,Kd,N", TILE_SHAPES)
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_register_tiled_matmul_matches_numpy(cpu, rng, monkeypatch, M, Kd, N, symbolic):
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # split even small ones over threads
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
+    if symbolic:
+        prog = cpu.compile(K.matmul(), name="tile_mm_symbolic")
+        got = matmul_into_nan(cpu, prog, a, b, M=M, N=N, K=Kd)
+    else:
+        got = matmul_into_nan(cpu, cpu.compile(K.matmul(M, N, Kd), name=f"tile_mm_{M}_{Kd}_{N}"), a, b)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * np.sqrt(Kd))
+
+
+def test_one_symbolic_tiled_program_serves_every_region(cpu, rng):
+    # one program, N above, between and below the tile widths (each runs a different guarded region)
+    prog = cpu.compile(K.matmul(), name="tile_mm_regions")
+    for M, Kd, N in [(50, 7, 100), (50, 7, 33), (50, 7, 20), (50, 7, 9), (50, 7, 3), (3, 7, 50)]:
+        a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
+        got = matmul_into_nan(cpu, prog, a, b, M=M, N=N, K=Kd)
+        np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("sizes", [(512, 10, 512), (1000, 1000, 1000), (513, 33, 257), None],
+                         ids=["narrow", "square", "odd", "symbolic"])
+def test_register_tiles_leave_no_serial_tail(cpu, sizes):
+    """Every store sits inside the thread-split loop: no leftover rows or columns run on one thread."""
+    renderer, _ = cpu.pair()
+    kernel = renderer.render(K.matmul(*(sizes or (None,) * 3))).linear
+    from morok_py.codegen.linear import L, Loop
+    outer = [it for it in kernel.body if isinstance(it, Loop)]
+    assert len(outer) == 1 and outer[0].kind is AxisType.GLOBAL
+    assert not [it for it in kernel.body if not isinstance(it, Loop) and getattr(it, "kind", None) is L.STORE]
+    assert not [it for it in kernel.body if not isinstance(it, (Loop,)) and hasattr(it, "body")]   # no If
+
+
+def test_a_narrow_matmul_is_split_over_threads(cpu):
+    prog = cpu.compile(K.matmul(512, 10, 512), name="tile_mm_narrow")
+    assert prog._plan([])[0]       # its work counts every output of a tile, not just loop iterations
+
+
+# ---- Program.__call__ remembers a passed launch check ------------------------------------------
+
+@pytest.fixture
+def checked_add(cpu, rng):
+    """A symbolic add called once (its checks passed and were remembered), its buffers and n."""
+    n = 1003
+    a, b = cpu.buf(rng.standard_normal(n).astype(np.float32)), cpu.buf(rng.standard_normal(n).astype(np.float32))
+    c = cpu.empty(n, dtypes.float32)
+    prog = cpu.compile(K.add(), name="checked_add")
+    prog(a, b, c, n=n)
+    return prog, a, b, c, n
+
+
+def test_a_repeated_call_skips_the_checks_and_still_runs(checked_add, monkeypatch):
+    prog, a, b, c, n = checked_add
+    monkeypatch.setattr(type(prog), "_check", lambda *args: pytest.fail("checked again"))
+    c.copyin(np.zeros(n, np.float32))
+    prog(a, b, c, n=n)
+    np.testing.assert_array_equal(c.numpy(), a.numpy() + b.numpy())
+
+
+def test_a_freed_buffer_is_caught_after_a_remembered_call(checked_add):
+    prog, a, b, c, n = checked_add
+    b.free()
+    with pytest.raises(ValueError, match="freed"):
+        prog(a, b, c, n=n)
+
+
+def test_other_values_and_other_buffers_are_checked_again(cpu, checked_add):
+    from morok_py import LaunchError
+    prog, a, b, c, n = checked_add
+    small = cpu.empty(n - 1, dtypes.float32)
+    with pytest.raises(LaunchError, match="may touch indices"):
+        prog(a, b, small, n=n)                 # another buffer, too small
+    with pytest.raises(LaunchError, match="outside its range"):
+        prog(a, b, c, n=0)                     # other values
+    with pytest.raises(LaunchError, match="alias"):
+        prog(a, b, a, n=n)
+    with pytest.raises(LaunchError, match="must be an int"):
+        prog(a, b, c, n=float(n))              # equal to n, and hashes alike, but not an int
+    with pytest.raises(LaunchError, match="must be an int"):
+        prog(a, b, c, n=[n])                   # unhashable
+    prog(a, b, c, n=1)
+    with pytest.raises(LaunchError, match="must be an int"):
+        prog(a, b, c, n=True)                  # == 1 and hash(True) == hash(1)
+
+
+def test_a_collected_buffer_drops_its_entry_so_a_new_one_at_its_id_is_checked(cpu, checked_add):
+    import gc
+    from morok_py import LaunchError
+    prog, a, b, _, n = checked_add
+    out = cpu.empty(n, dtypes.float32)
+    prog(a, b, out, n=n)
+    assert len(prog._checked) == 2
+    del out
+    gc.collect()
+    assert len(prog._checked) == 1            # no entry outlives its buffers (nor keeps them alive)
+    with pytest.raises(LaunchError, match="may touch indices"):
+        prog(a, b, cpu.empty(n - 1, dtypes.float32), n=n)
+
+
+# ---- the pinned-staging copy loop of the GPU allocators (morok_py/staging.py), on a fake driver -----
+
+class FakeStagingDriver:
+    """PinnedStaging's hooks on host memory, logging each call; copies happen at once."""
+
+    def __init__(self):
+        from morok_py.staging import PinnedStaging
+
+        log, pinned = [], {}
+
+        class Driver(PinnedStaging):
+            def _make_current(self):
+                log.append("current")
+
+            def _pinned_alloc(self, nbytes):
+                buf = ctypes.create_string_buffer(nbytes)
+                pinned[ctypes.addressof(buf)] = buf
+                log.append(("alloc", nbytes))
+                return ctypes.addressof(buf)
+
+            def _pinned_free(self, ptr):
+                del pinned[ptr]
+                log.append("free")
+
+            def _copy_to_device_async(self, dst, src, nbytes):
+                ctypes.memmove(dst, src, nbytes)
+                log.append(("to_device", nbytes))
+
+            def _copy_to_host_async(self, dst, src, nbytes):
+                ctypes.memmove(dst, src, nbytes)
+                log.append(("to_host", nbytes))
+
+            def _sync_stream(self):
+                log.append("sync")
+
+        self.driver, self.log, self.pinned = Driver(), log, pinned
+        self.driver._init_staging()
+
+
+def test_staged_copies_go_in_chunks_and_sync_before_the_staging_buffer_is_reused(monkeypatch, rng):
+    from morok_py import staging
+    monkeypatch.setattr(staging, "STAGING_BYTES", 4096)
+    fake = FakeStagingDriver()
+    x = rng.standard_normal(2500).astype(np.float32)          # 10000 bytes: chunks of 4096, 4096, 1808
+    device_mem = np.zeros_like(x)
+    fake.driver.copyin(device_mem.ctypes.data, x)
+    np.testing.assert_array_equal(device_mem, x)
+    assert fake.log == ["current", ("alloc", 4096), "sync", ("to_device", 4096), "sync", ("to_device", 4096),
+                        "sync", ("to_device", 1808), "sync"]
+    fake.log.clear()
+    back = np.empty_like(x)
+    fake.driver.copyout(back, device_mem.ctypes.data)
+    np.testing.assert_array_equal(back, x)
+    assert fake.log == ["current", ("to_host", 4096), "sync", ("to_host", 4096), "sync", ("to_host", 1808), "sync"]
+    fake.driver.close_staging()
+    assert fake.log[-1] == "free" and not fake.pinned
+
+
+def test_staged_copyout_needs_a_contiguous_destination():
+    fake = FakeStagingDriver()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fake.driver.copyout(np.empty((4, 4), np.float32)[:, ::2], 0)
+    fake.driver.copyin(0, np.empty(0, np.float32))              # nothing to copy: no driver call at all
+    assert fake.log == []

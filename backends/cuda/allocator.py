@@ -3,30 +3,24 @@ freed blocks and its free-and-retry on out-of-memory. Host copies go through a p
 buffer on the device's stream; device-to-device copies use peer copies where the GPUs allow."""
 from __future__ import annotations
 
-import ctypes
-import threading
 from typing import TYPE_CHECKING
 
-import numpy as np
 from cuda.bindings import driver as cu
 
 from morok_py.device import Allocator
+from morok_py.staging import STAGING_BYTES, PinnedStaging
 
 from .runtime import check, error_text
 
 if TYPE_CHECKING:
     from .device import CUDADevice
 
-STAGING_BYTES = 16 << 20     # pinned host memory per device; larger copies go through it in chunks
 
-
-class CUDAAllocator(Allocator):
+class CUDAAllocator(PinnedStaging, Allocator):
     def __init__(self, device: "CUDADevice") -> None:
         super().__init__(device.name)
         self.device = device
-        self._staging = 0
-        self._staging_size = 0
-        self._copy_lock = threading.Lock()
+        self._init_staging()
         self._peers: set[int] = set()
 
     # -- memory -------------------------------------------------------------------------------
@@ -46,51 +40,24 @@ class CUDAAllocator(Allocator):
         self.device.make_current()
         check(cu.cuMemFree(handle), "cuMemFree")
 
-    # -- host copies --------------------------------------------------------------------------
-    def _stage(self, nbytes: int) -> tuple[int, int]:
-        want = min(STAGING_BYTES, max(nbytes, 1 << 20))
-        if self._staging_size < want:
-            if self._staging:
-                check(cu.cuMemFreeHost(self._staging), "cuMemFreeHost")
-                self._staging, self._staging_size = 0, 0
-            self._staging = int(check(cu.cuMemHostAlloc(want, 0), "cuMemHostAlloc"))
-            self._staging_size = want
-        return self._staging, self._staging_size
+    # -- host copies: the chunked loop is PinnedStaging's; these are its driver calls ----------
+    def _make_current(self) -> None:
+        self.device.make_current()
 
-    def copyin(self, handle: int, src: np.ndarray) -> None:
-        src = np.ascontiguousarray(src)
-        total = src.nbytes
-        if not total:
-            return
-        dev = self.device
-        with self._copy_lock:
-            dev.make_current()
-            stage, size = self._stage(total)
-            base = src.ctypes.data
-            for off in range(0, total, size):
-                n = min(size, total - off)
-                # the previous chunk's copy must be done before the staging buffer is rewritten
-                check(cu.cuStreamSynchronize(dev.stream), "cuStreamSynchronize")
-                ctypes.memmove(stage, base + off, n)
-                check(cu.cuMemcpyHtoDAsync(handle + off, stage, n, dev.stream), "cuMemcpyHtoDAsync")
-            check(cu.cuStreamSynchronize(dev.stream), "cuStreamSynchronize")
+    def _pinned_alloc(self, nbytes: int) -> int:
+        return int(check(cu.cuMemHostAlloc(nbytes, 0), "cuMemHostAlloc"))
 
-    def copyout(self, dst: np.ndarray, handle: int) -> None:
-        if not dst.flags.c_contiguous:
-            raise ValueError("copyout needs a C-contiguous destination array")
-        total = dst.nbytes
-        if not total:
-            return
-        dev = self.device
-        with self._copy_lock:
-            dev.make_current()
-            stage, size = self._stage(total)
-            base = dst.ctypes.data
-            for off in range(0, total, size):
-                n = min(size, total - off)
-                check(cu.cuMemcpyDtoHAsync(stage, handle + off, n, dev.stream), "cuMemcpyDtoHAsync")
-                check(cu.cuStreamSynchronize(dev.stream), "cuStreamSynchronize")   # also waits for kernels
-                ctypes.memmove(base + off, stage, n)
+    def _pinned_free(self, ptr: int) -> None:
+        check(cu.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+    def _copy_to_device_async(self, dst: int, src: int, nbytes: int) -> None:
+        check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, self.device.stream), "cuMemcpyHtoDAsync")
+
+    def _copy_to_host_async(self, dst: int, src: int, nbytes: int) -> None:
+        check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.device.stream), "cuMemcpyDtoHAsync")
+
+    def _sync_stream(self) -> None:
+        check(cu.cuStreamSynchronize(self.device.stream), "cuStreamSynchronize")
 
     # -- device to device ---------------------------------------------------------------------
     def transfer(self, dst: int, src: int, nbytes: int, src_allocator: Allocator) -> None:
@@ -128,12 +95,7 @@ class CUDAAllocator(Allocator):
         return src_dev.spec.ordinal in self._peers
 
     def close(self) -> None:
-        if self._staging:
-            try:
-                cu.cuMemFreeHost(self._staging)
-            except Exception:
-                pass
-            self._staging, self._staging_size = 0, 0
+        self.close_staging()
 
 
-__all__ = ["CUDAAllocator", "error_text"]
+__all__ = ["CUDAAllocator", "STAGING_BYTES", "error_text"]

@@ -3,30 +3,23 @@ freed blocks and its free-and-retry on out-of-memory. Host copies go through a p
 buffer (hipHostMalloc); device-to-device copies use peer copies between ROCm devices."""
 from __future__ import annotations
 
-import ctypes
-import threading
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from morok_py.device import Allocator
+from morok_py.staging import STAGING_BYTES, PinnedStaging
 
 from .runtime import check, hip_module
 
 if TYPE_CHECKING:
     from .device import ROCMDevice
 
-STAGING_BYTES = 16 << 20     # pinned host memory per device; larger copies go through it in chunks
 
-
-class HIPAllocator(Allocator):
+class HIPAllocator(PinnedStaging, Allocator):
     def __init__(self, device: "ROCMDevice") -> None:
         super().__init__(device.name)
         self.device = device
         self._hip = hip_module()
-        self._staging = 0
-        self._staging_size = 0
-        self._copy_lock = threading.Lock()
+        self._init_staging()
         self._peers: set[int] = set()
 
     # -- memory -------------------------------------------------------------------------------
@@ -47,54 +40,28 @@ class HIPAllocator(Allocator):
         self.device.make_current()
         check(self._hip.hipFree(handle), "hipFree")
 
-    # -- host copies --------------------------------------------------------------------------
-    def _stage(self, nbytes: int) -> tuple[int, int]:
+    # -- host copies: the chunked loop is PinnedStaging's; these are its driver calls ----------
+    def _make_current(self) -> None:
+        self.device.make_current()
+
+    def _pinned_alloc(self, nbytes: int) -> int:
+        return int(check(self._hip.hipHostMalloc(nbytes, 0), "hipHostMalloc"))
+
+    def _pinned_free(self, ptr: int) -> None:
+        check(self._hip.hipHostFree(ptr), "hipHostFree")
+
+    def _copy_to_device_async(self, dst: int, src: int, nbytes: int) -> None:
         hip = self._hip
-        want = min(STAGING_BYTES, max(nbytes, 1 << 20))
-        if self._staging_size < want:
-            if self._staging:
-                check(hip.hipHostFree(self._staging), "hipHostFree")
-                self._staging, self._staging_size = 0, 0
-            self._staging = int(check(hip.hipHostMalloc(want, 0), "hipHostMalloc"))
-            self._staging_size = want
-        return self._staging, self._staging_size
+        check(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyHostToDevice, self.device.stream),
+              "hipMemcpyAsync(HtoD)")
 
-    def copyin(self, handle: int, src: np.ndarray) -> None:
-        src = np.ascontiguousarray(src)
-        total = src.nbytes
-        if not total:
-            return
-        hip, dev = self._hip, self.device
-        kind = hip.hipMemcpyKind.hipMemcpyHostToDevice
-        with self._copy_lock:
-            dev.make_current()
-            stage, size = self._stage(total)
-            base = src.ctypes.data
-            for off in range(0, total, size):
-                n = min(size, total - off)
-                # the previous chunk's copy must be done before the staging buffer is rewritten
-                check(hip.hipStreamSynchronize(dev.stream), "hipStreamSynchronize")
-                ctypes.memmove(stage, base + off, n)
-                check(hip.hipMemcpyAsync(handle + off, stage, n, kind, dev.stream), "hipMemcpyAsync(HtoD)")
-            check(hip.hipStreamSynchronize(dev.stream), "hipStreamSynchronize")
+    def _copy_to_host_async(self, dst: int, src: int, nbytes: int) -> None:
+        hip = self._hip
+        check(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyDeviceToHost, self.device.stream),
+              "hipMemcpyAsync(DtoH)")
 
-    def copyout(self, dst: np.ndarray, handle: int) -> None:
-        if not dst.flags.c_contiguous:
-            raise ValueError("copyout needs a C-contiguous destination array")
-        total = dst.nbytes
-        if not total:
-            return
-        hip, dev = self._hip, self.device
-        kind = hip.hipMemcpyKind.hipMemcpyDeviceToHost
-        with self._copy_lock:
-            dev.make_current()
-            stage, size = self._stage(total)
-            base = dst.ctypes.data
-            for off in range(0, total, size):
-                n = min(size, total - off)
-                check(hip.hipMemcpyAsync(stage, handle + off, n, kind, dev.stream), "hipMemcpyAsync(DtoH)")
-                check(hip.hipStreamSynchronize(dev.stream), "hipStreamSynchronize")
-                ctypes.memmove(base + off, stage, n)
+    def _sync_stream(self) -> None:
+        check(self._hip.hipStreamSynchronize(self.device.stream), "hipStreamSynchronize")
 
     # -- device to device ---------------------------------------------------------------------
     def transfer(self, dst: int, src: int, nbytes: int, src_allocator: Allocator) -> None:
@@ -135,9 +102,7 @@ class HIPAllocator(Allocator):
         return src_dev.ordinal in self._peers
 
     def close(self) -> None:
-        if self._staging:
-            try:
-                self._hip.hipHostFree(self._staging)
-            except Exception:
-                pass
-            self._staging, self._staging_size = 0, 0
+        self.close_staging()
+
+
+__all__ = ["HIPAllocator", "STAGING_BYTES"]
