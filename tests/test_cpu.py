@@ -137,6 +137,7 @@ def test_one_and_two_threads_give_identical_results(cpu, rng, monkeypatch):
 
 def test_large_kernels_run_on_the_worker_pool(cpu, rng, monkeypatch):
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", cpu_runtime.PARALLEL_MIN_WORK)   # no trial zone
     n = cpu_runtime.PARALLEL_MIN_WORK * 4 + 3
     x = rng.standard_normal(n).astype(np.float32)
     out = cpu.empty(n, dtypes.float32)
@@ -198,12 +199,13 @@ def test_kernels_that_reduce_or_read_their_output_have_no_streaming_variant(cpu)
 def test_streaming_variant_matches_numpy(cpu, rng, monkeypatch, n, threads, symbolic):
     monkeypatch.setattr(cpu_runtime, "STREAM_MIN_BYTES", 0)      # stream at any size
     monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # and split whatever can be split
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
     prog = cpu.compile(K.add(None if symbolic else n), name=f"stream_add_{n}_{threads}_{int(symbolic)}")
     a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     out = cpu.empty(n, dtypes.float32)
     prog(cpu.buf(a), cpu.buf(b), out, **({"n": n} if symbolic else {}))
-    assert prog._plan([n] if symbolic else []) == (True, n >= threads * 64)
+    assert prog._plan([n] if symbolic else [])[:2] == [cpu_runtime._SPLIT, n >= threads * 64]
     np.testing.assert_array_equal(out.numpy(), a + b)
 
 
@@ -240,6 +242,7 @@ TILE_SHAPES = [(1, 5, 1), (7, 3, 9), (13, 17, 10), (9, 31, 33), (33, 20, 65), (1
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_register_tiled_matmul_matches_numpy(cpu, rng, monkeypatch, M, Kd, N, symbolic):
     monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # split even small ones over threads
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
     a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
     if symbolic:
@@ -272,9 +275,30 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
     assert not [it for it in kernel.body if not isinstance(it, (Loop,)) and hasattr(it, "body")]   # no If
 
 
-def test_a_narrow_matmul_is_split_over_threads(cpu):
-    prog = cpu.compile(K.matmul(512, 10, 512), name="tile_mm_narrow")
-    assert prog._plan([])[0]       # its work counts every output of a tile, not just loop iterations
+def test_work_counts_every_load_and_store_a_launch_executes(cpu):
+    add = cpu.compile(K.add(), name="work_add")
+    assert cpu_runtime.memory_accesses(add.launch, {"n": 1000}) == 3000
+    mm = cpu.compile(K.matmul(64, 64, 64), name="work_mm")      # whole tiles: no overlap, no tail
+    ti, tj = cpu.pair()[0].caps.register_tile
+    # per k step of a tile: ti loads of A (one per row) and tj of B (one per column); one store an output
+    assert cpu_runtime.memory_accesses(mm.launch, {}) == 64 ** 3 // tj + 64 ** 3 // ti + 64 * 64
+
+
+def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, rng, monkeypatch):
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1 << 62)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    n = 100_003
+    prog = cpu.compile(K.add(), name="trial_add")
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    for _ in range(2 * cpu_runtime.SPLIT_TRIALS + 1):
+        out.copyin(np.zeros(n, np.float32))
+        prog(da, db, out, n=n)
+        np.testing.assert_array_equal(out.numpy(), a + b)
+    plan = prog._plans[(n,)]
+    assert plan[0] in (cpu_runtime._ONE, cpu_runtime._SPLIT)
+    assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
 
 
 # ---- Program.__call__ remembers a passed launch check ------------------------------------------

@@ -16,9 +16,12 @@ from morok_py.errors import DeviceError, LaunchError
 from .compiler import llvm
 from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 
-# below this many innermost iterations a kernel runs on the calling thread: handing work to the
-# pool costs tens of microseconds, about what one core needs for a 1M-element memory-bound pass
-PARALLEL_MIN_WORK = 1 << 20
+# The work of a launch is counted in memory accesses executed (each load and store, times the
+# iterations of the loops around it): 3 per element of an add, ti + tj per k step of a register tile.
+# Handing work to the pool costs 30-70 us on a small VM, what one core needs for about 1M accesses.
+PARALLEL_MIN_WORK = 1 << 20     # below: the calling thread alone
+PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads without asking
+SPLIT_TRIALS = 2                # in between: time this many launches each way, then keep the faster
 
 
 def last_level_cache_bytes() -> int:
@@ -41,6 +44,25 @@ def last_level_cache_bytes() -> int:
 # vector stores non-temporal: no read-for-ownership of the destination, 3 memory transfers per
 # element of an add instead of 4); below that the output may still be in cache for the next kernel
 STREAM_MIN_BYTES = last_level_cache_bytes()
+
+_ONE, _SPLIT, _TRIAL = "one thread", "split", "trial"
+
+
+def memory_accesses(info, values) -> int:
+    """Loads and stores a launch executes: per distinct access, the product of its loops' extents."""
+    from morok_py.codegen.symbolic import evaluate
+    ends: dict[int, int] = {}
+    total = 0
+    for a in info.accesses:
+        n = 1
+        for r in a.enclosing:
+            e = ends.get(id(r))
+            if e is None:
+                e = ends[id(r)] = max(0, evaluate(r.src[0], values))
+            n *= e
+        total += n
+    return total
+
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -87,7 +109,7 @@ class CPUProgram(Program):
         self._stream_slots = [] if info is None else [p.slot for p in info.params if p.written]
         self._nvars = nvars
         self._nbuf = compiled.buf_count
-        self._plans: dict[tuple, tuple[bool, bool]] = {}
+        self._plans: dict[tuple, list] = {}
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
                 global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
@@ -101,7 +123,7 @@ class CPUProgram(Program):
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         extent = global_size[0]
         t0 = time.perf_counter() if wait else 0.0
-        threads, fn = 1, self._fn
+        threads, fn, plan = 1, self._fn, None
         if extent > 1:
             plan = self._plans.get(tuple(vals))
             if plan is None:
@@ -109,28 +131,30 @@ class CPUProgram(Program):
                 if len(self._plans) > 1024:
                     self._plans.clear()
                 self._plans[tuple(vals)] = plan
-            split, stream = plan
-            if split:   # the environment is read only where it matters: a lookup costs ~0.5 us
+            if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
                 threads = config.cpu_threads()
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
-            if stream and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
+            if plan[1] and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
                 fn = self._stream_fn
-        if threads > 1:
+        if threads > 1 and plan[0] is _TRIAL:
+            self._trial(plan, fn, buffers, vals, extent, threads)
+        elif threads > 1:
             self._parallel(fn, buffers, vals, extent, threads)
         else:
             fn(*buffers, *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
 
-    def _plan(self, vals: Sequence[int]) -> tuple[bool, bool]:
-        """(split over the worker threads, take the streaming variant) for these values: split when
-        the work pays for the hand-off; stream where the bytes touched overflow the last-level cache."""
+    def _plan(self, vals: Sequence[int]) -> list:
+        """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial
+        times split] for these values. Streaming where the bytes touched overflow the last-level cache."""
         n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
         if info is None:
-            return True, False
-        gs, _, bounds, work = info.prepare(dict(zip(info.var_names, vals)))
-        # a register-tiled kernel does one store per output of its tile in each innermost iteration
-        work *= max(1, sum(1 for b in bounds if b is not None and b[1]))
+            return [_SPLIT, False]
+        values = dict(zip(info.var_names, vals))
+        gs, _, bounds, _ = info.prepare(values)
+        work = memory_accesses(info, values)
+        mode = _ONE if work < PARALLEL_MIN_WORK else _SPLIT if work >= PARALLEL_SURE_WORK else _TRIAL
         stream = False
         # every thread's chunk must start on a multiple of STREAM_ALIGN of the outer axis
         if self._stream_fn is not None and gs[0] >= n * STREAM_ALIGN:
@@ -142,7 +166,21 @@ class CPUProgram(Program):
                     spans[slot] = (min(old[0], lo), max(old[1], hi))
             touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
             stream = touched > STREAM_MIN_BYTES
-        return work >= PARALLEL_MIN_WORK, stream
+        return [mode, stream, [], []]
+
+    def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
+        """Run alone or split, alternately, timing each; after SPLIT_TRIALS of both keep the faster
+        (split only when it saves 10%: the pool's hand-off cost varies)."""
+        alone, split = plan[2], plan[3]
+        t0 = time.perf_counter()
+        if len(split) < len(alone):
+            self._parallel(fn, buffers, vals, extent, threads)
+            split.append(time.perf_counter() - t0)
+        else:
+            fn(*buffers, *vals, 0, extent)
+            alone.append(time.perf_counter() - t0)
+        if len(split) >= SPLIT_TRIALS:
+            plan[0] = _SPLIT if min(split) < 0.9 * min(alone) else _ONE
 
     def _parallel(self, fn, buffers, vals, extent: int, threads: int) -> None:
         chunks = min(threads, extent)
