@@ -240,10 +240,10 @@ class Program(abc.ABC):
                     if type(v) is not int:    # True or 16.0 equal 1 or 16: let the full check judge
                         break
                 else:
-                    return self._launch(buffers, *hit[2:], wait)
+                    return self._launch_checked(buffers, *hit[2:], wait)
         vals, ptrs, ordered, gs, ls = self._check(buffers, values)
         self._remember(buffers, values, (vals, ptrs, ordered, gs, ls))
-        return self._launch(buffers, vals, ptrs, ordered, gs, ls, wait)
+        return self._launch_checked(buffers, vals, ptrs, ordered, gs, ls, wait)
 
     def _check(self, buffers: tuple, values: dict) -> tuple:
         """Every launch check; (values by name, pointers, values in order, global and local size)."""
@@ -290,7 +290,7 @@ class Program(abc.ABC):
         refs = tuple(weakref.ref(b, forget) for b in buffers)
         checked[key] = (tuple(map(_buffer_ptr, buffers)), refs) + result
 
-    def _launch(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
+    def _launch_checked(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
         dev = self.device
         if dev.spec.type != "CPU" and config.validate_with_cpu():
             from .validate import validated_launch
