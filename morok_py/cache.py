@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from . import config
 from .codegen import launch_io   # here, not at the first hit: its import is part of `import morok_py`
@@ -174,6 +174,44 @@ def llvmlite_identity() -> str:
     # an unusual layout: ask the library itself (loads it)
     from .codegen.llvm_binding import llvm_binding
     return f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, llvm_binding().llvm_version_info))}"
+
+
+def environment_fingerprint() -> str:
+    """What decides where a toolchain library is found, cheaply: the interpreter, every sys.path
+    folder with its mtime (installing, upgrading or removing a package changes its folder), the
+    dynamic loader's cache and the search variables. One stat per folder."""
+    parts = [sys.executable, sys.prefix]
+    for p in [*sys.path, "/etc/ld.so.cache"]:
+        try:
+            parts.append(f"{p}:{os.stat(p or '.').st_mtime_ns}")
+        except OSError:
+            parts.append(f"{p}:-")
+    for var in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX", "ROCM_PATH", "HIP_PATH", "PATH"):
+        parts.append(f"{var}={os.environ.get(var, '')}")
+    return DiskCache.key(*parts)
+
+
+def remembered_path(what: str, find: Callable[[], str]) -> str:
+    """`find()` once per environment: finding a toolchain library can cost 50-150 ms (importing the
+    package that searches for it, or loading it), more than a whole disk-cache hit may take. The
+    answer is kept in the disk cache under `environment_fingerprint()` and used while that file
+    exists; the caller still identifies the file itself (`file_identity`), so a library replaced in
+    place changes the key."""
+    if not config.cache_enabled():
+        return find()
+    dc = DiskCache()
+    key = DiskCache.key(f"morok_py-{__version__}", DISK_FORMAT, "path", what, environment_fingerprint())
+    hit = dc.get(key)
+    if hit is not None:
+        try:
+            path = hit[0].decode("utf-8")
+        except UnicodeDecodeError:
+            path = ""
+        if path and os.path.isfile(path):
+            return path
+    path = find()
+    dc.put(key, path.encode("utf-8", "surrogateescape"), {"kind": "path", "what": what})
+    return path
 
 
 def compiler_identity(compiler: "Compiler") -> str:

@@ -4,6 +4,7 @@ LaunchInfo serializers the AST level stores."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import stat
 import subprocess
@@ -683,14 +684,16 @@ idents = {{c.cache_key: c.cache_identity() for r, c in compile_only_pairs({arch!
            if hasattr(c, "cache_identity")}}
 maps = open("/proc/self/maps").read()
 print(json.dumps({{"idents": idents, "llvm_binding": "llvmlite.binding" in sys.modules,
+                  "pathfinder": "cuda.pathfinder" in sys.modules,
                   "libs": sorted(l for l in ("libnvrtc", "libnvJitLink", "libllvmlite") if l in maps),
                   "lld_run": bool(getattr(sys.modules.get("morok_py.backends.rocm.compiler"), "_linker_cache", None))}}))
 """
 
 
-def _identities_in_a_fresh_process(backend: str, arch: str) -> dict:
-    code = IDENTITY_CHILD.format(backend=backend, arch=arch)
-    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
+def _identities_in_a_fresh_process(backend: str, arch: str, env: dict | None = None, preload: str = "") -> dict:
+    code = preload + IDENTITY_CHILD.format(backend=backend, arch=arch)
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True,
+                         env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -705,6 +708,57 @@ def test_cuda_cache_identities_load_no_library():
     assert not got["llvm_binding"] and got["libs"] == []
     assert "libnvrtc" in got["idents"]["nvrtc"] and "sm_90" in got["idents"]["nvrtc"]
     assert "libnvJitLink" in got["idents"]["llvm-nvptx"] and "libllvmlite" in got["idents"]["llvm-nvptx"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_cuda_library_paths_are_remembered_per_environment(tmp_path):
+    """Finding libnvrtc through cuda-pathfinder costs 20-80 ms of imports: the first fresh process
+    finds it and remembers the path; the next one neither imports cuda-pathfinder nor loads anything,
+    and names the same files. A copy already loaded in the process is asked about instead."""
+    pytest.importorskip("cuda.bindings", reason="the cuda extra is not installed")
+    from morok_py.backends.cuda.compiler import locate_library
+    if locate_library("nvrtc") is None or locate_library("nvJitLink") is None:
+        pytest.skip("NVRTC / nvJitLink are not in the pip wheels here: their identity loads them")
+    env = dict(os.environ, MOROK_CACHE_DIR=str(tmp_path / "c"))
+    env.pop("MOROK_CACHE", None)
+    first = _identities_in_a_fresh_process("cuda", "sm_90", env)
+    second = _identities_in_a_fresh_process("cuda", "sm_90", env)
+    assert first["pathfinder"] and not second["pathfinder"]
+    assert second["idents"] == first["idents"] and second["libs"] == []
+    # nvrtc already loaded (as torch or CuPy would): found where it is loaded from, same file here
+    path = re.search(r"(/[^:]*libnvrtc[^:/]*):", first["idents"]["nvrtc"]).group(1)
+    pre = f"import ctypes; ctypes.CDLL({path!r})\n"
+    third = _identities_in_a_fresh_process("cuda", "sm_90", env, preload=pre)
+    assert third["pathfinder"] and third["idents"] == first["idents"]
+
+
+def test_remembered_path_is_per_environment_and_checked(cache_dir, tmp_path, monkeypatch):
+    lib = tmp_path / "libthing.so"
+    lib.write_bytes(b"x")
+    calls = []
+
+    def find():
+        calls.append(1)
+        return str(lib)
+
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 1
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 1   # remembered
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))        # another environment: found again
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 2
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))        # so is another sys.path
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 3
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 3
+    lib.unlink()                                                # a remembered file that is gone
+    other = tmp_path / "libthing2.so"
+    other.write_bytes(b"y")
+    assert cache.remembered_path("t/libthing", lambda: str(other)) == str(other)
+    for meta in cache_dir.rglob("*.json"):                      # a corrupt entry: found again
+        meta.write_text("{not json")
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 4
+    monkeypatch.setenv("MOROK_CACHE", "0")                     # no disk cache: found every time
+    cache.remembered_path("t/libthing", find)
+    cache.remembered_path("t/libthing", find)
+    assert len(calls) == 6
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")

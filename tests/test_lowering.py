@@ -83,3 +83,59 @@ def test_index_bounds_are_known_for_every_access(cpu):
     spec = render(cpu, UOp.sink(out.store(r, x.load(r * 2 + 1))))
     _, _, bounds, _ = spec.launch.prepare({"n": 10})
     assert sorted(b[1:] for b in bounds) == [(False, 1, 19), (True, 0, 9)]
+
+
+def test_register_tile_lanes_keep_only_their_extreme_bounds_checks(cpu):
+    """Lanes x[base + c] of one buffer in the same loops keep the smallest and largest c: a tiled
+    matmul has hundreds, and each costs launch-check and cache-load time."""
+    from morok_py.codegen.lower import Access, merge_accesses
+    n = UOp.variable("n", 1, 100)
+    r = UOp.range(n, 0)
+    lanes = [Access(0, False, r * 8 + c, (r,)) for c in (3, 0, 7, 5)]
+    other = Access(0, True, r * 8 + 2, (r,))          # a store: its own group
+    scaled = [Access(1, False, (r + c) * 4, (r,)) for c in (2, 1, 6)]
+    merged = merge_accesses(lanes + [other] + scaled)
+    assert [(a.slot, a.store, a.index) for a in merged] == [
+        (0, False, r * 8 + 0), (0, False, r * 8 + 7), (0, True, r * 8 + 2), (1, False, (r + 1) * 4),
+        (1, False, (r + 6) * 4)]
+    assert [a.lanes for a in merged] == [3, 1, 1, 2, 1]        # every lane stays counted
+    assert merge_accesses(merged) == merged                    # merging again changes nothing
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "dense", "softmax", "sum_cols", "embedding"])
+def test_merged_bounds_checks_decide_as_the_full_set(cpu, monkeypatch, kernel):
+    """The merged checks give the same extremes per buffer as every access checked one by one, for
+    random variable values, and overflow is found by both."""
+    import random
+    from morok_py import kernels as K
+    from morok_py.codegen import lower as LW
+    from morok_py.errors import LaunchError
+    ast = K.named(kernel)
+    merged = render(cpu, ast, "m").launch
+    monkeypatch.setattr(LW, "merge_accesses", list)
+    full = render(cpu, ast, "f").launch
+    assert len(merged.accesses) <= len(full.accesses)
+    rng = random.Random(5)
+    outcomes = set()
+
+    def extremes(info, values):
+        out = {}
+        for b in info.prepare(values)[2]:
+            if b is not None:
+                lo, hi = out.get(b[:2], (b[2], b[3]))
+                out[b[:2]] = (min(lo, b[2]), max(hi, b[3]))
+        return out
+
+    for trial in range(30):
+        big = trial % 10 == 9
+        values = {v.name: rng.randint(v.min, min(v.max, 2**20 if big else 300)) for v in full.variables}
+        try:
+            want = extremes(full, values)
+        except LaunchError as e:
+            with pytest.raises(LaunchError, match="outside"):
+                extremes(merged, values)
+            outcomes.add("overflow")
+            continue
+        assert extremes(merged, values) == want, values
+        outcomes.add("checked")
+    assert "checked" in outcomes

@@ -1,6 +1,8 @@
 """llvmlite: parse, verify, optimize at O3 with the new pass manager, emit a host object file."""
 from __future__ import annotations
 
+import functools
+
 import re
 import threading
 
@@ -21,7 +23,10 @@ def llvm():
     return llvm_binding("CPU")
 
 
+@functools.lru_cache(maxsize=None)
 def host_cpu() -> tuple[str, str]:
+    """(name, features) of this host: asked once (building the feature string costs ~0.3 ms, paid by
+    every program load otherwise)."""
     b = llvm()
     return b.get_host_cpu_name(), b.get_host_cpu_features().flatten()
 

@@ -49,7 +49,8 @@ _ONE, _SPLIT, _TRIAL = "one thread", "split", "trial"
 
 
 def memory_accesses(info, values) -> int:
-    """Loads and stores a launch executes: per distinct access, the product of its loops' extents."""
+    """Loads and stores a launch executes: per distinct access, the product of its loops' extents
+    (times the lanes a merged bounds check stands for)."""
     from morok_py.codegen.symbolic import evaluate
     ends: dict[int, int] = {}
     total = 0
@@ -60,7 +61,7 @@ def memory_accesses(info, values) -> int:
             if e is None:
                 e = ends[id(r)] = max(0, evaluate(r.src[0], values))
             n *= e
-        total += n
+        total += n * a.lanes
     return total
 
 

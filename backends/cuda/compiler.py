@@ -9,11 +9,13 @@ nvidia-nvjitlink wheels, found through cuda-pathfinder.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
 import re
 import threading
 
-from morok_py.cache import file_identity, llvmlite_identity
+from morok_py.cache import file_identity, llvmlite_identity, remembered_path
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
@@ -71,12 +73,26 @@ def locate_library(name: str) -> str | None:
         return None
 
 
+def _loaded_by_name(soname: str) -> bool:
+    """Whether a library of this name is loaded in the process, from anywhere (RTLD_NOLOAD: never loads)."""
+    try:
+        ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return True
+    except OSError:
+        return False
+
+
 @functools.lru_cache(maxsize=None)
 def library_identity(name: str) -> str:
     """lib<name> for disk-cache keys: its file by path, size and mtime, located without loading it
     (loading libnvrtc costs 60-150 ms, more than a cache hit may take); loads it when that is the only
-    way to find it."""
-    path = locate_library(name) or load_library(name)
+    way to find it. Where it lives is remembered per environment (`remembered_path`): importing
+    cuda-pathfinder alone costs 20-80 ms."""
+    path = remembered_path(f"cuda/lib{name}", lambda: locate_library(name) or load_library(name))
+    if _loaded_by_name(os.path.basename(path)):
+        # a copy already in the process (torch, CuPy, ours) is the one loading would use, and it may
+        # not be the remembered file: ask cuda-pathfinder, as load_library will
+        path = locate_library(name) or load_library(name)
     try:
         return file_identity(path)
     except OSError:

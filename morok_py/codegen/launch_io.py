@@ -13,7 +13,7 @@ from ..ir import UOp, uops_from_json, uops_to_json
 from .linear import ParamInfo
 from .lower import Access, HiddenBuffer, LaunchInfo, Variable
 
-FORMAT = "morok-launch-2"
+FORMAT = "morok-launch-3"
 
 # every attribute a LaunchInfo has; `dump` refuses one with others (they would be lost silently)
 STORED = frozenset({"params", "variables", "dims", "local_size", "gpu", "accesses", "range_ends", "grid_max",
@@ -49,9 +49,9 @@ def dump(info: LaunchInfo) -> dict:
 
     nests: dict[tuple[int, ...], int] = {}     # distinct enclosing-range tuples: accesses share a few
     accesses: list = []
-    for a in info.accesses:                    # flat, 4 per access: a hit parses no list per access
+    for a in info.accesses:                    # flat, 5 per access: a hit parses no list per access
         nest = tuple(ref(r) for r in a.enclosing)
-        accesses += [a.slot, a.store, ref(a.index), nests.setdefault(nest, len(nests))]
+        accesses += [a.slot, a.store, ref(a.index), nests.setdefault(nest, len(nests)), a.lanes]
     out = {
         "format": FORMAT,
         "params": [[p.slot, p.dtype.name, p.read, p.written] for p in info.params],
@@ -134,19 +134,19 @@ def _load(d: Any) -> LaunchInfo:
         variables.append(Variable(_str(name), _int(lo), _int(hi)))
     nests = [tuple(refs(n)) for n in _list(d["nests"])]
     flat = _list(d["accesses"])
-    if len(flat) % 4:
-        raise LaunchIOError(f"the access list has {len(flat)} entries, not 4 per access")
+    if len(flat) % 5:
+        raise LaunchIOError(f"the access list has {len(flat)} entries, not 5 per access")
     accesses = []
-    for k in range(0, len(flat), 4):    # hundreds in a register-tiled matmul: kept lean
-        slot, store, idx, nest = flat[k:k + 4]
+    for k in range(0, len(flat), 5):    # hundreds in a register-tiled matmul: kept lean
+        slot, store, idx, nest, lanes = flat[k:k + 5]
         if type(slot) is not int or type(store) is not bool or type(idx) is not int or not 0 <= idx < n \
-                or type(nest) is not int or not 0 <= nest < len(nests):
-            raise LaunchIOError(f"bad access {flat[k:k + 4]!r}")
-        accesses.append(Access(slot, store, uops[idx], nests[nest]))
+                or type(nest) is not int or not 0 <= nest < len(nests) or type(lanes) is not int or lanes < 1:
+            raise LaunchIOError(f"bad access {flat[k:k + 5]!r}")
+        accesses.append(Access(slot, store, uops[idx], nests[nest], lanes))
     hidden = []
     for h in _list(d["hidden"]):
         dt, count = _list(h, 2)
         hidden.append(HiddenBuffer(dtypes.from_name(_str(dt)), _int(count)))
     return LaunchInfo(params, variables, refs(d["dims"]), _triple(d["local_size"]), _bool(d["gpu"]), accesses,
                       refs(d["range_ends"]), _triple(d["grid_max"]), group_per_item=_bool(d["group_per_item"]),
-                      hidden=hidden)
+                      hidden=hidden, merged=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..dtypes import DType, dtypes
@@ -66,6 +66,61 @@ class Access:
     store: bool
     index: UOp
     enclosing: tuple[UOp, ...]  # the ranges the access is nested in
+    lanes: int = 1              # the accesses of the kernel this check stands for (merge_accesses)
+
+
+def _offset_split(index: UOp) -> tuple[tuple, int]:
+    """(shape, c): `index` as a shape plus an integer offset c, the constant reached from the root
+    through ADDs and multiplications by constants (which scale it); (the node, None) when there is
+    none, or more than one."""
+    if index.op is Ops.CONST and index.dtype.is_int:
+        return ("const", index.dtype), index.arg
+    if index.op is Ops.ADD:
+        (ka, ca), (kb, cb) = _offset_split(index.src[0]), _offset_split(index.src[1])
+        if ca is not None and cb is None:
+            return ("add", index.dtype, ka, id(index.src[1])), ca
+        if cb is not None and ca is None:
+            return ("add", index.dtype, id(index.src[0]), kb), cb
+    if index.op is Ops.MUL:     # (x + c) * k is x * k shifted by c * k
+        for u, k in ((index.src[0], index.src[1]), (index.src[1], index.src[0])):
+            if k.op is Ops.CONST and k.dtype.is_int:
+                ku, cu = _offset_split(u)
+                if cu is not None:
+                    return ("mul", index.dtype, ku, k.arg), cu * k.arg
+    return id(index), None
+
+
+def merge_accesses(accesses: Sequence[Access]) -> list[Access]:
+    """The accesses the launch check must evaluate. Accesses of one buffer, in the same loops, whose
+    indices differ only in a constant added along a chain of ADDs and constant multiplications (the
+    lanes of a register tile: hundreds in a tiled matmul) keep the smallest and largest offset: every
+    node on that chain is an interval shifted by a multiple of the constant, so those two bound every
+    other one, intermediate overflow included. Order of first appearance is kept."""
+    groups: dict[tuple, list] = {}
+    order: list[tuple] = []
+    for a in accesses:
+        shape, c = _offset_split(a.index)
+        key = (a.slot, a.store, tuple(id(r) for r in a.enclosing), shape if c is not None else id(a.index))
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [c, a, c, a, a.lanes]
+            order.append(key)
+            continue
+        g[4] += a.lanes
+        if c is not None:
+            if c < g[0]:
+                g[0], g[1] = c, a
+            if c > g[2]:
+                g[2], g[3] = c, a
+    out = []
+    for key in order:
+        lo_c, lo_a, hi_c, hi_a, lanes = groups[key]
+        if hi_a is lo_a:
+            out.append(lo_a if lo_a.lanes == lanes else replace(lo_a, lanes=lanes))
+        else:   # the lanes stay counted (the CPU runtime weighs a launch by its accesses)
+            out.append(lo_a if lo_a.lanes == lanes - hi_a.lanes else replace(lo_a, lanes=lanes - hi_a.lanes))
+            out.append(hi_a)
+    return out
 
 
 class LaunchInfo:
@@ -74,7 +129,7 @@ class LaunchInfo:
     def __init__(self, params: list[ParamInfo], variables: list[Variable], dims: list[UOp],
                  local_size: tuple[int, int, int], gpu: bool, accesses: list[Access],
                  range_ends: list[UOp], grid_max: tuple[int, int, int], group_per_item: bool = False,
-                 hidden: Sequence[HiddenBuffer] = ()) -> None:
+                 hidden: Sequence[HiddenBuffer] = (), merged: bool = False) -> None:
         self.group_per_item = group_per_item
         self.hidden = tuple(hidden)     # kernel params after the caller's buffers (slots buf_count...)
         self.params = params
@@ -83,7 +138,7 @@ class LaunchInfo:
         self.dims = dims
         self.local_size = local_size
         self.gpu = gpu
-        self.accesses = accesses
+        self.accesses = list(accesses) if merged else merge_accesses(accesses)   # merged: read back
         self.range_ends = range_ends
         self.grid_max = grid_max
         self.buf_count = len(params)
