@@ -177,11 +177,21 @@ def llvmlite_identity() -> str:
 
 
 def environment_fingerprint() -> str:
-    """What decides where a toolchain library is found, cheaply: the interpreter, every sys.path
-    folder with its mtime (installing, upgrading or removing a package changes its folder), the
-    dynamic loader's cache and the search variables. One stat per folder."""
-    parts = [sys.executable, sys.prefix]
-    for p in [*sys.path, "/etc/ld.so.cache"]:
+    """What decides where a toolchain library is found, cheaply: the interpreter, sys.path, the
+    mtimes of the folders packages are installed in (installing, upgrading or removing one changes its
+    folder: site-packages, the user site, PYTHONPATH folders), the dynamic loader's cache and the
+    search variables. sys.path[0], the script's folder or the working directory, counts by name only:
+    its mtime changes whenever a file is saved beside the script."""
+    import site
+    parts = [sys.executable, sys.prefix, repr(sys.path)]
+    folders = list(sys.path[1:])
+    try:
+        folders += site.getsitepackages()
+    except AttributeError:      # an old virtualenv's site module
+        pass
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    for p in [*dict.fromkeys(folders), "/etc/ld.so.cache"]:
         try:
             parts.append(f"{p}:{os.stat(p or '.').st_mtime_ns}")
         except OSError:

@@ -745,20 +745,28 @@ def test_remembered_path_is_per_environment_and_checked(cache_dir, tmp_path, mon
     assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 1   # remembered
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))        # another environment: found again
     assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 2
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))        # so is another sys.path
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "script"), *sys.path, str(site_dir)])
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 3   # another sys.path
     assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 3
+    (tmp_path / "script").mkdir()                               # a file saved beside the script: the same
+    (tmp_path / "script" / "notes.txt").write_text("x")
     assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 3
+    (site_dir / "new_package").mkdir()                          # a package installed: found again
+    os.utime(site_dir, ns=(10**18, 10**18))
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 4
     lib.unlink()                                                # a remembered file that is gone
     other = tmp_path / "libthing2.so"
     other.write_bytes(b"y")
     assert cache.remembered_path("t/libthing", lambda: str(other)) == str(other)
     for meta in cache_dir.rglob("*.json"):                      # a corrupt entry: found again
         meta.write_text("{not json")
-    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 4
+    assert cache.remembered_path("t/libthing", find) == str(lib) and len(calls) == 5
     monkeypatch.setenv("MOROK_CACHE", "0")                     # no disk cache: found every time
     cache.remembered_path("t/libthing", find)
     cache.remembered_path("t/libthing", find)
-    assert len(calls) == 6
+    assert len(calls) == 7
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
