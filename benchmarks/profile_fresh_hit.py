@@ -29,6 +29,20 @@ if mode == "warm_driver":
     c2 = dev.compile(K.named("add"), name="warmup_other").compiled
     t2 = time.perf_counter()
 ast = K.named({kernel!r})
+pieces = {{}}
+if mode == "pieces":
+    # the steps of a hit, one by one, each paying its first-call cost here
+    from morok_py import cache as C
+    r, c = dev.renderer, dev.compiler
+    T = time.perf_counter
+    t = T(); ident = C.compiler_identity(c); pieces["compiler_identity"] = T() - t
+    t = T(); C.code_fingerprint(r, c); pieces["code_fingerprint"] = T() - t
+    t = T(); ast.key; pieces["ast.key"] = T() - t
+    t = T(); key = C.ast_key(r, c, ast, {name!r}); pieces["ast_key_rest"] = T() - t
+    t = T(); compiled = C.compile_ast(r, c, ast, {name!r}); pieces["compile_ast"] = T() - t
+    t = T(); prog = dev.runtime(compiled); pieces["load"] = T() - t
+    t = T(); prog2 = dev.runtime(compiled); pieces["load_again"] = T() - t
+    C.clear_memory_caches()
 pr = cProfile.Profile() if mode == "profile" else None
 t3 = time.perf_counter()
 if pr: pr.enable()
@@ -38,7 +52,8 @@ t4 = time.perf_counter()
 again = time.perf_counter(); dev.compile(ast, name={name!r}); again = time.perf_counter() - again
 from morok_py.cache import stats
 out = {{"mode": mode, "import_s": t1 - t0, "open_s": t2 - t1, "compile_s": t4 - t3, "again_s": again,
-        "ast_hits": stats.ast_hits, "renders": stats.renders, "disk_hits": stats.disk_hits}}
+        "ast_hits": stats.ast_hits, "renders": stats.renders, "disk_hits": stats.disk_hits,
+        "pieces_ms": {{k: round(v * 1e3, 3) for k, v in pieces.items()}}}}
 if pr:
     s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(35)
     out["profile"] = s.getvalue()
@@ -66,7 +81,7 @@ def main():
     for k in a.kernels.split(","):
         name = f"bench_{k}"
         print(f"== {k}: fill", json.dumps({x: y for x, y in child(a.device, k, name, "plain", cache).items()}))
-        for mode in ("plain", "plain", "warm_driver"):
+        for mode in ("plain", "plain", "warm_driver", "pieces", "pieces"):
             print(f"== {k}: {mode}", json.dumps(child(a.device, k, name, mode, cache)))
         for env in ({"CUDA_MODULE_LOADING": "EAGER"}, {"CUDA_MODULE_LOADING": "LAZY"}):
             print(f"== {k}: plain {env}", json.dumps(child(a.device, k, name, "plain", cache, env)))

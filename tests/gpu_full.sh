@@ -14,6 +14,8 @@ for b in kernels copies compile; do
     | tee "$OUT/bench_$b.log" | tail -25
   echo "$b.py exit: ${PIPESTATUS[0]}"
 done
+timeout 200 python3 benchmarks/profile_fresh_hit.py --device CUDA --kernels add,softmax,matmul \
+  > "$OUT/profile_fresh_hit.log" 2>&1; grep "== .*: \(plain\|pieces\)" "$OUT/profile_fresh_hit.log" | cut -c1-300
 tar czf "$FINAL_OUT/gpu.tgz" -C "$OUT" .
 cp "$OUT"/pytest_cuda.log "$FINAL_OUT/" 2>/dev/null
 ls -la "$OUT" "$FINAL_OUT"
