@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from ..dtypes import DType, dtypes
 from ..ir import AxisType, Ops, UOp
-from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
+from .linear import If, Instr, Item, L, LinearKernel, Loop
 from .symbolic import simplify
 
 if TYPE_CHECKING:
-    from .lower import Capabilities, LaunchInfo
+    from .lower import Capabilities, KernelScan, LaunchInfo
 
 PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
                       # filled along k, and rows stay 16-byte aligned for vector reads
@@ -57,6 +57,7 @@ class _Plan:
     b: UOp | None
     units: dict[UOp, str]            # staged sub-expression of f -> 'A' | 'B' | 'K' | 'I' | 'J' | 'S'
     tile: tuple[int, int, int, int, int]
+    scan: "KernelScan"               # the kernel's params, variables, ranges and index arithmetic
     fast: dict[UOp, str] = field(default_factory=dict)   # A/B unit -> 'k' or 'w': contiguous index
 
 
@@ -89,11 +90,11 @@ def _stage(f: UOp, i: UOp, j: UOp, k: UOp, b: UOp | None) -> dict[UOp, str] | No
 
 def _role_candidates(globals_: list[UOp], out_idx: UOp) -> list[tuple[UOp, UOp, UOp | None]]:
     """(i, j, b) assignments to try: j is the output's contiguous range where there is one."""
-    from .lower import _x_coeff
+    from .lower import x_coefficient
     out = []
     for b in ([None] if len(globals_) == 2 else globals_):
         rest = [r for r in globals_ if r is not b]
-        unit = [r for r in rest if _x_coeff(out_idx, r) == 1]
+        unit = [r for r in rest if x_coefficient(out_idx, r) == 1]
         j = unit[-1] if unit else rest[-1]
         i = next(r for r in rest if r is not j)
         out.append((i, j, b))
@@ -121,19 +122,8 @@ def _valid_tile(tile: tuple[int, int, int, int, int], caps: "Capabilities") -> b
     return threads <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
-def _well_formed(nodes: list[UOp], ranges: set[UOp]) -> bool:
-    """Params numbered 0..n-1 with one dtype each, one bound per variable name, one range per axis,
-    range ends of variables and constants only."""
-    params = {(n.arg, n.dtype) for n in nodes if n.op is Ops.PARAM}
-    slots = sorted(s for s, _ in params)      # a slot with two dtypes is listed twice
-    names = [n.arg[0] for n in nodes if n.op is Ops.DEFINE_VAR]
-    return (slots == list(range(len(slots))) and len(set(names)) == len(names)
-            and len({r.axis for r in ranges}) == len(ranges)
-            and not any(u.op in (Ops.RANGE, Ops.LOAD) for r in ranges for u in r.src[0].toposort()))
-
-
-def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
-    from .lower import _x_coeff
+def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None") -> _Plan | None:
+    from .lower import scan_kernel, x_coefficient
     if len(ast.src) != 1:
         return None
     store = ast.src[0]
@@ -148,8 +138,13 @@ def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
     globals_ = sorted((r for r in ranges if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
     if ranges != set(globals_) | {k} or len(globals_) not in (2, 3) or store.free_ranges != frozenset(globals_):
         return None
-    if not _well_formed(nodes, ranges):
-        return None   # the general path reports what is wrong
+    if scan is None:
+        try:
+            scan = scan_kernel(ast)
+        except ValueError:
+            return None   # the general path reports what is wrong
+    if any(u.op is Ops.RANGE for r in ranges for u in r.src[0].toposort()):
+        return None   # a range end that reduces over another range
     if any(n.op is Ops.LOAD for n in out_idx.toposort()):
         return None
     f = red.src[0]
@@ -165,12 +160,13 @@ def _plan(ast: UOp, caps: "Capabilities") -> _Plan | None:
         tile = _choose_tile(caps, i.src[0], j.src[0])
         if tile is None or not _valid_tile(tile, caps):
             return None
-        plan = _Plan(store, red, i, j, k, b, units, tile)
+        plan = _Plan(store, red, i, j, k, b, units, tile, scan)
         for u, kind in units.items():
             if kind in "AB":   # fill the tile along k where its loads are contiguous in k only
                 w = i if kind == "A" else j
                 idxs = [n.src[1] for n in u.toposort() if n.op is Ops.LOAD]
-                along_k = any(_x_coeff(x, k) == 1 for x in idxs) and not any(_x_coeff(x, w) == 1 for x in idxs)
+                along_k = (any(x_coefficient(x, k) == 1 for x in idxs)
+                           and not any(x_coefficient(x, w) == 1 for x in idxs))
                 plan.fast[u] = "k" if along_k else "w"
         return plan
     return None
@@ -210,20 +206,9 @@ class _Builder:
         self.ast, self.caps, self.name, self.p = ast, caps, name, plan
         self.next_id = 0
         self.leaves: dict[tuple, Instr] = {}
-        nodes = ast.toposort()
         # integer nodes of load/store indices and range ends may be printed with nsw (the launch check
         # proves them in range); arithmetic above a load is data, not proven (as in the general path)
-        above_load: set[int] = set()
-        for n in nodes:
-            if n.op is Ops.LOAD or any(id(s) in above_load for s in n.src):
-                above_load.add(id(n))
-        self.index_nodes: set[int] = set()
-        for n in nodes:
-            if n.op in (Ops.LOAD, Ops.STORE):
-                self.index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
-            if n.op is Ops.RANGE:
-                self.index_nodes.update(id(u) for u in n.src[0].toposort())
-        self.index_nodes -= above_load
+        self.index_nodes = plan.scan.index_nodes
 
     # instructions ---------------------------------------------------------------------------
     def new(self, kind: L, dtype: DType | None, src=(), arg=None) -> Instr:
@@ -278,7 +263,7 @@ class _Builder:
 
     # the kernel -------------------------------------------------------------------------------
     def build(self) -> "tuple[LinearKernel, LaunchInfo] | None":
-        from .lower import _identity
+        from .lower import reduce_identity
         p = self.p
         BM, BN, BK, TM, TN = p.tile
         MT, NT = BM // TM, BN // TN          # work-items along rows and columns
@@ -320,7 +305,7 @@ class _Builder:
         if sum(t.smem.arg * t.smem.dtype.itemsize for t in self.tiles) > SMEM_LIMIT:
             return None
         red = p.red
-        ident = _identity(red.dtype, red.arg)
+        ident = reduce_identity(red.dtype, red.arg)
         self.accs = [[self.new(L.ACC, red.dtype, (), ident) for _ in range(TN)] for _ in range(TM)]
         top.extend(a for row in self.accs for a in row)
         self.first = {"A": self.op(top, Ops.MUL, ty, self.c(VM)), "B": self.op(top, Ops.MUL, tx, self.c(VN))}
@@ -348,26 +333,10 @@ class _Builder:
 
     def finish(self, body: list[Item]) -> "tuple[LinearKernel, LaunchInfo]":
         """The kernel and its launch information, built the way the general path builds them."""
-        from .lower import Access, LaunchInfo, Variable
+        from .lower import Access, LaunchInfo
         p = self.p
         BM, BN = p.tile[:2]
-        params: dict[int, UOp] = {}
-        variables: dict[str, UOp] = {}
-        reads, writes = set(), set()
-        ranges: dict[int, UOp] = {}
-        for n in self.ast.toposort():
-            if n.op is Ops.PARAM:
-                params[n.arg] = n
-            elif n.op is Ops.DEFINE_VAR:
-                variables[n.arg[0]] = n
-            elif n.op is Ops.RANGE:
-                ranges[n.axis] = n
-            elif n.op is Ops.LOAD:
-                reads.add(n.src[0].arg)
-            elif n.op is Ops.STORE:
-                writes.add(n.src[0].arg)
-        pinfo = [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)]
-        var_list = [Variable(*variables[v].arg) for v in sorted(variables)]
+        pinfo, var_list, ranges = p.scan.params, p.scan.variables, p.scan.ranges
         # one bounds check per load of f (inside the reduce: skipped when it has no iterations, as in the
         # general path), per load of g and for the store (always checked)
         red = p.red
@@ -526,11 +495,13 @@ class _Builder:
                 blk.append(self.new(L.STORE, None, (self.expr(buf, env, blk, memo), ix, v)))
 
 
-def tile_contraction(ast: "UOp", caps: "Capabilities", name: str) -> "tuple[LinearKernel, LaunchInfo] | None":
-    """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big)."""
+def tile_contraction(ast: "UOp", caps: "Capabilities", name: str,
+                     scan: "KernelScan | None" = None) -> "tuple[LinearKernel, LaunchInfo] | None":
+    """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).
+    `scan`: `lower`'s scan_kernel(ast), when it has one."""
     if caps.matmul_tile is None or not caps.has_local or not caps.has_shared:
         return None
-    plan = _plan(ast, caps)
+    plan = _plan(ast, caps, scan)
     if plan is None:
         return None
     return _Builder(ast, caps, name, plan).build()

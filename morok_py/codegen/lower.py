@@ -123,6 +123,71 @@ def merge_accesses(accesses: Sequence[Access]) -> list[Access]:
     return out
 
 
+@dataclass
+class KernelScan:
+    """What both lowering paths (the general one and gpu_tile's) know of a kernel AST before emitting
+    anything: its buffers, variables and ranges, checked well-formed, and its index arithmetic."""
+
+    nodes: list[UOp]                        # the AST, sources first
+    params: list[ParamInfo]                 # by slot
+    variables: list[Variable]               # by name
+    ranges: dict[int, UOp]                  # axis -> range, in order of first appearance
+    loads_from: dict[int, frozenset[int]]   # id(node) -> slots of the loads it depends on (none: absent)
+    index_nodes: set[int]                   # ids of the integer nodes of indices and range ends that
+                                            # depend on no load: the launch check proves them in range
+
+
+def scan_kernel(ast: UOp) -> KernelScan:
+    """One pass over `ast`; ValueError for a kernel no lowering can take (a param slot missing or with
+    two dtypes, a variable with two bounds, an axis with two ranges, a range end that is not a
+    function of variables and constants)."""
+    nodes = ast.toposort()
+    params: dict[int, UOp] = {}
+    variables: dict[str, UOp] = {}
+    ranges: dict[int, UOp] = {}
+    reads, writes = set(), set()
+    loads_from: dict[int, frozenset[int]] = {}
+    for n in nodes:
+        if n.op is Ops.PARAM:
+            if n.arg in params and params[n.arg] is not n:
+                raise ValueError(f"param slot {n.arg} is declared with two dtypes: "
+                                 f"{params[n.arg].dtype.name} and {n.dtype.name}")
+            params[n.arg] = n
+        elif n.op is Ops.DEFINE_VAR:
+            if n.arg[0] in variables and variables[n.arg[0]] is not n:
+                raise ValueError(f"variable {n.arg[0]!r} is declared twice with different bounds")
+            variables[n.arg[0]] = n
+        elif n.op is Ops.RANGE:
+            if n.axis in ranges and ranges[n.axis] is not n:
+                raise ValueError(f"axis {n.axis} is used by two different ranges")
+            ranges[n.axis] = n
+            if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
+                raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
+        elif n.op is Ops.LOAD:
+            reads.add(n.src[0].arg)
+        elif n.op is Ops.STORE:
+            writes.add(n.src[0].arg)
+        loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
+        for src in n.src:
+            loads |= loads_from.get(id(src), frozenset())
+        if loads:
+            loads_from[id(n)] = loads
+    if sorted(params) != list(range(len(params))):
+        raise ValueError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
+    index_nodes: set[int] = set()
+    for n in nodes:
+        if n.op in (Ops.LOAD, Ops.STORE):
+            index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
+        if n.op is Ops.RANGE:
+            index_nodes.update(id(u) for u in n.src[0].toposort())
+    # loads inside an index are data: arithmetic above a load is not proven overflow-free
+    index_nodes.difference_update(loads_from)
+    return KernelScan(nodes,
+                      [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)],
+                      [Variable(*variables[k].arg) for k in sorted(variables)],
+                      ranges, loads_from, index_nodes)
+
+
 class LaunchInfo:
     """Everything a launch needs beyond the binary: launch sizes and bounds checks per values."""
 
@@ -499,7 +564,7 @@ class _Lowerer:
         ranges = sorted(nodes[0].src[1:], key=lambda r: r.axis)
         accs = []
         for node in nodes:
-            acc = self.new(L.ACC, node.dtype, (), _identity(node.dtype, node.arg))
+            acc = self.new(L.ACC, node.dtype, (), reduce_identity(node.dtype, node.arg))
             self.place(acc, chain, depth)
             accs.append(acc)
         inner = chain[:depth + 1]
@@ -639,52 +704,11 @@ class _Lowerer:
                 del sc.memo[k]
 
     # driver -------------------------------------------------------------------------------
-    def run(self) -> tuple[LinearKernel, LaunchInfo]:
+    def run(self, scan: KernelScan) -> tuple[LinearKernel, LaunchInfo]:
         ast, caps = self.ast, self.caps
-        nodes = ast.toposort()
-        params: dict[int, UOp] = {}
-        variables: dict[str, UOp] = {}
-        ranges: dict[int, UOp] = {}
-        reads, writes = set(), set()
-        for n in nodes:
-            if n.op is Ops.PARAM:
-                if n.arg in params and params[n.arg] is not n:
-                    raise ValueError(f"param slot {n.arg} is declared with two dtypes: "
-                                     f"{params[n.arg].dtype.name} and {n.dtype.name}")
-                params[n.arg] = n
-            elif n.op is Ops.DEFINE_VAR:
-                if n.arg[0] in variables and variables[n.arg[0]] is not n:
-                    raise ValueError(f"variable {n.arg[0]!r} is declared twice with different bounds")
-                variables[n.arg[0]] = n
-            elif n.op is Ops.RANGE:
-                if n.axis in ranges and ranges[n.axis] is not n:
-                    raise ValueError(f"axis {n.axis} is used by two different ranges")
-                ranges[n.axis] = n
-                if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
-                    raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
-            elif n.op is Ops.LOAD:
-                reads.add(n.src[0].arg)
-                self.loaded_slots.add(n.src[0].arg)
-            elif n.op is Ops.STORE:
-                writes.add(n.src[0].arg)
-            loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
-            for src in n.src:
-                loads |= self.loads_from.get(id(src), frozenset())
-            if loads:
-                self.loads_from[id(n)] = loads
-        if sorted(params) != list(range(len(params))):
-            raise ValueError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
-        for n in nodes:
-            if n.op in (Ops.LOAD, Ops.STORE):
-                self.index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
-            if n.op is Ops.RANGE:
-                self.index_nodes.update(id(u) for u in n.src[0].toposort())
-        # loads inside an index are data: arithmetic above a load is not proven overflow-free
-        for n in nodes:
-            if n.op is Ops.LOAD or id(n) in self.loads_from:
-                self.index_nodes.discard(id(n))
-        pinfo = [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)]
-        var_list = [Variable(*variables[k].arg) for k in sorted(variables)]
+        self.loads_from, self.index_nodes = scan.loads_from, scan.index_nodes
+        pinfo, var_list, ranges = scan.params, scan.variables, scan.ranges
+        self.loaded_slots = {p.slot for p in pinfo if p.read}
         globals_ = sorted((r for r in ranges.values() if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
 
         body: list[Item] = []
@@ -801,7 +825,7 @@ class _Lowerer:
         scope = _Scope(last.body, None, last)
         chain = chain + [scope]
         self.min_depth = len(chain) - 1
-        accs = [self.new(L.ACC, r.dtype, (), _identity(r.dtype, r.arg)) for r in reds]
+        accs = [self.new(L.ACC, r.dtype, (), reduce_identity(r.dtype, r.arg)) for r in reds]
         scope.items.extend(accs)
         loop = Loop(self.new(L.LOOPVAR, idx), self.lid, n_groups, AxisType.REDUCE, step=gsize)
         for acc, buf, r in zip(accs, scratch, reds):
@@ -831,8 +855,8 @@ class _Lowerer:
         if len(_store_groups(stores, self.loads_from)) != 1 or any(x not in st.free_ranges for st in stores):
             return None
         ok = lambda dt: dt is not None and dt.name in _VECTOR_DTYPES  # noqa: E731
-        loads = [n for n in ast.toposort() if n.op is Ops.LOAD and ok(n.dtype) and _x_coeff(n.src[1], x) == 1]
-        vstores = [st for st in stores if ok(st.src[2].dtype) and _x_coeff(st.src[1], x) == 1]
+        loads = [n for n in ast.toposort() if n.op is Ops.LOAD and ok(n.dtype) and x_coefficient(n.src[1], x) == 1]
+        vstores = [st for st in stores if ok(st.src[2].dtype) and x_coefficient(st.src[1], x) == 1]
         if not loads and not vstores:
             return None
         return x, w, loads, vstores
@@ -1083,31 +1107,32 @@ GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this m
 _VECTOR_DTYPES = ("float32", "int32", "uint32")
 
 
-def _x_coeff(index: UOp, x: UOp) -> int | None:
-    """c when index == c*x + (terms free of x), else None."""
+def x_coefficient(index: UOp, x: UOp) -> int | None:
+    """c when index == c*x + (terms free of x), else None. (Shared with gpu_tile.)"""
     if index is x:
         return 1
     if x not in index.free_ranges:
         return 0
     op = index.op
     if op in (Ops.ADD, Ops.SUB):
-        a, b = _x_coeff(index.src[0], x), _x_coeff(index.src[1], x)
+        a, b = x_coefficient(index.src[0], x), x_coefficient(index.src[1], x)
         if a is None or b is None:
             return None
         return a + b if op is Ops.ADD else a - b
     if op is Ops.MUL:
         for v, c in (index.src, index.src[::-1]):
             if c.op is Ops.CONST:
-                a = _x_coeff(v, x)
+                a = x_coefficient(v, x)
                 return None if a is None else a * int(c.arg)
         return None
     if op is Ops.NEG:
-        a = _x_coeff(index.src[0], x)
+        a = x_coefficient(index.src[0], x)
         return None if a is None else -a
     return None
 
 
-def _identity(dt: DType, op: Ops):
+def reduce_identity(dt: DType, op: Ops):
+    """The value a reduction's accumulator starts from. (Shared with gpu_tile.)"""
     ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
     if dt.is_float:
         return float(ident)
@@ -1165,9 +1190,10 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         ast = simplify(register_tile(ast, caps.register_tile))
     if ast.op is not Ops.SINK:
         raise TypeError("decomposition must keep the SINK root")
+    scan = scan_kernel(ast)
     if caps.matmul_tile is not None and caps.has_shared:
         from .gpu_tile import tile_contraction
-        tiled = tile_contraction(ast, caps, name)
+        tiled = tile_contraction(ast, caps, name, scan)
         if tiled is not None:
             return tiled
-    return _Lowerer(ast, caps, name).run()
+    return _Lowerer(ast, caps, name).run(scan)
