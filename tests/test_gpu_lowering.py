@@ -61,7 +61,9 @@ def test_full_reduction_is_split_over_groups_with_hidden_scratch(pair):
     assert info.buf_count == 2                     # the caller still passes x and out only
     per_group = r.caps.default_group * 4
     for n, groups in [(1, 1), (per_group, 1), (per_group + 1, 2), (10**6, -(-10**6 // per_group)),
-                      (2**28, GRID_REDUCE_GROUPS), (2**31 - 1, GRID_REDUCE_GROUPS)]:
+                      (2**28, GRID_REDUCE_GROUPS),
+                      # the largest n whose grid-strided loop counter cannot wrap (test_loop_counters.py)
+                      (2**31 - GRID_REDUCE_GROUPS * r.caps.default_group, GRID_REDUCE_GROUPS)]:
         gs, ls = info.launch_dims({"n": n})
         assert gs == (groups, 1, 1) and ls == (r.caps.default_group, 1, 1), n
     out = c.compile(spec)

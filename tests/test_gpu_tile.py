@@ -19,7 +19,7 @@ from morok_py import AxisType, Ops, UOp, dtypes, kernels as K
 from morok_py.codegen import gpu_tile
 from morok_py.codegen.symbolic import simplify
 from morok_py.codegen.linear import If, L, Loop
-from morok_py.codegen.lower import Capabilities, lower
+from morok_py.codegen.lower import Capabilities, Variable, lower, scan_kernel
 from morok_py.dtypes import from_numpy
 
 import linear_interp as LI
@@ -145,6 +145,21 @@ def test_malformed_kernels_are_left_to_the_general_path_which_reports_them():
         assert tile_contraction(ast, caps(), "mm") is None
         with pytest.raises(ValueError):
             lower(ast, caps(), "mm")
+
+
+def test_tiled_and_general_paths_share_one_kernel_scan():
+    """`lower` scans the kernel once and hands the scan to the tiled path; without one it scans itself:
+    the same params, variables and range ends either way, and those of the general path."""
+    ast = simplify(contraction(MUL, M=var("M"), N=37, Kd=var("K")))
+    scan = scan_kernel(ast)
+    given, own = gpu_tile.tile_contraction(ast, caps(), "mm", scan), gpu_tile.tile_contraction(ast, caps(), "mm")
+    assert given[0].dump() == own[0].dump()
+    _, general = lower(ast, dataclasses.replace(CAPS, matmul_tile=None), "mm")
+    for info in (given[1], own[1]):
+        assert info.params == general.params == scan.params
+        assert info.variables == general.variables == scan.variables == [Variable("K", 1, 1 << 20),
+                                                                         Variable("M", 1, 1 << 20)]
+        assert [r.key for r in info.range_ends] == [r.key for r in general.range_ends]
 
 
 def test_small_constant_extents_use_the_general_path_or_a_smaller_tile():

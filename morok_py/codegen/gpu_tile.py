@@ -263,7 +263,7 @@ class _Builder:
 
     # the kernel -------------------------------------------------------------------------------
     def build(self) -> "tuple[LinearKernel, LaunchInfo] | None":
-        from .lower import reduce_identity
+        from .lower import SteppedLoop, reduce_identity
         p = self.p
         BM, BN, BK, TM, TN = p.tile
         MT, NT = BM // TM, BN // TN          # work-items along rows and columns
@@ -320,6 +320,9 @@ class _Builder:
         # full tiles: k0 = 0, BK, ..., k_full - BK
         k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        # its last step reaches k_full <= K: it cannot wrap, but it is checked like every stepped loop
+        Ke = p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
         work.append(main)
         self.k_step(main.body, main.var, None, self.c(BK))
         main.body.append(self.new(L.BARRIER, None))   # every tile is read before the next fill
@@ -350,7 +353,8 @@ class _Builder:
         kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
                               thread_split=False, gpu=True)
         info = LaunchInfo(pinfo, var_list, dims, local, True, accesses,
-                          [r.src[0] for r in ranges.values()], self.caps.grid_max, group_per_item=True)
+                          [r.src[0] for r in ranges.values()], self.caps.grid_max, group_per_item=True,
+                          stepped_loops=self.stepped)
         return kernel, info
 
     def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:

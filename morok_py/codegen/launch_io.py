@@ -11,13 +11,13 @@ from typing import Any
 from ..dtypes import dtypes
 from ..ir import UOp, uops_from_json, uops_to_json
 from .linear import ParamInfo
-from .lower import Access, HiddenBuffer, LaunchInfo, Variable
+from .lower import Access, HiddenBuffer, LaunchInfo, SteppedLoop, Variable
 
-FORMAT = "morok-launch-3"
+FORMAT = "morok-launch-4"
 
 # every attribute a LaunchInfo has; `dump` refuses one with others (they would be lost silently)
 STORED = frozenset({"params", "variables", "dims", "local_size", "gpu", "accesses", "range_ends", "grid_max",
-                    "group_per_item", "hidden"})
+                    "group_per_item", "hidden", "stepped_loops"})
 RECORD_FIELDS = STORED | {"format", "uops", "nests"}
 DERIVED = frozenset({"var_names", "buf_count", "symbolic"})     # recomputed by LaunchInfo.__init__
 INTERNAL = frozenset({"_cache", "_lock"})
@@ -65,6 +65,9 @@ def dump(info: LaunchInfo) -> dict:
         "grid_max": list(info.grid_max),
         "group_per_item": info.group_per_item,
         "hidden": [[h.dtype.name, h.count] for h in info.hidden],
+        # [end, step, start]: UOp references, start null where the work-items start at every value in [0, step)
+        "stepped_loops": [[ref(lp.end), ref(lp.step), None if lp.start is None else ref(lp.start)]
+                          for lp in info.stepped_loops],
     }
     try:
         out["uops"] = uops_to_json(roots)
@@ -147,6 +150,11 @@ def _load(d: Any) -> LaunchInfo:
     for h in _list(d["hidden"]):
         dt, count = _list(h, 2)
         hidden.append(HiddenBuffer(dtypes.from_name(_str(dt)), _int(count)))
+    stepped = []
+    for lp in _list(d["stepped_loops"]):
+        end, step, start = _list(lp, 3)
+        end_u, step_u = refs([end, step])
+        stepped.append(SteppedLoop(end_u, step_u, None if start is None else refs([start])[0]))
     return LaunchInfo(params, variables, refs(d["dims"]), _triple(d["local_size"]), _bool(d["gpu"]), accesses,
                       refs(d["range_ends"]), _triple(d["grid_max"]), group_per_item=_bool(d["group_per_item"]),
-                      hidden=hidden, merged=True)
+                      hidden=hidden, merged=True, stepped_loops=stepped)

@@ -69,6 +69,53 @@ class Access:
     lanes: int = 1              # the accesses of the kernel this check stands for (merge_accesses)
 
 
+@dataclass(frozen=True)
+class SteppedLoop:
+    """A loop `for (i = start; i < end; i += step)` of the kernel (32-bit index type) whose step may be
+    more than 1, for the launch check: the counter's last `i += step` must not pass the type's maximum
+    (with `add nsw` / C `int` the overflow is undefined: in practice an endless or out-of-bounds loop).
+
+    `start` None: the work-items start at every value in [0, step) (group- and grid-strided loops), so
+    one of them runs i = end - 1 and its last step computes end - 1 + step. A UOp: every work-item
+    starts there, and the last step computes start + ceil((end - start) / step) * step. A loop with no
+    iteration (end <= start) steps never. `end` and `step` are expressions of the variables, evaluated
+    as the kernel computes them."""
+
+    end: UOp
+    step: UOp
+    start: UOp | None = None
+
+    def peak(self, values: Mapping[str, int]) -> int | None:
+        """The largest value the counter takes (its last step) for these values; None: no iteration."""
+        end, step = evaluate(self.end, values), evaluate(self.step, values)
+        if step < 1:
+            raise LaunchError(f"a loop up to {_describe(self.end, values)} steps by {step}: it would never end")
+        if self.start is None:
+            return end - 1 + step if end > 0 else None
+        start = evaluate(self.start, values)
+        return start + -(-(end - start) // step) * step if end > start else None
+
+
+def _describe(size: UOp, values: Mapping[str, int]) -> str:
+    """A size expression for an error message: 'n*m = 4294967296 (n=65536, m=65536)'."""
+    def text(u: UOp) -> str:
+        if u.op is Ops.CONST:
+            return str(u.arg)
+        if u.op is Ops.DEFINE_VAR:
+            return u.arg[0]
+        infix = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"}
+        if u.op in infix and len(u.src) == 2:
+            return f"({text(u.src[0])}{infix[u.op]}{text(u.src[1])})"
+        return f"{u.op.name.lower()}({', '.join(text(x) for x in u.src)})"
+    t = text(size)
+    if size.op is Ops.CONST:
+        return t
+    t = t[1:-1] if t.startswith("(") and t.endswith(")") else t
+    names = sorted({u.arg[0] for u in size.toposort() if u.op is Ops.DEFINE_VAR})
+    given = "" if size.op is Ops.DEFINE_VAR else f" ({', '.join(f'{n}={values[n]}' for n in names)})"
+    return f"{t} = {evaluate(size, values)}{given}"
+
+
 def _offset_split(index: UOp) -> tuple[tuple, int]:
     """(shape, c): `index` as a shape plus an integer offset c, the constant reached from the root
     through ADDs and multiplications by constants (which scale it); (the node, None) when there is
@@ -194,7 +241,8 @@ class LaunchInfo:
     def __init__(self, params: list[ParamInfo], variables: list[Variable], dims: list[UOp],
                  local_size: tuple[int, int, int], gpu: bool, accesses: list[Access],
                  range_ends: list[UOp], grid_max: tuple[int, int, int], group_per_item: bool = False,
-                 hidden: Sequence[HiddenBuffer] = (), merged: bool = False) -> None:
+                 hidden: Sequence[HiddenBuffer] = (), merged: bool = False,
+                 stepped_loops: Sequence[SteppedLoop] = ()) -> None:
         self.group_per_item = group_per_item
         self.hidden = tuple(hidden)     # kernel params after the caller's buffers (slots buf_count...)
         self.params = params
@@ -205,6 +253,7 @@ class LaunchInfo:
         self.gpu = gpu
         self.accesses = list(accesses) if merged else merge_accesses(accesses)   # merged: read back
         self.range_ends = range_ends
+        self.stepped_loops = tuple(stepped_loops)   # every loop of the kernel with a step (see prepare)
         self.grid_max = grid_max
         self.buf_count = len(params)
         self._cache: dict[tuple, tuple] = {}
@@ -266,9 +315,21 @@ class LaunchInfo:
         else:
             global_size, local_size = (max(0, extents[0]) if extents else 1, 1, 1), (1, 1, 1)
         bounds = tuple(self._bounds(a, values, range_end) for a in self.accesses)
+        # 32-bit loop counters never wrap. The kernel computes every range end in the index type, so
+        # each node of each end must fit it (an end no checked index uses is not seen by _bounds). A
+        # loop stepping by 1 is then safe: its body runs with i < end <= the type's maximum, so i + 1
+        # cannot wrap. A loop stepping by more can: its last step must stay within the type too.
+        hi = dtypes.index.max()
         work = 1
         for r in self.range_ends:
+            _checked_intervals(r, values, range_end, lambda: f"the loop end {_describe(r, values)}")
             work *= max(1, evaluate(r, values))
+        for lp in self.stepped_loops:
+            peak = lp.peak(values)
+            if peak is not None and peak > hi:
+                raise LaunchError(f"the loop up to {_describe(lp.end, values)} in steps of {evaluate(lp.step, values)}: "
+                                  f"the end plus the loop step passes the 32-bit counter limit {hi} (its last step "
+                                  f"reaches {peak}); use smaller sizes")
         out = (global_size, local_size, bounds, work)
         with self._lock:
             if len(self._cache) > 4096:
@@ -280,17 +341,8 @@ class LaunchInfo:
         for r in a.enclosing:
             if range_end(r) <= 0:
                 return None  # the access sits in a loop with no iterations
-        memo: dict[int, tuple] = {}
-        lo_lim, hi_lim = dtypes.index.min(), dtypes.index.max()
-        for node in a.index.toposort():
-            iv = interval_of(node, [memo[id(s)] for s in node.src], values, range_end)
-            if node.dtype is dtypes.index and (iv[0] < lo_lim or iv[1] > hi_lim) and node.op is not Ops.LOAD \
-                    and not (node.op is Ops.CAST and not node.src[0].dtype.is_int):
-                raise LaunchError(
-                    f"index arithmetic of the {'store to' if a.store else 'load from'} buffer {a.slot} reaches "
-                    f"[{iv[0]}, {iv[1]}], outside {dtypes.index.name}; use smaller sizes")
-            memo[id(node)] = iv
-        lo, hi = memo[id(a.index)]
+        lo, hi = _checked_intervals(a.index, values, range_end, lambda: (
+            f"index arithmetic of the {'store to' if a.store else 'load from'} buffer {a.slot}"))
         return (a.slot, a.store, lo, hi)
 
     def check_sizes(self, bounds, sizes: Sequence[int]) -> None:
@@ -307,6 +359,21 @@ class LaunchInfo:
         vals = self.values_from(values if values is not None else {})
         gs, ls, _, _ = self.prepare(vals)
         return gs, ls
+
+
+def _checked_intervals(root: UOp, values: Mapping[str, int], range_end: Callable[[UOp], int],
+                       what: Callable[[], str]) -> tuple:
+    """The interval of `root` for these values; LaunchError (naming `what`) when a node of index type
+    leaves the type. Loads and casts from floats are data, not index arithmetic: not checked."""
+    memo: dict[int, tuple] = {}
+    lo_lim, hi_lim = dtypes.index.min(), dtypes.index.max()
+    for node in root.toposort():
+        iv = interval_of(node, [memo[id(s)] for s in node.src], values, range_end)
+        if node.dtype is dtypes.index and (iv[0] < lo_lim or iv[1] > hi_lim) and node.op is not Ops.LOAD \
+                and not (node.op is Ops.CAST and not node.src[0].dtype.is_int):
+            raise LaunchError(f"{what()} reaches [{iv[0]}, {iv[1]}], outside {dtypes.index.name}; use smaller sizes")
+        memo[id(node)] = iv
+    return memo[id(root)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +413,9 @@ class _Lowerer:
         self.loaded_slots: set[int] = set()
         self.group_size = 1
         self.lid: Instr | None = None
-        self.dist: tuple[Instr, Instr] | None = None   # grid mode: (start, step) of the distributed loop
+        self.dist: tuple[Instr, Instr, UOp] | None = None   # grid mode: the distributed loop's start and step
+                                                           # (and the step as an expression of the sizes)
+        self.stepped: list[SteppedLoop] = []           # every loop with a step, for the launch check
         self.hidden: list[HiddenBuffer] = []
         self.hidden_params: list[ParamInfo] = []
         self.access_keys: set[tuple] = set()
@@ -523,10 +592,13 @@ class _Lowerer:
     def open_loop(self, rng: UOp, chain: list[_Scope], depth: int, distributed: bool = False) -> list[_Scope]:
         end = self.emit(rng.src[0], chain)
         if distributed and self.dist is not None:   # the whole grid strides over the range
-            start, step = self.dist
+            start, step, step_size = self.dist
+            self.stepped.append(SteppedLoop(rng.src[0], step_size))   # starts: gid * group + lid, all of [0, step)
         elif distributed:   # work-item lid takes lid, lid + group, lid + 2*group, ...
             start = self.lid
-            step = self.emit(UOp.const(self.group_size, dtypes.index), chain)
+            step_size = UOp.const(self.group_size, dtypes.index)
+            step = self.emit(step_size, chain)
+            self.stepped.append(SteppedLoop(rng.src[0], step_size))   # starts: lid, all of [0, group)
         else:
             start, step = self.emit(UOp.const(0, dtypes.index), chain), None
         unroll = 0
@@ -750,7 +822,7 @@ class _Lowerer:
                               thread_split=not caps.has_local, gpu=caps.has_local)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
                           [r.src[0] for r in ranges.values()], caps.grid_max, group_per_item=self.group_mode,
-                          hidden=self.hidden)
+                          hidden=self.hidden, stepped_loops=self.stepped)
         return kernel, info
 
     # ---- two-stage reductions over the whole grid ----------------------------------------------
@@ -795,7 +867,7 @@ class _Lowerer:
         step = self.new(L.ALU, idx, (n_groups, gsize), Ops.MUL); step.index_math = True
         for it in (base, start, step):
             put(it)
-        self.dist = (start, step)
+        self.dist = (start, step, groups_expr * self.group_size)
         self.emit_reduces(reds, chain, depth, cooperative=True)
         self.dist = None
         parts = [top.memo.pop(r) for r in reds]
@@ -828,6 +900,7 @@ class _Lowerer:
         accs = [self.new(L.ACC, r.dtype, (), reduce_identity(r.dtype, r.arg)) for r in reds]
         scope.items.extend(accs)
         loop = Loop(self.new(L.LOOPVAR, idx), self.lid, n_groups, AxisType.REDUCE, step=gsize)
+        self.stepped.append(SteppedLoop(groups_expr, UOp.const(self.group_size, idx)))   # starts: lid
         for acc, buf, r in zip(accs, scratch, reds):
             v = self.new(L.LOAD, r.dtype, (buf, loop.var)); v.volatile = True
             cur = self.new(L.ACC_LOAD, r.dtype, (acc,))
