@@ -102,6 +102,24 @@ def test_register_tile_lanes_keep_only_their_extreme_bounds_checks(cpu):
     assert merge_accesses(merged) == merged                    # merging again changes nothing
 
 
+def test_a_grid_of_tile_lanes_keeps_its_corners_and_a_partial_one_stays_whole(cpu):
+    """Rows x columns of a register tile (two constants in one index) keep the four corners; lanes
+    that do not fill a grid keep every access; a multiplier known >= 0 (a size variable) keeps the
+    bounds monotone, one of unknown sign does not merge."""
+    from morok_py.codegen.lower import Access, merge_accesses
+    n = UOp.variable("n", 1, 100)
+    r = UOp.range(n, 0)
+    grid = [Access(0, True, (r * 4 + i) * n + r + j, (r,)) for i in range(4) for j in range(8)]
+    merged = merge_accesses(grid)
+    assert [a.index for a in merged] == [(r * 4 + i) * n + r + j for i, j in ((0, 0), (0, 7), (3, 0), (3, 7))]
+    assert sum(a.lanes for a in merged) == 32
+    partial = [Access(0, False, r * 4 + i * n + j, (r,)) for i, j in ((1, 1), (2, 5), (3, 1))]
+    assert merge_accesses(partial) == partial
+    signed = UOp.variable("s", -5, 5)
+    mixed = [Access(1, False, (r + c) * signed, (r,)) for c in range(4)]
+    assert merge_accesses(mixed) == mixed
+
+
 @pytest.mark.parametrize("kernel", ["matmul", "dense", "softmax", "sum_cols", "embedding"])
 def test_merged_bounds_checks_decide_as_the_full_set(cpu, monkeypatch, kernel):
     """The merged checks give the same extremes per buffer as every access checked one by one, for

@@ -6,6 +6,7 @@ index expression so that launches can be bounds-checked for concrete variable va
 """
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from dataclasses import dataclass, field, replace
@@ -116,57 +117,66 @@ def _describe(size: UOp, values: Mapping[str, int]) -> str:
     return f"{t} = {evaluate(size, values)}{given}"
 
 
-def _offset_split(index: UOp) -> tuple[tuple, int]:
-    """(shape, c): `index` as a shape plus an integer offset c, the constant reached from the root
-    through ADDs and multiplications by constants (which scale it); (the node, None) when there is
-    none, or more than one."""
-    if index.op is Ops.CONST and index.dtype.is_int:
-        return ("const", index.dtype), index.arg
-    if index.op is Ops.ADD:
-        (ka, ca), (kb, cb) = _offset_split(index.src[0]), _offset_split(index.src[1])
-        if ca is not None and cb is None:
-            return ("add", index.dtype, ka, id(index.src[1])), ca
-        if cb is not None and ca is None:
-            return ("add", index.dtype, id(index.src[0]), kb), cb
-    if index.op is Ops.MUL:     # (x + c) * k is x * k shifted by c * k
-        for u, k in ((index.src[0], index.src[1]), (index.src[1], index.src[0])):
-            if k.op is Ops.CONST and k.dtype.is_int:
+def _nonnegative(u: UOp) -> bool:
+    """Whether a node is >= 0 for every value of the variables, known without evaluating anything."""
+    return u.op is Ops.RANGE or (u.op is Ops.DEFINE_VAR and u.arg[1] >= 0)
+
+
+def _offset_split(index: UOp) -> tuple[Any, tuple[int, ...]]:
+    """(shape, cs): `index` as a shape plus the integer constants cs at its leaves that are reached
+    from the root through nodes whose interval bounds are each monotone in every such constant: ADD,
+    MIN, MAX, and MUL by a constant or by a node known >= 0 (a range, a size variable). The shape
+    names every other node by identity (UOps are hash-consed), so indices of one shape differ in
+    those constants only. (The node, ()) when there is no such leaf."""
+    op = index.op
+    if op is Ops.CONST and index.dtype.is_int:
+        return ("const", index.dtype), (index.arg,)
+    if op is Ops.MUL and len(index.src) == 2:
+        a, b = index.src
+        for i, (u, other) in enumerate(((a, b), (b, a))):
+            if other.op is Ops.CONST or _nonnegative(other):
                 ku, cu = _offset_split(u)
-                if cu is not None:
-                    return ("mul", index.dtype, ku, k.arg), cu * k.arg
-    return id(index), None
+                if cu:
+                    return (op, index.dtype, i, ku, id(other)), cu
+        return id(index), ()
+    if op in (Ops.ADD, Ops.MIN, Ops.MAX) and len(index.src) == 2:
+        (ka, ca), (kb, cb) = _offset_split(index.src[0]), _offset_split(index.src[1])
+        if ca or cb:
+            return (op, index.dtype, ka, kb), ca + cb
+    return id(index), ()
 
 
 def merge_accesses(accesses: Sequence[Access]) -> list[Access]:
     """The accesses the launch check must evaluate. Accesses of one buffer, in the same loops, whose
-    indices differ only in a constant added along a chain of ADDs and constant multiplications (the
-    lanes of a register tile: hundreds in a tiled matmul) keep the smallest and largest offset: every
-    node on that chain is an interval shifted by a multiple of the constant, so those two bound every
-    other one, intermediate overflow included. Order of first appearance is kept."""
-    groups: dict[tuple, list] = {}
-    order: list[tuple] = []
+    indices have one shape and differ only in its constants (`_offset_split`: the lanes of a
+    register tile, rows x columns, hundreds in a tiled matmul) and whose constants form a full grid
+    keep the corners of that grid: every node's interval bounds are monotone in each constant, so
+    over a grid they are extreme at its corners, intermediate overflow included. Any other group is
+    kept whole. Order of first appearance is kept; every access stays counted in `lanes` (the CPU
+    runtime weighs a launch by its accesses)."""
+    groups: dict[Any, list[tuple[tuple[int, ...], Access]]] = {}
     for a in accesses:
-        shape, c = _offset_split(a.index)
-        key = (a.slot, a.store, tuple(id(r) for r in a.enclosing), shape if c is not None else id(a.index))
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [c, a, c, a, a.lanes]
-            order.append(key)
+        shape, cs = _offset_split(a.index)
+        key = (a.slot, a.store, tuple(id(r) for r in a.enclosing), shape if cs else id(a.index))
+        groups.setdefault(key, []).append((cs, a))
+    out: list[Access] = []
+    for members in groups.values():
+        if len(members) <= 2:
+            out += [a for _, a in members]
             continue
-        g[4] += a.lanes
-        if c is not None:
-            if c < g[0]:
-                g[0], g[1] = c, a
-            if c > g[2]:
-                g[2], g[3] = c, a
-    out = []
-    for key in order:
-        lo_c, lo_a, hi_c, hi_a, lanes = groups[key]
-        if hi_a is lo_a:
-            out.append(lo_a if lo_a.lanes == lanes else replace(lo_a, lanes=lanes))
-        else:   # the lanes stay counted (the CPU runtime weighs a launch by its accesses)
-            out.append(lo_a if lo_a.lanes == lanes - hi_a.lanes else replace(lo_a, lanes=lanes - hi_a.lanes))
-            out.append(hi_a)
+        points = {cs: a for cs, a in members}
+        axes = [sorted({cs[d] for cs in points}) for d in range(len(members[0][0]))]
+        if math.prod(len(v) for v in axes) != len(points):   # not a full grid: keep every access
+            out += [a for _, a in members]
+            continue
+        corners: list[Access] = []
+        for corner in itertools.product(*[(v[0], v[-1]) if len(v) > 1 else (v[0],) for v in axes]):
+            if all(points[corner] is not a for a in corners):
+                corners.append(points[corner])
+        kept = sum(a.lanes for a in corners[1:])
+        total = sum(a.lanes for _, a in members)
+        out.append(replace(corners[0], lanes=total - kept))
+        out += corners[1:]
     return out
 
 
