@@ -27,7 +27,8 @@ from conftest import PAIRS, open_target, random_array
 
 DEFAULT = (128, 128, 8, 8, 8)
 CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64), default_group=256,
-                    grid_max=(2**31 - 1, 65535, 65535), warp_size=32, group_reduce=True, matmul_tile=DEFAULT)
+                    grid_max=(2**31 - 1, 65535, 65535), warp_size=32, group_reduce=True, vector_width=4,
+                    matmul_tile=DEFAULT)
 SMALL = (32, 32, 4, 2, 2)       # 256 work-items too, but fewer elements per tile: quick to interpret
 ODD = (48, 32, 8, 3, 2)         # a tile that is not a power of two: a guarded fill pass, scalar reads
 
@@ -103,7 +104,7 @@ def test_named_contractions_are_tiled(name):
     kernel, info = lower(K.named(name), caps(), name)
     assert kernel.local_size == (256, 1, 1) and info.group_per_item
     assert sum(1 for i in kernel.walk() if i.kind is L.LOCAL) == 2
-    assert sum(1 for i in kernel.walk() if i.kind is L.ACC) == 64
+    assert sum(1 for i in kernel.walk() if i.kind is L.ACC and i.dtype == dtypes.float32) == 64
 
 
 @pytest.mark.parametrize("name", ["add", "sum", "sum_rows", "sum_cols", "softmax", "row_max", "bias_relu",
@@ -168,7 +169,7 @@ def test_small_constant_extents_use_the_general_path_or_a_smaller_tile():
     assert kernel.local_size == (256, 1, 1)
     assert max(i.arg for i in kernel.walk() if i.kind is L.LOCAL) == 8 * (64 + 4)     # 64x64 blocks
     kernel, _ = tile_contraction(K.matmul(4096, 4096, 4096), caps(), "mm")
-    assert max(i.arg for i in kernel.walk() if i.kind is L.LOCAL) == 8 * (128 + 4)
+    assert max(i.arg for i in kernel.walk() if i.kind is L.LOCAL) == 2 * 8 * (128 + 4)   # double-buffered
 
 
 def test_launch_grid_is_one_group_per_output_block():
@@ -191,9 +192,8 @@ def test_bounds_checks_stay_those_of_the_general_path():
     assert sorted(b_tiled) == sorted(b_general)
 
 
-def test_inner_loop_has_no_integer_division_and_barriers_are_uniform():
-    kernel, _ = lowered(K.matmul())
-
+def _barriers(kernel) -> list[tuple[int, int]]:
+    """(If depth, loop depth) of every BARRIER; asserts that no loop holds an integer division."""
     def walk(items, depth, loops, out):
         for it in items:
             if isinstance(it, Loop):
@@ -206,10 +206,13 @@ def test_inner_loop_has_no_integer_division_and_barriers_are_uniform():
 
     instrs = walk(kernel.body, 0, 0, [])
     assert not [i for i, _, loops in instrs if loops and i.kind is L.ALU and i.arg in (Ops.IDIV, Ops.MOD)]
-    barriers = [(d, loops) for i, d, loops in instrs if i.kind is L.BARRIER]
+    return sorted((d, loops) for i, d, loops in instrs if i.kind is L.BARRIER)
+
+
+def test_inner_loop_has_no_integer_division_and_barriers_are_uniform():
     # one in the k loop after the fill and one after the arithmetic, one in the tail (under K > 0, the
     # tail's condition: both uniform over the work-group)
-    assert sorted(barriers) == [(1, 1), (1, 1), (2, 0)]
+    assert _barriers(lowered(K.matmul())[0]) == [(1, 1), (1, 1), (2, 0)]
 
 
 # ---- the lowering, run in the interpreter ---------------------------------------------------------
@@ -242,6 +245,55 @@ def test_lowering_static_sizes(rng, M, N, Kd):
     check(got, a @ b, w)
 
 
+def _vector_loads(kernel) -> set[int]:
+    """The buffer slots read by 4-wide global loads."""
+    return {i.src[0].arg for i in kernel.walk() if i.kind is L.LOAD and i.arg and i.src[0].kind is L.PARAM}
+
+
+@pytest.mark.parametrize("M,N,Kd", [(70, 96, 40), (132, 260, 44), (20, 24, 12)])
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
+def test_lowering_static_aligned_sizes_fill_full_tiles_with_vector_loads(rng, M, N, Kd, a_t, b_t):
+    """Constant strides that are multiples of 4: full tiles are filled by 4-wide global loads (along k
+    for A and for transposed B: one shared store per lane; along the row for B and transposed A: one vector
+    store), rows and columns past the block's end clamped a whole vector at a time; the k tail stays
+    scalar. Transposed A is contiguous along its rows: vector loads need M % 4 == 0 too."""
+    a, b, ga, gb = operands(rng, M, N, Kd, a_t=a_t, b_t=b_t)
+    ast = contraction(MUL, M=M, N=N, Kd=Kd, a_t=a_t, b_t=b_t)
+    kernel, _ = lowered(ast)
+    assert _vector_loads(kernel) == ({1} if a_t and M % 4 else {0, 1})
+    got, w = interpret(ast, [ga, gb], (M, N), {})
+    check(got, a @ b, w)
+
+
+def test_symbolic_or_unaligned_strides_keep_scalar_fills():
+    assert _vector_loads(lowered(K.matmul())[0]) == set()
+    assert _vector_loads(lowered(K.matmul(64, 48, 9))[0]) == {1}    # A's rows are 9 apart; B's 48
+
+
+def test_double_buffering_where_every_tile_has_vector_fills():
+    """One barrier per full tile (after storing the prefetched next tile), one after the first fill and
+    one in the tail; the buffer read alternates through an index accumulator, not a division."""
+    kernel, _ = lowered(K.matmul(4096, 4096, 4100))
+    assert [i.arg for i in kernel.walk() if i.kind is L.LOCAL] == [2 * 8 * 132] * 2
+    assert _barriers(kernel) == [(1, 1), (2, 0), (2, 0)]
+    assert [i.arg for i in lowered(K.matmul(64, 48, 9))[0].walk() if i.kind is L.LOCAL] == [8 * 68] * 2
+
+
+@pytest.mark.parametrize("double_buffer", [0, 2])
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("M,N,Kd", [(7, 5, 3), (50, 70, 37), (33, 65, 16)])
+def test_lowering_with_and_without_double_buffering(rng, monkeypatch, double_buffer, unroll, M, N, Kd):
+    monkeypatch.setattr(gpu_tile, "DOUBLE_BUFFER", double_buffer)
+    monkeypatch.setattr(gpu_tile, "UNROLL_FULL_TILES", unroll)
+    a, b, _, _ = operands(rng, M, N, Kd)
+    got, w = interpret(K.matmul(), [a, b], (M, N), {"M": M, "N": N, "K": Kd}, tile=SMALL)
+    check(got, a @ b, w)
+    M, N, Kd = M + 30, N + 39 - N % 4, Kd + 4 - Kd % 4      # static and aligned: vector fills
+    a, b, _, _ = operands(rng, M, N, Kd)
+    got, w = interpret(contraction(MUL, M=M, N=N, Kd=Kd), [a, b], (M, N), {}, tile=ODD)
+    check(got, a @ b, w)
+
+
 @pytest.mark.parametrize("tile", [SMALL, ODD, (64, 64, 8, 4, 4), (16, 64, 16, 1, 4)], ids=str)
 @pytest.mark.parametrize("M,N,Kd", [(7, 5, 3), (50, 70, 37)])
 def test_lowering_other_tiles(rng, tile, M, N, Kd):
@@ -259,9 +311,11 @@ def test_lowering_transposed_operands(rng, a_t, b_t):
     check(got, a @ b, w)
 
 
+@pytest.mark.parametrize("double_buffer", [1, 2])
 @pytest.mark.parametrize("M,N,Kd", [(7, 5, 3), (33, 65, 17)])
-def test_lowering_padding_never_reaches_the_accumulators(rng, M, N, Kd):
+def test_lowering_padding_never_reaches_the_accumulators(rng, monkeypatch, M, N, Kd, double_buffer):
     """f(0, 0) = 1 here: any padded k, row or column that reached an output would show."""
+    monkeypatch.setattr(gpu_tile, "DOUBLE_BUFFER", double_buffer)
     a, b, _, _ = operands(rng, M, N, Kd)
     ast = contraction(lambda a, b, i, j, k: (a - b) * (a - b) + 1.0)
     got, w = interpret(ast, [a, b], (M, N), {"M": M, "N": N, "K": Kd})
@@ -286,8 +340,11 @@ def test_lowering_batched(rng):
     check(got, a @ b, w)
 
 
-def test_lowering_units_of_every_kind(rng):
-    """f with loads over {i, k}, {k, j}, {k}, {i}, {j} and none, and ranges used as values."""
+@pytest.mark.parametrize("double_buffer", [1, 2])
+def test_lowering_units_of_every_kind(rng, monkeypatch, double_buffer):
+    """f with loads over {i, k}, {k, j}, {k}, {i}, {j} and none, and ranges used as values; a BK-vector
+    tile double-buffered too (mode 2)."""
+    monkeypatch.setattr(gpu_tile, "DOUBLE_BUFFER", double_buffer)
     M, N, Kd = 19, 23, 13
     a, b, _, _ = operands(rng, M, N, Kd)
     wk, wi, wj, s = (random_array(rng, n, np.float32) for n in (Kd, M, N, 1))
@@ -400,6 +457,20 @@ def test_interpreter_catches_each_missing_barrier(rng, which):
         LI.run(broken, info, [a.reshape(-1), b.reshape(-1), np.zeros(1600, np.float32)], {"M": 40, "N": 40, "K": 13})
 
 
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_interpreter_catches_each_missing_barrier_of_the_double_buffered_loop(rng, which):
+    M, N, Kd = 50, 40, 44       # static, aligned: vector fills, two buffers, a k tail of 4
+    kernel, info = lowered(contraction(MUL, M=M, N=N, Kd=Kd), ODD)
+    assert _barriers(kernel) == [(1, 1), (2, 0), (2, 0)]
+    a, b, _, _ = operands(rng, M, N, Kd)
+    out = np.zeros(M * N, np.float32)
+    LI.run(kernel, info, [a.reshape(-1), b.reshape(-1), out], {})
+    np.testing.assert_allclose(out.reshape(M, N), a @ b, rtol=1e-5, atol=1e-5)
+    broken = dataclasses.replace(kernel, body=_drop_barriers(kernel.body, which))
+    with pytest.raises(LI.InterpError, match="race"):
+        LI.run(broken, info, [a.reshape(-1), b.reshape(-1), out], {})
+
+
 # ---- rendered and compiled for every GPU target (no device needed) ----------------------------------
 
 def _cases():
@@ -465,17 +536,58 @@ def test_cuda_compiles(key, case):
     assert res.get("frame", 0) == 0 and res.get("stack", 0) == 0, f"local memory (spills): {res}"
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["symbolic", "static"])
 @pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cuda_float32_matmul_fits_two_blocks_per_sm(key, arch):
-    """<= 128 registers per thread (two 256-thread blocks per SM), no spills, vector shared reads."""
+def test_cuda_float32_matmul_fits_two_blocks_per_sm(key, arch, static):
+    """<= 128 registers per thread (two 256-thread blocks per SM, which the occupancy hint asks for), no
+    spills, vector shared reads; static aligned sizes: 4-wide global loads of the tiles too."""
     r, c = _cuda_pair(key, arch)
-    spec = r.render(K.matmul(), "matmul")
+    spec = r.render(K.matmul(4096, 4096, 4096) if static else K.matmul(), "matmul")
     res = cubin_resources(c.compile(spec).bytes)
     assert res["regs"] <= 128 and res.get("frame", 0) == 0, res
     if key == "llvm-nvptx":
         ptx = c.ptx(spec)
-        assert ".local" not in ptx and "ld.shared.v4" in ptx
+        assert ".local" not in ptx and "ld.shared.v4" in ptx and ".minnctapersm 2" in ptx
+        assert ("ld.global.nc.v4" in ptx) == static
+
+
+def test_occupancy_hint_only_for_plain_products():
+    """acc += a * b of 4-byte (or smaller) values: two groups per SM; heavier f and 8-byte accumulators
+    (which would spill under the 128-register cap) get no hint and a rolled kk loop."""
+    assert lowered(K.matmul())[0].min_groups == 2
+    assert lowered(K.matmul(dtype=dtypes.float16))[0].min_groups == 2
+    assert lowered(K.matmul_bias_relu())[0].min_groups == 2
+    for ast in (K.matmul(dtype=dtypes.float64), contraction(lambda a, b, *_: a + b, op=Ops.MAX),
+                contraction(lambda a, b, *_: (a - b) * (a - b) + 1.0)):
+        kernel, _ = lowered(ast)
+        assert kernel.min_groups == 0
+        assert any(isinstance(it, Loop) and it.end.kind is L.CONST for it in _loops(kernel.body))
+
+
+def _loops(items):
+    for it in items:
+        if isinstance(it, (Loop, If)):
+            if isinstance(it, Loop):
+                yield it
+            yield from _loops(it.body)
+
+
+def test_occupancy_hint_rendering():
+    """CUDA C: __launch_bounds__(threads, blocks); NVPTX: nvvm.minctasm; HIP C and AMDGPU print none (HIP's
+    second argument means waves per EU)."""
+    from morok_py.backends.cuda.renderer import CUDARenderer, NVPTXRenderer
+    from morok_py.backends.rocm.renderer import AMDGPURenderer, HIPRenderer
+    from morok_py.device import DeviceSpec
+    cu, rocm = DeviceSpec.parse("CUDA"), DeviceSpec.parse("ROCM")
+    src = CUDARenderer(cu, "sm_90").render(K.matmul(), "matmul").src
+    assert 'extern "C" __global__ void __launch_bounds__(256, 2) matmul(' in src
+    src = CUDARenderer(cu, "sm_90").render(K.matmul(dtype=dtypes.float64), "matmul").src
+    assert 'extern "C" __global__ void __launch_bounds__(256) matmul(' in src
+    assert '"nvvm.maxntid"="256" "nvvm.minctasm"="2"' in NVPTXRenderer(cu, "sm_90").render(K.matmul(), "mm").src
+    assert "minctasm" not in NVPTXRenderer(cu, "sm_90").render(K.matmul(dtype=dtypes.float64), "mm").src
+    assert "__launch_bounds__(256) matmul(" in HIPRenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
+    assert "nvvm" not in AMDGPURenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
 
 
 def _amdgpu_pair(arch: str):

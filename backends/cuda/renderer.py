@@ -81,6 +81,14 @@ class CUDACPrinter(GPUCPrinter):
 
     half_helpers = _CUDA_HALF_HELPERS
 
+    def kernel_decl(self) -> str:
+        decl = super().kernel_decl()
+        if self.k.min_groups > 0:
+            # __launch_bounds__(threads, min blocks per SM): ptxas keeps registers within 64K / (threads *
+            # blocks). CUDA's meaning only: HIP's second argument counts waves per EU.
+            decl = decl[:-1] + f", {self.k.min_groups})"
+        return decl
+
     def signature(self) -> str:
         return super().signature().replace(f" {self.k.name}(", f" {cuda_symbol(self.k.name)}(", 1)
 
@@ -121,7 +129,10 @@ class NVPTXPrinter(LLVMIRPrinter):
 
     def attributes(self) -> str:
         threads = max(1, math.prod(self.k.local_size))
-        return f'attributes #0 = {{ nounwind "nvvm.maxntid"="{threads}" }}'
+        # nvvm.minctasm: PTX .minnctapersm, the occupancy hint ptxas sizes registers by (__launch_bounds__'s
+        # second argument in CUDA C)
+        occ = f' "nvvm.minctasm"="{self.k.min_groups}"' if self.k.min_groups > 0 else ""
+        return f'attributes #0 = {{ nounwind "nvvm.maxntid"="{threads}"{occ} }}'
 
     def shuffle_xor(self, ins: Instr) -> None:
         t = self.ty(ins.dtype)

@@ -22,6 +22,14 @@ stored transposed as As[kk][m] so that work-items read rows along m), {k, j} (B 
 {k} (a BK-vector), or on {i} / {j} / nothing (computed once per work-item, kept in registers).
 What is left of f -- typically one multiply -- runs per accumulator in the inner loop.
 
+Speed (float32 4096^3 on an H100: 0.76x cuBLAS -> about 0.9x, see benchmarks/results):
+- constant strides that are multiples of 4 fill full tiles with 4-wide global loads (`fill_vector`);
+- such kernels are double-buffered: the next tile's loads are issued before this tile is computed and
+  stored into the other shared buffer after it, so global latency hides under the arithmetic and a
+  tile costs one barrier. (Scalar fills need more registers for it than the cap below leaves.)
+- a plain product (acc += a * b) asks for two work-groups per SM (`LinearKernel.min_groups`: CUDA's
+  __launch_bounds__(256, 2), 128 registers) and has the kk loop of full tiles unrolled.
+
 `tile_contraction` returns None for kernels it does not handle; `lower` then uses the general path.
 """
 from __future__ import annotations
@@ -41,7 +49,13 @@ PAD = 4               # elements added to each row of a shared tile: no bank con
                       # filled along k, and rows stay 16-byte aligned for vector reads
 SMEM_LIMIT = 48 << 10  # static shared memory of one work-group (CUDA's limit without opt-in)
 _VECTOR_DTYPES = ("float32", "int32", "uint32")   # what the renderers print as float4/int4/uint4
-UNROLL_FULL_TILES = False  # unroll the kk loop of full tiles in the kernel (see the note at k_step)
+UNROLL_FULL_TILES = True  # unroll the kk loop of full tiles in the kernel (see the note at compute)
+MIN_GROUPS = 2        # occupancy hint (LinearKernel.min_groups): two work-groups per SM, so CUDA caps a
+                      # 256-item group at 128 registers per item; 0: no hint
+DOUBLE_BUFFER = 1     # two shared buffers per tile; the next tile is loaded into registers while this one
+                      # is computed and stored after it: one barrier per tile, global latency hidden.
+                      # 2: always; 1: only where every A/B tile has vector fills (fewer registers); 0: never
+VECTOR_FILL = True    # full tiles: 4-wide global loads where the index provably keeps them aligned
 MIN_REUSE = 16        # constant i or j extents below this gain nothing from tiles: general path
 
 
@@ -175,12 +189,25 @@ def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None") -> _Plan | 
 # ---- kernel --------------------------------------------------------------------------------------
 
 @dataclass
+class _Pass:
+    """Where one work-item puts `vec` elements of a tile in one fill pass."""
+    guard: Instr | None      # the element exists (the last pass of a tile that T does not divide)
+    sidx: Instr              # shared index of the first element (buffer 0)
+    lk: Instr                # local k of the first element
+    w: Instr | None          # clamped global row (A) / column (B) coordinate; None for K tiles
+    vec: int = 1             # contiguous global elements read at once (one vector load)
+    along: str = "k"         # the direction of a vector: 'k' (A^T rows: one scalar store per lane) or 'w'
+
+
+@dataclass
 class _Tile:
     unit: UOp
     kind: str                # 'A', 'B' or 'K'
     smem: Instr
     ld: int                  # elements per k-row of the tile
-    passes: list = field(default_factory=list)   # (guard | None, smem index, lk, clamped w coordinate)
+    size: int                # elements of one buffer (16-byte multiple); two buffers when double-buffered
+    passes: list = field(default_factory=list)   # scalar passes (any tile, the k tail too)
+    vpasses: list = field(default_factory=list)  # vector passes for full tiles (empty: use `passes`)
 
 
 def _outside(root: UOp, red: UOp) -> list[UOp]:
@@ -194,6 +221,46 @@ def _outside(root: UOp, red: UOp) -> list[UOp]:
         seen[n] = None
         stack.extend(n.src)
     return list(seen)
+
+
+def _affine(node: UOp) -> dict | None:
+    """{range or None (the constant): integer coefficient} when node is an integer affine form of ranges
+    with constant coefficients, else None (variables, loads, anything else: nothing provable)."""
+    op = node.op
+    if op is Ops.CONST:
+        return {None: int(node.arg)} if not isinstance(node.arg, float) else None
+    if op is Ops.RANGE:
+        return {node: 1}
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = _affine(node.src[0]), _affine(node.src[1])
+        if a is None or b is None:
+            return None
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + (v if op is Ops.ADD else -v)
+        return out
+    if op is Ops.MUL:
+        a, b = _affine(node.src[0]), _affine(node.src[1])
+        if a is None or b is None:
+            return None
+        if set(a) == {None}:
+            a, b = b, a
+        if set(b) != {None}:
+            return None
+        return {k: v * b[None] for k, v in a.items()}
+    if op is Ops.NEG:
+        a = _affine(node.src[0])
+        return None if a is None else {k: -v for k, v in a.items()}
+    return None
+
+
+def _vector_aligned(idx: UOp, along: UOp, width: int) -> bool:
+    """idx = along + (a multiple of `width` for every value of the other ranges): `width` elements from
+    an index whose `along` coordinate is a multiple of `width` are contiguous and width-aligned."""
+    form = _affine(idx)
+    if form is None or form.get(along) != 1:
+        return False
+    return all(v % width == 0 for k, v in form.items() if k is not along)
 
 
 def _cdiv_groups(extent: UOp, block: int) -> UOp:
@@ -268,6 +335,13 @@ class _Builder:
         BM, BN, BK, TM, TN = p.tile
         MT, NT = BM // TM, BN // TN          # work-items along rows and columns
         self.T, self.BK = MT * NT, BK
+        # a plain product (acc += A * B, 4-byte values or smaller): the case whose register budget is known
+        # -- 64 accumulators, two 8-value fragments and the prefetched tile fit 128 registers without
+        # spills -- gets the occupancy hint and the unrolled kk loop. Heavier f (max, differences, more
+        # units) or 8-byte values would spill under the cap: the compiler sizes them itself, as before.
+        f = p.red.src[0]
+        self.plain = (p.red.arg is Ops.ADD and f.op is Ops.MUL and p.red.dtype.itemsize <= 4
+                      and sorted(p.units.get(s) or "" for s in f.src) == ["A", "B"])
         # a work-item's TM rows come in runs of VM contiguous rows, the runs MT*VM apart, so that
         # neighbouring work-items read neighbouring shared words (and a run is one vector read)
         VM = 4 if TM % 4 == 0 else 2 if TM % 2 == 0 else 1
@@ -302,8 +376,14 @@ class _Builder:
                      "B": (col0, rem_n, self.op(top, Ops.SUB, rem_n, self.c(1)))}
         self.tiles = [self.tile(u, kind, BM if kind == "A" else BN if kind == "B" else 1, tid, top)
                       for u, kind in p.units.items() if kind in "ABK"]
-        if sum(t.smem.arg * t.smem.dtype.itemsize for t in self.tiles) > SMEM_LIMIT:
+        smem_bytes = sum(t.size * t.smem.dtype.itemsize for t in self.tiles)
+        if smem_bytes > SMEM_LIMIT:
             return None
+        self.db = (2 * smem_bytes <= SMEM_LIMIT and
+                   (DOUBLE_BUFFER >= 2 or DOUBLE_BUFFER == 1 and all(t.vpasses for t in self.tiles if t.kind in "AB")))
+        if self.db:
+            for t in self.tiles:
+                t.smem.arg = 2 * t.size
         red = p.red
         ident = reduce_identity(red.dtype, red.arg)
         self.accs = [[self.new(L.ACC, red.dtype, (), ident) for _ in range(TN)] for _ in range(TM)]
@@ -323,9 +403,37 @@ class _Builder:
         # its last step reaches k_full <= K: it cannot wrap, but it is checked like every stepped loop
         Ke = p.k.src[0]
         self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
-        work.append(main)
-        self.k_step(main.body, main.var, None, self.c(BK))
-        main.body.append(self.new(L.BARRIER, None))   # every tile is read before the next fill
+        if self.db:
+            # the first full tile into buffer 0; then step k0 computes from buffer (k0 / BK) % 2 while the
+            # next tile's loads are in flight, stores that tile into the other buffer, and waits once
+            first = If(self.op(work, Ops.CMPLT, zero, k_full))
+            work.append(first)
+            par = self.new(L.ACC, dtypes.index, (), 0)     # which buffer this step reads: 0, 1, 0, ...
+            work.append(par)
+            for t in self.tiles:
+                self.fill(t, t.vpasses or t.passes, zero, None, None, first.body, first.body)
+            first.body.append(self.new(L.BARRIER, None))
+            work.append(main)
+            lb = main.body
+            # the tile after this one; the last step reloads its own tile (in range, never read)
+            kn = self.op(lb, Ops.MIN, self.op(lb, Ops.ADD, main.var, self.c(BK)),
+                         self.op(lb, Ops.SUB, k_full, self.c(BK)))
+            now = self.new(L.ACC_LOAD, dtypes.index, (par,))
+            lb.append(now)
+            later: list[Item] = []
+            rd: dict[int, Instr] = {}
+            for t in self.tiles:
+                rd[id(t)] = self.op(lb, Ops.MUL, now, self.c(t.size))
+                wr = self.op(later, Ops.SUB, self.c(t.size), rd[id(t)])
+                self.fill(t, t.vpasses or t.passes, kn, None, wr, lb, later)
+            self.compute(lb, rd, self.c(BK), True)
+            lb.extend(later)
+            lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
+            lb.append(self.new(L.BARRIER, None))   # this buffer is read before the next fill of it
+        else:
+            work.append(main)
+            self.k_step(main.body, main.var, None, self.c(BK))
+            main.body.append(self.new(L.BARRIER, None))   # every tile is read before the next fill
         # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
         tail = If(self.op(work, Ops.CMPLT, k_full, K))
         work.append(tail)
@@ -350,43 +458,102 @@ class _Builder:
         if p.b is not None:
             dims.append(p.b.src[0])
         local = (self.T, 1, 1)
+        # the hint caps registers (CUDA: 128 for 256 items; two groups must fit the 1024 threads of an SM
+        # of any arch)
+        occupancy = MIN_GROUPS if self.plain and self.T * MIN_GROUPS <= 1024 else 0
         kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
-                              thread_split=False, gpu=True)
+                              thread_split=False, gpu=True, min_groups=occupancy)
         info = LaunchInfo(pinfo, var_list, dims, local, True, accesses,
                           [r.src[0] for r in ranges.values()], self.caps.grid_max, group_per_item=True,
                           stepped_loops=self.stepped)
         return kernel, info
 
     def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
-        """A shared tile [BK][width + PAD] and, per fill pass, where work-item tid puts its element."""
-        BK, T = self.BK, self.T
+        """A shared tile [BK][width + PAD] (two of them when double-buffered) and its fill passes."""
+        BK = self.BK
         ld = width + PAD if kind != "K" else 1
         per16 = max(1, 16 // unit.dtype.itemsize)          # whole 16-byte rows: aligned neighbours
-        smem = self.new(L.LOCAL, unit.dtype, (), -(-BK * ld // per16) * per16)
+        size = -(-BK * ld // per16) * per16
+        smem = self.new(L.LOCAL, unit.dtype, (), size)      # doubled in build() when double-buffered
         top.append(smem)
-        t = _Tile(unit, kind, smem, ld)
-        elems = BK * width
+        t = _Tile(unit, kind, smem, ld, size)
         fast = self.p.fast.get(unit, "k")
-        for pas in range(-(-elems // T)):
-            e = self.op(top, Ops.ADD, tid, self.c(pas * T)) if pas else tid
-            guard = self.op(top, Ops.CMPLT, e, self.c(elems)) if (pas + 1) * T > elems else None
-            if kind == "K":
-                t.passes.append((guard, e, e, None))
-                continue
-            if fast == "k":     # consecutive work-items: consecutive k of one row
-                lk = self.op(top, Ops.MOD, e, self.c(BK))
-                lw = self.op(top, Ops.IDIV, e, self.c(BK))
-            else:               # consecutive work-items: consecutive rows (columns) of one k
-                lw = self.op(top, Ops.MOD, e, self.c(width))
-                lk = self.op(top, Ops.IDIV, e, self.c(width))
-            sidx = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lk, self.c(ld)), lw)
-            t.passes.append((guard, sidx, lk, self.clamped(top, kind, lw)))
+        t.passes = self.fill_passes(t, width, fast, 1, tid, top)
+        vec = self.fill_vector(t, width, fast)
+        if vec > 1:
+            t.vpasses = self.fill_passes(t, width, fast, vec, tid, top)
         return t
 
-    def clamped(self, out: list[Item], kind: str, local: Instr) -> Instr:
+    def fill_vector(self, t: _Tile, width: int, fast: str) -> int:
+        """4 when full tiles of t can be filled by 4-wide global loads: the unit is one load of a vector
+        dtype whose index moves by 1 along `fast` and keeps 4-element alignment (constant strides), and
+        along rows/columns (fast 'w') the extent is a constant multiple of 4, so that a clamped vector
+        stays in range. Else 1."""
+        p, vec = self.p, 4
+        u = t.unit
+        if (not VECTOR_FILL or self.caps.vector_width < vec or t.kind == "K" or u.op is not Ops.LOAD
+                or u.dtype.name not in _VECTOR_DTYPES):
+            return 1
+        rng = p.k if fast == "k" else p.i if t.kind == "A" else p.j
+        if fast == "k":
+            if self.BK % vec:
+                return 1
+        elif width % vec or rng.src[0].op is not Ops.CONST or rng.src[0].arg % vec:
+            return 1
+        return vec if _vector_aligned(u.src[1], rng, vec) else 1
+
+    def fill_passes(self, t: _Tile, width: int, fast: str, vec: int, tid: Instr, top: list[Item]) -> list[_Pass]:
+        """Per fill pass, where work-item tid puts its `vec` elements. Items of a last, partial pass past
+        the tile's end load a clamped (real) element and skip the store."""
+        BK, T = self.BK, self.T
+        units = BK * width // vec
+        per = BK // vec if fast == "k" else width // vec   # work-items along one tile row (column)
+        out: list[_Pass] = []
+        lw0: Instr | None = None     # pass 0's local row (column)
+        for pas in range(-(-units // T)):
+            guard = None
+            if pas and T % per == 0 and (pas + 1) * T <= units and t.kind != "K":
+                # pass 0 moved by a whole number of rows (columns): the same lk (lw), constant offsets,
+                # so one base register serves every pass
+                p0, step = out[0], pas * T // per
+                if fast == "k":
+                    lk, lw = p0.lk, self.op(top, Ops.ADD, lw0, self.c(step))
+                    sidx = self.op(top, Ops.ADD, p0.sidx, self.c(step))
+                else:
+                    lk, lw = self.op(top, Ops.ADD, p0.lk, self.c(step)), lw0
+                    sidx = self.op(top, Ops.ADD, p0.sidx, self.c(step * t.ld))
+                lane_span = vec if fast == "w" else 1
+                out.append(_Pass(None, sidx, lk, self.clamped(top, t.kind, lw, lane_span), vec, fast))
+                continue
+            e = self.op(top, Ops.ADD, tid, self.c(pas * T)) if pas else tid
+            if (pas + 1) * T > units:
+                guard = self.op(top, Ops.CMPLT, e, self.c(units))
+                e = self.op(top, Ops.MIN, e, self.c(units - 1))
+            if t.kind == "K":
+                out.append(_Pass(guard, e, e, None))
+                continue
+            if fast == "k":     # consecutive work-items: consecutive k of one row
+                lk = self.op(top, Ops.MOD, e, self.c(per))
+                lk = self.op(top, Ops.MUL, lk, self.c(vec)) if vec > 1 else lk
+                lw = self.op(top, Ops.IDIV, e, self.c(per))
+            else:               # consecutive work-items: consecutive rows (columns) of one k
+                lw = self.op(top, Ops.MOD, e, self.c(per))
+                lw = self.op(top, Ops.MUL, lw, self.c(vec)) if vec > 1 else lw
+                lk = self.op(top, Ops.IDIV, e, self.c(per))
+            if not pas:
+                lw0 = lw
+            sidx = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lk, self.c(t.ld)), lw)
+            lane_span = vec if fast == "w" else 1
+            out.append(_Pass(guard, sidx, lk, self.clamped(top, t.kind, lw, lane_span), vec, fast))
+        return out
+
+    def clamped(self, out: list[Item], kind: str, local: Instr, span: int = 1) -> Instr:
         """The coordinate of row (column) `local` of the group's block, clamped into the extent: rows
-        past its end read the last row (their results are never stored)."""
-        base, _, last = self.side[kind]
+        past its end read the last row (their results are never stored). span > 1: the first of `span`
+        contiguous ones, all in range (the extent is a multiple of span, checked by fill_vector)."""
+        base, rem, last = self.side[kind]
+        if span > 1:
+            last = self.op(out, Ops.SUB, rem, self.c(span))
         return self.op(out, Ops.ADD, base, self.op(out, Ops.MIN, local, last))
 
     def register_units(self, out: list[Item]) -> dict[tuple, Instr]:
@@ -403,46 +570,87 @@ class _Builder:
                     regs[(u, n)] = self.expr(u, {**self.bind, rng: self.clamped(out, side, local)}, out, {})
         return regs
 
-    def k_step(self, out: list[Item], k0: Instr, k_last: Instr | None, kk_end: Instr) -> None:
-        """Fill the tiles for k0..k0+BK (k clamped to k_last in the tail), barrier, accumulate kk < kk_end."""
+    def fill(self, t: _Tile, passes: list[_Pass], k0: Instr, k_last: Instr | None, off: Instr | None,
+             loads: list[Item], stores: list[Item]) -> None:
+        """Tile rows k0..k0+BK (k clamped to k_last in the tail) of t: the global loads go to `loads`, the
+        rest of the unit and the shared stores (at buffer offset `off`) to `stores` -- later in the same
+        block when the loads are prefetched."""
         p = self.p
+        for ps in passes:
+            kc = self.op(loads, Ops.ADD, k0, ps.lk if k_last is None else self.op(loads, Ops.MIN, ps.lk, k_last))
+            env = {**self.bind, p.k: kc}
+            if ps.w is not None:
+                env[p.i if t.kind == "A" else p.j] = ps.w
+            memo: dict[UOp, Instr] = {}
+            if ps.vec > 1:
+                idx = self.expr(t.unit.src[1], env, loads, memo)
+                v = self.new(L.LOAD, t.unit.dtype, (self.expr(t.unit.src[0], env, loads, memo), idx), ps.vec)
+                loads.append(v)
+            else:
+                for n in t.unit.toposort():      # the loads first: in flight while the tile is computed
+                    if n.op is Ops.LOAD:
+                        self.expr(n, env, loads, memo)
+            blk = stores
+            if ps.guard is not None:
+                g = If(ps.guard)
+                stores.append(g)
+                blk = g.body
+            sidx = ps.sidx if off is None else self.op(blk, Ops.ADD, ps.sidx, off)
+            if ps.vec == 1:
+                blk.append(self.new(L.STORE, None, (t.smem, sidx, self.expr(t.unit, env, blk, memo))))
+            elif ps.along == "w":    # contiguous in the tile row too: one vector store
+                blk.append(self.new(L.STORE, None, (t.smem, sidx, v), ps.vec))
+            else:
+                for lane in range(ps.vec):   # consecutive k: one tile row each
+                    x = self.new(L.EXTRACT, t.unit.dtype, (v,), lane)
+                    si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
+                    blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
+
+    def k_step(self, out: list[Item], k0: Instr, k_last: Instr | None, kk_end: Instr) -> None:
+        """Fill the tiles for k0..k0+BK (k clamped to k_last in the tail) into buffer 0, barrier,
+        accumulate kk < kk_end."""
         for t in self.tiles:
-            for guard, sidx, lk, w in t.passes:
-                blk: list[Item] = out
-                if guard is not None:
-                    g = If(guard)
-                    out.append(g)
-                    blk = g.body
-                kc = self.op(blk, Ops.ADD, k0, lk if k_last is None else self.op(blk, Ops.MIN, lk, k_last))
-                env = {**self.bind, p.k: kc}
-                if w is not None:
-                    env[p.i if t.kind == "A" else p.j] = w
-                v = self.expr(t.unit, env, blk, {})
-                blk.append(self.new(L.STORE, None, (t.smem, sidx, v)))
+            self.fill(t, t.vpasses if k_last is None and t.vpasses else t.passes, k0, k_last, None, out, out)
         out.append(self.new(L.BARRIER, None))
-        if k_last is None and UNROLL_FULL_TILES:
+        self.compute(out, {}, kk_end, k_last is None)
+
+    def compute(self, out: list[Item], rd: dict[int, Instr], kk_end: Instr, full: bool) -> None:
+        """acc op= f(...) over tile rows kk < kk_end, reading each tile at buffer offset rd[id(tile)] (0)."""
+        bases = {}
+        for t in self.tiles:
+            first = self.first.get(t.kind) if t.kind != "K" else None
+            off = rd.get(id(t))
+            if first is not None and off is not None:
+                first = self.op(out, Ops.ADD, first, off)
+            bases[id(t)] = (first, off)
+        if full and UNROLL_FULL_TILES and self.plain:
             # full tiles: the kk loop unrolled here, so every shared read has a constant offset and the
             # reads of step kk+1 can be scheduled under the arithmetic of step kk
             for kk in range(self.BK):
-                self.accumulate(out, self.c(kk))
+                self.accumulate(out, self.c(kk), bases)
         else:
             inner = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), kk_end, AxisType.REDUCE)
             out.append(inner)
-            self.accumulate(inner.body, inner.var)
+            self.accumulate(inner.body, inner.var, bases)
 
-    def accumulate(self, body: list[Item], kk: Instr) -> None:
-        """Read row kk of every tile into registers; acc[r][c] op= f(...) for the work-item's outputs."""
+    def accumulate(self, body: list[Item], kk: Instr, bases: dict[int, tuple]) -> None:
+        """Read row kk of every tile into registers; acc[r][c] op= f(...) for the work-item's outputs.
+        bases[id(tile)]: (the work-item's first element in row 0 of the buffer read, the buffer's offset)."""
         p = self.p
         vals: dict[tuple, Instr] = {}
         for t in self.tiles:
+            first, off = bases[id(t)]
             if t.kind == "K":
-                v = self.new(L.LOAD, t.smem.dtype, (t.smem, kk))
+                idx = kk if off is None else self.op(body, Ops.ADD, off, kk)
+                v = self.new(L.LOAD, t.smem.dtype, (t.smem, idx))
                 body.append(v)
                 vals[(t.unit, 0)] = v
                 continue
             offs, vw = self.offs[t.kind], self.runs[t.kind]
-            row = self.c(kk.arg * t.ld) if kk.kind is L.CONST else self.op(body, Ops.MUL, kk, self.c(t.ld))
-            base = self.op(body, Ops.ADD, self.first[t.kind], row)
+            if kk.kind is L.CONST:
+                base = self.op(body, Ops.ADD, first, self.c(kk.arg * t.ld)) if kk.arg else first
+            else:
+                base = self.op(body, Ops.ADD, first, self.op(body, Ops.MUL, kk, self.c(t.ld)))
             vector = vw > 1 and t.smem.dtype.name in _VECTOR_DTYPES and t.ld % vw == 0
             for n0 in range(0, len(offs), vw if vector else 1):
                 idx = self.op(body, Ops.ADD, base, self.c(offs[n0])) if offs[n0] else base

@@ -92,6 +92,8 @@ class LinearKernel:
     local_size: tuple[int, int, int]
     thread_split: bool          # CPU: the function takes (start, end) of the outermost global axis
     gpu: bool
+    min_groups: int = 0         # GPU occupancy hint: this many work-groups should fit on one SM at once
+                                # (CUDA: caps registers at regs_per_SM / (local size * min_groups)); 0: none
 
     def walk(self):
         """Every instruction, depth first, in program order."""
