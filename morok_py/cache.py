@@ -204,23 +204,41 @@ def environment_fingerprint() -> str:
 def remembered_path(what: str, find: Callable[[], str]) -> str:
     """`find()` once per environment: finding a toolchain library can cost 50-150 ms (importing the
     package that searches for it, or loading it), more than a whole disk-cache hit may take. The
-    answer is kept in the disk cache under `environment_fingerprint()` and used while that file
-    exists; the caller still identifies the file itself (`file_identity`), so a library replaced in
-    place changes the key."""
+    answers are kept in one small JSON file per `environment_fingerprint()` in the cache folder
+    ({what: path}; anything else in it, or a path that is no longer a file, means finding again) and
+    written atomically. The caller still identifies the file itself (`file_identity`), so a library
+    replaced in place changes the key."""
     if not config.cache_enabled():
         return find()
-    dc = DiskCache()
-    key = DiskCache.key(f"morok_py-{__version__}", DISK_FORMAT, "path", what, environment_fingerprint())
-    hit = dc.get(key)
-    if hit is not None:
-        try:
-            path = hit[0].decode("utf-8")
-        except UnicodeDecodeError:
-            path = ""
-        if path and os.path.isfile(path):
-            return path
+    root = cache_dir()
+    memo = root / f"paths-{environment_fingerprint()[:32]}.json"
+    try:
+        known = json.loads(memo.read_bytes())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in known.items()):
+        known = {}
+    path = known.get(what)
+    if path and os.path.isfile(path):
+        return path
     path = find()
-    dc.put(key, path.encode("utf-8", "surrogateescape"), {"kind": "path", "what": what})
+    known[what] = path
+    try:
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(known, f)
+            os.replace(tmp, memo)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        if config.debug_level() >= 1:
+            config.log(f"could not remember where {what} is ({e}); continuing without it")
     return path
 
 
@@ -321,6 +339,9 @@ def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> 
     if config.debug_level() >= 1:
         config.log(f"compiled {spec.name} with {compiler.cache_key} for {compiler.arch} in {dt * 1e3:.1f} ms")
     if key is not None:
+        # compiling may have shown which toolchain really ran (a library loaded only now, from
+        # somewhere other than where a lookup expected it): the entry goes under that identity
+        key = disk_key(compiler, spec)
         kind = "bytes" if compiled.bytes is not None else "src"
         dc.put(key, compiled.payload, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
                                        "kind": kind, "identity": compiler.identity()})
@@ -410,6 +431,7 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     if debug >= 3:
         config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
     if akey is not None and skey is not None and compiled.launch is not None:
+        akey = ast_key(renderer, compiler, ast, nm)     # after the compile, as the source-level key
         try:
             entry = _ast_entry(compiled, skey)
         except launch_io.LaunchIOError as e:     # launch information launch_io cannot store: source level only

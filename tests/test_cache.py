@@ -725,11 +725,35 @@ def test_cuda_library_paths_are_remembered_per_environment(tmp_path):
     second = _identities_in_a_fresh_process("cuda", "sm_90", env)
     assert first["pathfinder"] and not second["pathfinder"]
     assert second["idents"] == first["idents"] and second["libs"] == []
-    # nvrtc already loaded (as torch or CuPy would): found where it is loaded from, same file here
-    path = re.search(r"(/[^:]*libnvrtc[^:/]*):", first["idents"]["nvrtc"]).group(1)
-    pre = f"import ctypes; ctypes.CDLL({path!r})\n"
-    third = _identities_in_a_fresh_process("cuda", "sm_90", env, preload=pre)
-    assert third["pathfinder"] and third["idents"] == first["idents"]
+
+
+def test_a_compile_keys_its_output_by_the_library_it_loaded(cache_dir, monkeypatch, tmp_path):
+    """A lookup names the remembered library without loading it; a compile loads the library, and its
+    output is written under the file actually loaded (here the remembered path names another file,
+    as when torch or CuPy loaded their own copy first)."""
+    pytest.importorskip("cuda.bindings", reason="the cuda extra is not installed")
+    from morok_py import kernels as K
+    from morok_py.backends.cuda import compile_only_pairs
+    from morok_py.backends.cuda import compiler as CC
+    r, c = next((r, c) for r, c in compile_only_pairs("sm_90") if c.cache_key == "nvrtc")
+    if c.available() is not None:
+        pytest.skip(f"NVRTC is not usable here: {c.available()}")
+    fake = tmp_path / "libnvrtc.so.remembered"
+    fake.write_bytes(b"not the library")
+    monkeypatch.setattr(CC, "_loaded_from", {})
+    monkeypatch.setattr(CC, "_remembered", lambda name: str(fake))
+    assert str(fake) in CC.library_identity("nvrtc")
+    spec = r.render(K.named("add"), "keyed_by_loaded")
+    looked_up = cache.disk_key(c, spec)
+    cache.compile_spec(c, spec)                       # a miss: compiles, loading libnvrtc
+    loaded = CC.library_identity("nvrtc")
+    assert str(fake) not in loaded and "libnvrtc" in loaded
+    written = cache.disk_key(c, spec)
+    assert written != looked_up
+    assert (cache_dir / written[:2] / f"{written}.bin").is_file()
+    assert not (cache_dir / looked_up[:2] / f"{looked_up}.bin").exists()
+    hits = cache.stats.disk_hits
+    assert cache.compile_spec(c, spec).bytes is not None and cache.stats.disk_hits == hits + 1
 
 
 def test_remembered_path_is_per_environment_and_checked(cache_dir, tmp_path, monkeypatch):

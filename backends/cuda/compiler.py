@@ -9,9 +9,7 @@ nvidia-nvjitlink wheels, found through cuda-pathfinder.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import os
 import re
 import threading
 
@@ -49,9 +47,14 @@ def load_library(name: str) -> str:
     except ImportError as e:
         raise DeviceUnavailableError("CUDA", f"cuda-pathfinder is not importable ({e})", INSTALL) from None
     try:
-        return pathfinder.load_nvidia_dynamic_lib(name).abs_path or name
+        path = pathfinder.load_nvidia_dynamic_lib(name).abs_path or name
     except Exception as e:  # DynamicLibNotFoundError and friends
         raise DeviceUnavailableError("CUDA", f"lib{name} was not found ({e})", INSTALL) from None
+    _loaded_from[name] = path
+    return path
+
+
+_loaded_from: dict[str, str] = {}     # lib name -> the file this process loaded it from
 
 
 def locate_library(name: str) -> str | None:
@@ -73,30 +76,32 @@ def locate_library(name: str) -> str | None:
         return None
 
 
-def _loaded_by_name(soname: str) -> bool:
-    """Whether a library of this name is loaded in the process, from anywhere (RTLD_NOLOAD: never loads)."""
-    try:
-        ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        return True
-    except OSError:
-        return False
+@functools.lru_cache(maxsize=None)
+def _remembered(name: str) -> str:
+    return remembered_path(f"cuda/lib{name}", lambda: locate_library(name) or load_library(name))
 
 
 @functools.lru_cache(maxsize=None)
-def library_identity(name: str) -> str:
-    """lib<name> for disk-cache keys: its file by path, size and mtime, located without loading it
-    (loading libnvrtc costs 60-150 ms, more than a cache hit may take); loads it when that is the only
-    way to find it. Where it lives is remembered per environment (`remembered_path`): importing
-    cuda-pathfinder alone costs 20-80 ms."""
-    path = remembered_path(f"cuda/lib{name}", lambda: locate_library(name) or load_library(name))
-    if _loaded_by_name(os.path.basename(path)):
-        # a copy already in the process (torch, CuPy, ours) is the one loading would use, and it may
-        # not be the remembered file: ask cuda-pathfinder, as load_library will
-        path = locate_library(name) or load_library(name)
+def _file_identity(path: str, name: str) -> str:
     try:
         return file_identity(path)
     except OSError:
         return f"{name}:{path}"
+
+
+def library_identity(name: str) -> str:
+    """lib<name> for disk-cache keys: its file by path, size and mtime.
+
+    Before this process loads the library (a cache hit never does), it is the file cuda-pathfinder
+    would load, found without loading it (loading libnvrtc costs 60-150 ms, importing
+    cuda-pathfinder 20-80 ms: more than a whole hit may take) and remembered per environment
+    (`remembered_path`). Once loaded (by a compile), it is the file actually loaded, and the compile's
+    entries are written under it (the cache computes write keys after compiling): a copy another
+    package loaded first (torch, CuPy), picked by cuda-pathfinder over the remembered file, never
+    labels its output as the remembered library's. A lookup made before that load names the
+    remembered file, and finds that library's output: valid code for the same arch."""
+    path = _loaded_from.get(name)
+    return _file_identity(path if path is not None else _remembered(name), name)
 
 
 def _nvrtc():
