@@ -161,17 +161,24 @@ def file_identity(path: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def llvmlite_identity() -> str:
-    """llvmlite's version and its compiled library (which holds LLVM), found without importing
-    llvmlite.binding: that import loads the library, and initializing its targets costs ~100 ms."""
+    """llvmlite's version file and its compiled library (which holds LLVM), by path, size and mtime,
+    found without importing llvmlite (its version lookup costs 0.4-0.7 ms) or llvmlite.binding (that
+    import loads the library, and initializing its targets costs ~100 ms). Reinstalling llvmlite
+    rewrites both files."""
     import importlib.util
-    import llvmlite
     spec = importlib.util.find_spec("llvmlite")
     for folder in (spec.submodule_search_locations or []) if spec is not None else []:
         for lib in ("libllvmlite.so", "libllvmlite.dylib", "llvmlite.dll"):
             path = os.path.join(folder, "binding", lib)
             if os.path.isfile(path):
-                return f"llvmlite-{llvmlite.__version__}/{file_identity(path)}"
+                try:
+                    version = file_identity(os.path.join(folder, "_version.py"))
+                except OSError:
+                    import llvmlite
+                    version = llvmlite.__version__
+                return f"llvmlite/{version}/{file_identity(path)}"
     # an unusual layout: ask the library itself (loads it)
+    import llvmlite
     from .codegen.llvm_binding import llvm_binding
     return f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, llvm_binding().llvm_version_info))}"
 

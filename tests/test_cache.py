@@ -670,10 +670,14 @@ def test_file_identity_changes_with_the_file(tmp_path):
     assert cache.file_identity(str(link)) == cache.file_identity(str(f))      # resolved
 
 
-def test_llvmlite_identity_names_its_version_and_library():
-    import llvmlite
-    ident = cache.llvmlite_identity()
-    assert ident.startswith(f"llvmlite-{llvmlite.__version__}/") and "libllvmlite" in ident
+def test_llvmlite_identity_names_its_version_file_and_library_without_importing_it():
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from morok_py import cache; "
+            "print(json.dumps([cache.llvmlite_identity(), 'llvmlite' in sys.modules]))")
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True)
+    ident, imported = json.loads(res.stdout.strip().splitlines()[-1])
+    assert not imported
+    assert "/llvmlite/_version.py:" in ident and "libllvmlite" in ident
+    assert ident == cache.llvmlite_identity()
 
 
 IDENTITY_CHILD = r"""
