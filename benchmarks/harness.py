@@ -412,11 +412,19 @@ def machine(dev) -> dict:
             v = _version(dist)
         if v:
             libs[name] = v
-    try:
-        git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip() or None
-    except Exception:
-        git = None
+    # the commit measured: MOROK_BENCH_GIT where the tree is a copy whose .git is not its own (the GPU
+    # machines get a working tree over an older checkout); else HEAD, "-dirty" with uncommitted changes
+    git = os.environ.get("MOROK_BENCH_GIT") or None
+    if git is None:
+        try:
+            git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip() or None
+            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            if git and dirty:
+                git += "-dirty"
+        except Exception:
+            git = None
     _MACHINE = {
         "device": dev.name, "model": gpu or cpu, "gpu": gpu, "cpu": cpu, "cores": os.cpu_count(),
         "cpu_threads": config.cpu_threads(), "arch": getattr(dev, "arch", ""),

@@ -2,6 +2,8 @@
 # The whole GPU proof in one device call: tests/gpu_run.sh (cuda-marked suite on both pairs,
 # compile-only tests, launch benchmark), then the kernel, copy and compile benchmarks. Everything is
 # written to a scratch folder and packed into $OUT/gpu.tgz (the device tool returns at most 8 files).
+# The copy on a GPU machine sits over an older .git: pass the commit, MOROK_BENCH_GIT=<hash> bash tests/gpu_full.sh,
+# so the JSON records what was measured.
 set -u
 FINAL_OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$FINAL_OUT"
