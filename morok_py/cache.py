@@ -69,6 +69,22 @@ def cache_dir() -> Path:
     return Path(base) / "morok_py"
 
 
+def write_atomically(path: Path, payload: bytes) -> None:
+    """Write a file so that a reader sees the old content or the whole new one, never a part: a temp
+    file beside it, then os.replace. OSError when it cannot."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 class DiskCache:
     """Compiled bytes on disk, keyed by a sha256 the caller computes."""
 
@@ -130,17 +146,7 @@ class DiskCache:
             full = dict(meta, key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
             # bytes first, metadata last: a reader that sees the metadata sees the whole entry
             for path, payload in ((bin_path, data), (meta_path, json.dumps(full, sort_keys=True).encode())):
-                fd, tmp = tempfile.mkstemp(dir=bin_path.parent, prefix=".tmp-")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(payload)
-                    os.replace(tmp, path)
-                except BaseException:
-                    try:
-                        os.unlink(tmp)
-                    except OSError:
-                        pass
-                    raise
+                write_atomically(path, payload)
         except OSError as e:
             if config.debug_level() >= 1:
                 config.log(f"disk cache write failed ({e}); continuing without it")
@@ -232,17 +238,7 @@ def remembered_path(what: str, find: Callable[[], str]) -> str:
     known[what] = path
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(known, f)
-            os.replace(tmp, memo)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomically(memo, json.dumps(known).encode("utf-8", "surrogateescape"))
     except OSError as e:
         if config.debug_level() >= 1:
             config.log(f"could not remember where {what} is ({e}); continuing without it")
