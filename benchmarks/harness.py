@@ -355,17 +355,6 @@ def _version(module: str) -> str | None:
         return getattr(mod, "__version__", None) if mod else None
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _gpu_name(dev) -> str | None:
     info: dict = {}
     try:
@@ -395,7 +384,8 @@ def machine(dev) -> dict:
         return _MACHINE
     import morok_py
     from morok_py import config
-    cpu = _cpu_model()
+    from morok_py.backends.cpu.device import cpu_model
+    cpu = cpu_model()
     gpu = _gpu_name(dev) if is_gpu(dev) else None
     info: dict = {}
     try:

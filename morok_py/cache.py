@@ -23,13 +23,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import config
 from .codegen import launch_io   # here, not at the first hit: its import is part of `import morok_py`
-from .errors import MorokError
 
 if TYPE_CHECKING:
     from .device import CompiledSpec, Compiler, Device, Program, ProgramSpec, Renderer

@@ -26,7 +26,7 @@ class CPUDevice(Device):
 
     def info(self) -> dict:
         import os
-        return {"arch": self.arch, "name": _cpu_model(), "cores": os.cpu_count(),
+        return {"arch": self.arch, "name": cpu_model(), "cores": os.cpu_count(),
                 "threads": config.cpu_threads(), "compilers": [c.cache_key for _, c in self.compilers]}
 
 
@@ -37,7 +37,8 @@ def _host_target_machine():
         cpu=host, features=features, opt=3, codemodel="jitdefault")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo), else what platform says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

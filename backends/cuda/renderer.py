@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from morok_py.codegen.c_like import GPUCPrinter
+from morok_py.codegen.c_like import GPU_BF16_HELPERS, GPUCPrinter
 from morok_py.codegen.linear import Instr, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
@@ -65,14 +65,7 @@ _CUDA_HALF_HELPERS = {
         "__device__ __forceinline__ morok_half morok_f2h(float f) "
         "{ morok_half h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }",
     ],
-    "bfloat16": [
-        "typedef unsigned short morok_bf16;  /* bfloat16 bits: the top half of a float32 */",
-        "__device__ __forceinline__ float morok_bf2f(morok_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }",
-        # round to nearest even, NaN stays a quiet NaN (what LLVM's fptrunc to bfloat does)
-        "__device__ __forceinline__ morok_bf16 morok_f2bf(float f) { unsigned int u = __float_as_uint(f); "
-        "if ((u & 0x7fffffffu) > 0x7f800000u) return (morok_bf16)0x7fc0u; "
-        "return (morok_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
-    ],
+    "bfloat16": GPU_BF16_HELPERS,
 }
 
 

@@ -368,6 +368,17 @@ class CStylePrinter:
         self.define(ins, f"{r}_u.b")
 
 
+# bfloat16 as 16 bits in CUDA and HIP C alike (both have __uint_as_float / __float_as_uint)
+GPU_BF16_HELPERS = [
+    "typedef unsigned short morok_bf16;  /* bfloat16 bits: the top half of a float32 */",
+    "__device__ __forceinline__ float morok_bf2f(morok_bf16 b) { return __uint_as_float(((unsigned int)b) << 16); }",
+    # round to nearest even, NaN stays a quiet NaN (what LLVM's fptrunc to bfloat does)
+    "__device__ __forceinline__ morok_bf16 morok_f2bf(float f) { unsigned int u = __float_as_uint(f); "
+    "if ((u & 0x7fffffffu) > 0x7f800000u) return (morok_bf16)0x7fc0u; "
+    "return (morok_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
+]
+
+
 class GPUCPrinter(CStylePrinter):
     """The dialect CUDA C and HIP C share: `extern "C" __global__` with `__launch_bounds__`,
     blockIdx/threadIdx, and half/bfloat16 kept as 16-bit patterns converted by small helpers
