@@ -278,10 +278,13 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
 def test_work_counts_every_load_and_store_a_launch_executes(cpu):
     add = cpu.compile(K.add(), name="work_add")
     assert cpu_runtime.memory_accesses(add.launch, {"n": 1000}) == 3000
-    mm = cpu.compile(K.matmul(64, 64, 64), name="work_mm")      # whole tiles: no overlap, no tail
+    # sizes from the pair's own register tile (6x16 on AVX2, 8x32 on AVX-512, 4x8 otherwise): whole
+    # tiles, 8 row tiles by 4 column tiles, so no overlapping column tile and no tail rows
     ti, tj = cpu.pair()[0].caps.register_tile
+    M, N, Kd = 8 * ti, 4 * tj, 64
+    mm = cpu.compile(K.matmul(M, N, Kd), name="work_mm")
     # per k step of a tile: ti loads of A (one per row) and tj of B (one per column); one store an output
-    assert cpu_runtime.memory_accesses(mm.launch, {}) == 64 ** 3 // tj + 64 ** 3 // ti + 64 * 64
+    assert cpu_runtime.memory_accesses(mm.launch, {}) == M * N * Kd // tj + M * N * Kd // ti + M * N
 
 
 def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, rng, monkeypatch):

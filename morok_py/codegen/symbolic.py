@@ -165,6 +165,30 @@ def _corners(f, a: Interval, b: Interval) -> Interval:
     return (min(vals), max(vals))
 
 
+_EXACT = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.NEG, Ops.AND, Ops.OR,
+                    Ops.XOR, Ops.SHL, Ops.SHR, Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.WHERE, Ops.CAST, Ops.NOT})
+
+
+def _exact(op: Ops, node: UOp, v: list) -> int | None:
+    """The value of an integer/bool node whose sources are known exactly, as the kernel computes it
+    (C division, two's-complement wrap for bitwise ops and casts); None where that is not plain
+    (division by zero, a shift past the width, a cast from a float)."""
+    dt = node.dtype
+    if dt is None or not (dt.is_int or dt.is_bool):
+        return None
+    if op in (Ops.IDIV, Ops.MOD) and v[1] == 0:
+        return None
+    if op in (Ops.SHL, Ops.SHR) and not (v[0] >= 0 and 0 <= v[1] < dt.bits):
+        return None
+    if op is Ops.CAST and not (node.src[0].dtype.is_int or node.src[0].dtype.is_bool):
+        return None
+    if op is Ops.NOT:
+        return int(not v[0]) if dt.is_bool else _wrap(~v[0], dt)
+    r = int(_eval_node(node, v, {}))
+    # arithmetic is left unwrapped so that the launch check sees (and refuses) an overflow
+    return _wrap(r, dt) if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.CAST) and not dt.is_bool else r
+
+
 def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
                 range_end: Callable[[UOp], int]) -> Interval:
     """The [lo, hi] a node can take given the intervals of its sources (sound, maybe loose)."""
@@ -178,6 +202,13 @@ def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
         return (0, max(0, range_end(node) - 1))
     if dt is not None and dt.is_float:
         return (float("-inf"), float("inf"))
+    if op in _EXACT and all(lo == hi for lo, hi in s):
+        # every source is one known value (a size expression of the bound variables): the node's value
+        # is known exactly. The interval rules below are only sound, and compose loosely: N % 16 with
+        # N = 128 would be [0, 15], and a tile count built from it several rows too many
+        exact = _exact(op, node, [lo for lo, _ in s])
+        if exact is not None:
+            return (exact, exact)
     if op is Ops.ADD: return (s[0][0] + s[1][0], s[0][1] + s[1][1])
     if op is Ops.SUB: return (s[0][0] - s[1][1], s[0][1] - s[1][0])
     if op is Ops.MUL: return _corners(lambda x, y: x * y, s[0], s[1])
