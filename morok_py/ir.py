@@ -272,13 +272,20 @@ class UOp:
 
     # ---- ALU ------------------------------------------------------------------------------
     def alu(self, op: Ops, *others: "UOp | ConstLike") -> "UOp":
-        srcs = [self] + [o if isinstance(o, UOp) else UOp.const(o, self._const_dtype(o)) for o in others]
         if op is Ops.WHERE:
-            cond, a, b = srcs
+            # the arms' constants take their type from the other arm (or from the value), never from
+            # the bool condition: mask.where(36, x) must not store True
+            a, b = others
+            if not isinstance(a, UOp):
+                a = UOp.const(a) if not isinstance(b, UOp) else _lift(a, b)
+            if not isinstance(b, UOp):
+                b = _lift(b, a)
+            cond = self
             if cond.dtype != dtypes.bool:
                 raise TypeError(f"where() condition must be bool, got {cond.dtype}")
             a, b = _promote(a, b)
             return UOp(Ops.WHERE, a.dtype, (cond, a, b), None)
+        srcs = [self] + [o if isinstance(o, UOp) else UOp.const(o, self._const_dtype(o)) for o in others]
         if op in BINARY:
             a, b = srcs
             if op in (Ops.SHL, Ops.SHR):

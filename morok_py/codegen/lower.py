@@ -16,7 +16,7 @@ from ..dtypes import DType, dtypes
 from ..errors import LaunchError
 from ..ir import AxisType, Ops, UOp, REDUCE_OPS
 from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
-from .symbolic import evaluate, interval_of, rewrite, simplify
+from .symbolic import evaluate, interval_of, narrowed_interval, rewrite, simplify
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,7 @@ class LaunchInfo:
         self.grid_max = grid_max
         self.buf_count = len(params)
         self._cache: dict[tuple, tuple] = {}
+        self._has_where: dict[int, bool] = {}     # id(access index) -> whether a WHERE may narrow it
         self._lock = threading.Lock()
         self.symbolic = bool(variables)
 
@@ -351,8 +352,14 @@ class LaunchInfo:
         for r in a.enclosing:
             if range_end(r) <= 0:
                 return None  # the access sits in a loop with no iterations
+        memo: dict[int, tuple] = {}
         lo, hi = _checked_intervals(a.index, values, range_end, lambda: (
-            f"index arithmetic of the {'store to' if a.store else 'load from'} buffer {a.slot}"))
+            f"index arithmetic of the {'store to' if a.store else 'load from'} buffer {a.slot}"), memo)
+        has_where = self._has_where.get(id(a.index))
+        if has_where is None:
+            has_where = self._has_where[id(a.index)] = any(n.op is Ops.WHERE for n in a.index.toposort())
+        if has_where:
+            lo, hi = narrowed_interval(a.index, memo, values, range_end)
         return (a.slot, a.store, lo, hi)
 
     def check_sizes(self, bounds, sizes: Sequence[int]) -> None:
@@ -372,10 +379,11 @@ class LaunchInfo:
 
 
 def _checked_intervals(root: UOp, values: Mapping[str, int], range_end: Callable[[UOp], int],
-                       what: Callable[[], str]) -> tuple:
+                       what: Callable[[], str], memo: dict[int, tuple] | None = None) -> tuple:
     """The interval of `root` for these values; LaunchError (naming `what`) when a node of index type
-    leaves the type. Loads and casts from floats are data, not index arithmetic: not checked."""
-    memo: dict[int, tuple] = {}
+    leaves the type. Loads and casts from floats are data, not index arithmetic: not checked. `memo`
+    receives every node's interval (id -> (lo, hi))."""
+    memo = {} if memo is None else memo
     lo_lim, hi_lim = dtypes.index.min(), dtypes.index.max()
     for node in root.toposort():
         iv = interval_of(node, [memo[id(s)] for s in node.src], values, range_end)

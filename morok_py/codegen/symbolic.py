@@ -241,3 +241,125 @@ def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
         if dlo <= lo and hi <= dhi:
             return (lo, hi)
     return _dtype_range(dt) if dt is not None else (0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# WHERE narrowing: c.where(a, b) reads a only where c holds and b only where it does not
+
+
+def _narrowables(root: UOp) -> tuple[dict[int, frozenset[int]], set[int]]:
+    """(deps, above): deps maps id(node) -> ids of the integer nodes compared in a WHERE condition
+    that `node` depends on (empty sets left out): only those nodes can be narrowed by a WHERE above
+    them. `above` holds the ids of nodes with a narrowing WHERE at or below them."""
+    compared: set[int] = set()
+    wheres: set[int] = set()
+    for n in root.toposort():
+        if n.op is Ops.WHERE:
+            wheres.add(id(n))
+            stack = [n.src[0]]
+            while stack:
+                c = stack.pop()
+                if c.op in (Ops.NOT, Ops.AND, Ops.OR) and c.dtype.is_bool:
+                    stack.extend(c.src)
+                elif c.op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) and c.src[0].dtype.is_int:
+                    compared.update(id(x) for x in c.src if x.op is not Ops.CONST)
+    deps: dict[int, frozenset[int]] = {}
+    above: set[int] = set()
+    if not compared:
+        return deps, above
+    for n in root.toposort():
+        d = frozenset({id(n)}) if id(n) in compared else frozenset()
+        for s in n.src:
+            d |= deps.get(id(s), frozenset())
+        if d:
+            deps[id(n)] = d
+        if id(n) in wheres or any(id(s) in above for s in n.src):
+            above.add(id(n))
+    return deps, above
+
+
+def narrowed_interval(root: UOp, plain: Mapping[int, Interval], values: Mapping[str, int],
+                      range_end: Callable[[UOp], int]) -> Interval:
+    """The interval of `root` with every WHERE's arms analysed under their condition: in
+    `c.where(a, b)` where c compares integer expressions (x < y, x == y, x != y, and NOT / AND / OR of
+    such), a is analysed with x and y narrowed to the side where c holds and b to the side where it
+    fails; an arm that cannot run (an empty narrowed interval) does not count. `plain` holds every
+    node's interval without narrowing (the launch check's first pass, which also proved that no node
+    overflows whatever the conditions: an unselected arm is still computed).
+
+    Sound because UOps are hash-consed: the x inside a is the very value the condition tested."""
+    deps, above = _narrowables(root)
+    if not deps:
+        return plain[id(root)]
+    memo: dict[tuple, Interval] = {}
+
+    def iv(node: UOp, env: dict[int, Interval]) -> Interval:
+        if id(node) not in above and not (env and deps.get(id(node), frozenset()) & env.keys()):
+            return plain[id(node)]
+        if id(node) in env:
+            return env[id(node)]
+        key = (id(node), tuple(sorted(env.items())))
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        if node.op is Ops.WHERE:
+            arms = []
+            for truth, arm in ((True, node.src[1]), (False, node.src[2])):
+                sub = narrow(node.src[0], env, truth)
+                if sub is not None:
+                    arms.append(iv(arm, sub))
+            out = (min(a[0] for a in arms), max(a[1] for a in arms)) if arms else plain[id(node)]
+        else:
+            out = interval_of(node, [iv(s, env) for s in node.src], values, range_end)
+            p = plain[id(node)]     # narrowing never widens (the plain rules may be looser than exact)
+            out = (max(out[0], p[0]), min(out[1], p[1])) if out[0] <= p[1] and p[0] <= out[1] else out
+        memo[key] = out
+        return out
+
+    def clip(env: dict[int, Interval] | None, x: UOp, lo, hi) -> dict[int, Interval] | None:
+        if env is None or x.op is Ops.CONST:
+            return env
+        cur = iv(x, env)
+        new = (max(cur[0], lo), min(cur[1], hi))
+        if new[0] > new[1]:
+            return None     # the arm is unreachable
+        if new == cur:
+            return env
+        return {**env, id(x): new}
+
+    def narrow(c: UOp, env: dict[int, Interval] | None, truth: bool) -> dict[int, Interval] | None:
+        """env with the facts of `c == truth` added; None where that cannot hold."""
+        if env is None:
+            return None
+        if c.op is Ops.CONST:
+            return env if bool(c.arg) == truth else None
+        if c.op is Ops.NOT and c.dtype.is_bool:
+            return narrow(c.src[0], env, not truth)
+        if c.op in (Ops.AND, Ops.OR) and c.dtype.is_bool:
+            if (c.op is Ops.AND) == truth:      # both hold (AND true) or both fail (OR false)
+                return narrow(c.src[1], narrow(c.src[0], env, truth), truth)
+            return env
+        if c.op not in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE) or not c.src[0].dtype.is_int:
+            return env
+        x, y = c.src
+        X, Y = iv(x, env), iv(y, env)
+        if c.op is Ops.CMPLT:
+            if truth:       # x < y
+                env = clip(env, x, X[0], Y[1] - 1)
+                return clip(env, y, X[0] + 1, Y[1]) if env is not None else None
+            env = clip(env, x, Y[0], X[1])          # x >= y
+            return clip(env, y, Y[0], X[1]) if env is not None else None
+        if (c.op is Ops.CMPEQ) == truth:            # x == y
+            lo, hi = max(X[0], Y[0]), min(X[1], Y[1])
+            env = clip(env, x, lo, hi)
+            return clip(env, y, lo, hi) if env is not None else None
+        # x != y: only an end of one side can be cut off, where the other side is one known value
+        for a, A, B in ((x, X, Y), (y, Y, X)):
+            if B[0] == B[1] and env is not None:
+                if A[0] == B[0]:
+                    env = clip(env, a, A[0] + 1, A[1])
+                elif A[1] == B[0]:
+                    env = clip(env, a, A[0], A[1] - 1)
+        return env
+
+    return iv(root, {})
