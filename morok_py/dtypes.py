@@ -142,3 +142,15 @@ def as_dtype(x: Any) -> DType:
     if isinstance(x, str) and x in BY_NAME:
         return BY_NAME[x]
     return from_numpy(x)
+
+
+def accumulation_dtype(dt: DType, additive: bool = True) -> DType:
+    """The dtype a reduction of `dt` values accumulates in by default: float16 and bfloat16 in
+    float32, int8/int16 in int32 and uint8/uint16 in uint32 (sums and products of narrow values leave
+    their range, or their precision, after a few terms). MAX and MIN (`additive=False`) are exact in
+    any dtype and keep it."""
+    if not additive or dt.itemsize >= 4 or dt.is_bool:
+        return dt
+    if dt.is_float:
+        return dtypes.float32
+    return dtypes.uint32 if dt.is_unsigned else dtypes.int32

@@ -13,7 +13,7 @@ import weakref
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Union
 
-from .dtypes import DType, dtypes, as_dtype
+from .dtypes import DType, accumulation_dtype, dtypes, as_dtype
 
 
 class Ops(enum.Enum):
@@ -50,7 +50,7 @@ BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.FDIV, Ops.
                     Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
 ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST}
-REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX)
+REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN)
 
 ConstLike = Union[int, float, bool]
 
@@ -230,8 +230,14 @@ class UOp:
             raise TypeError(f"storing {v.dtype} into a {self.dtype} buffer; cast it first")
         return UOp(Ops.STORE, None, (self, _as_index(index), v), None)
 
-    def reduce(self, *ranges: "UOp", op: Ops = Ops.ADD) -> "UOp":
-        """Reduce this value over `ranges` (REDUCE ranges) with ADD, MUL or MAX."""
+    def reduce(self, *ranges: "UOp", op: Ops = Ops.ADD, acc_dtype: Any = None) -> "UOp":
+        """Reduce this value over `ranges` (REDUCE ranges) with `op` (see REDUCE_OPS).
+
+        The REDUCE node accumulates in `acc_dtype` (default: float16 and
+        bfloat16 sum in float32, int8/int16 in int32) and the result is rounded once to this value's
+        dtype. The widening cast is pushed through ADD, SUB, NEG and MUL, so a half-precision dot
+        product multiplies in float32 as well (as cuBLAS does). To keep working at the accumulation
+        precision after the reduction (a mean, a norm), cast the input instead: x.cast(f32).reduce(k)."""
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {[o.name for o in REDUCE_OPS]}, got {op!r}")
         if not ranges:
@@ -241,7 +247,17 @@ class UOp:
                 raise TypeError(f"reduce takes RANGE UOps, got {r!r}")
             if r.arg[1] is not AxisType.REDUCE:
                 raise ValueError(f"range of axis {r.arg[0]} is {r.arg[1].name}; reduce needs AxisType.REDUCE ranges")
-        return UOp(Ops.REDUCE, self.dtype, (self, *ranges), op)
+        dt = self.dtype
+        if acc_dtype is None:
+            acc = accumulation_dtype(dt, additive=op in (Ops.ADD, Ops.MUL))
+        else:
+            acc = as_dtype(acc_dtype)
+            if acc.kind != dt.kind and not (dt.is_int and acc.is_int) or acc.itemsize < dt.itemsize:
+                raise ValueError(f"a {dt.name} reduction cannot accumulate in {acc.name}: use a dtype of the same "
+                                 f"kind at least as wide, or cast the input first")
+        if acc == dt:
+            return UOp(Ops.REDUCE, dt, (self, *ranges), op)
+        return UOp(Ops.REDUCE, acc, (_widen(self, acc), *ranges), op).cast(dt)
 
     # ---- properties used by lowering ------------------------------------------------------
     @property
@@ -370,6 +386,31 @@ class UOp:
     def relu(self) -> "UOp": return self.maximum(0.0 if self.dtype.is_float else 0)
     def clamp(self, lo, hi) -> "UOp": return self.maximum(lo).minimum(hi)
 
+    # ---- math a graph executor needs: compositions of the ops above, so every renderer has them ----
+    # Transcendentals run in float32 for float16/bfloat16 (rounded once) and in float32 for ints.
+    def abs(self) -> "UOp": return self.maximum(-self) if self.dtype.is_float else (self < 0).where(-self, self)
+    def floor(self) -> "UOp": return _floor(self)
+    def ceil(self) -> "UOp": return _ceil(self)
+    def round(self) -> "UOp":
+        """Round half to even (numpy.round / numpy.rint)."""
+        return _round_half_even(self)
+    def isnan(self) -> "UOp": return self != self
+    def isinf(self) -> "UOp":
+        if not self.dtype.is_float:
+            return self != self
+        return (self == math.inf) | (self == -math.inf)
+    def tanh(self) -> "UOp": return _tanh(self)
+    def sigmoid(self) -> "UOp": return _sigmoid(self)
+    def erf(self) -> "UOp": return _erf(self)
+    def pow(self, exponent: "UOp | ConstLike") -> "UOp":
+        """self ** exponent like numpy.power for a float base: a negative base with an integer-valued
+        exponent gives the signed result, with any other exponent NaN; x ** 0 == 1 (also for NaN).
+        An int base computes in float32. Small integer constants multiply; other exponents go
+        through exp2(y * log2|x|) in float64 for float32/float64 bases (float32 for half bases)."""
+        return _pow(self, exponent)
+    def __pow__(self, o): return self.pow(o)
+    def __rpow__(self, o): return _lift(o, self).pow(self)
+
     def cast(self, dtype: Any) -> "UOp":
         dt = as_dtype(dtype)
         if dt == self.dtype:
@@ -381,6 +422,24 @@ class UOp:
         if dt.itemsize != self.dtype.itemsize or dt.is_bool or self.dtype.is_bool:
             raise TypeError(f"bitcast needs types of the same size, got {self.dtype} -> {dt}")
         return UOp(Ops.BITCAST, dt, (self,), None)
+
+
+def _widen(x: UOp, acc: DType) -> UOp:
+    """x cast to `acc`, the cast pushed below ADD/SUB/NEG/MUL so that their arithmetic is done at the
+    accumulation precision (products of two float16 values are exact in float32)."""
+    memo: dict[int, UOp] = {}
+    def go(u: UOp) -> UOp:
+        hit = memo.get(id(u))
+        if hit is None:
+            if u.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG) and u.dtype == x.dtype:
+                hit = UOp(u.op, acc, tuple(go(s) for s in u.src), None)
+            elif u.op is Ops.CONST:
+                hit = UOp.const(u.arg, acc)
+            else:
+                hit = u.cast(acc)
+            memo[id(u)] = hit
+        return hit
+    return go(x)
 
 
 def _lift(value: Any, like: UOp) -> UOp:
@@ -546,3 +605,164 @@ def uops_from_json(d: Any) -> list[UOp]:
 def _dtype_names() -> dict[str, DType]:
     from .dtypes import BY_NAME
     return BY_NAME
+
+
+# ---- math compositions (UOp.tanh, .erf, .pow, ...) ---------------------------------------------
+# Built only from IR ops, so CPU, CUDA and ROCm renderers all get them. Polynomial coefficients are
+# least-squares fits on Chebyshev nodes against 40-digit references (mpmath); the errors quoted are
+# the fits' own, measured in float64 (float32 rounding adds ~1e-7 relative).
+
+
+def _math_in(x: UOp) -> tuple[UOp, DType]:
+    """(x in the float type the math runs in, the result dtype): half types and ints widen to float32."""
+    dt = x.dtype
+    if dt.is_float and dt.itemsize >= 4:
+        return x, dt
+    return x.cast(dtypes.float32), dt if dt.is_float else dtypes.float32
+
+
+def _poly(x: UOp, coeffs: "tuple[float, ...]") -> UOp:
+    """c0 + c1*x + c2*x**2 + ... by Horner."""
+    p = UOp.const(coeffs[-1], x.dtype)
+    for c in reversed(coeffs[:-1]):
+        p = p * x + c
+    return p
+
+
+def _floor(x: UOp) -> UOp:
+    if not x.dtype.is_float:
+        return x
+    t = x.trunc()       # exact; below zero trunc rounds up, step down once
+    return (x < t).where(t - 1.0, t)
+
+
+def _ceil(x: UOp) -> UOp:
+    if not x.dtype.is_float:
+        return x
+    t = x.trunc()
+    return (t < x).where(t + 1.0, t)
+
+
+def _round_half_even(x: UOp) -> UOp:
+    if not x.dtype.is_float:
+        return x
+    t = x.trunc()
+    d = (x - t).abs()                       # exact: x and t share their exponent (or t is 0)
+    half = t * 0.5
+    odd = half.trunc() != half              # false for inf: an integer that large is even
+    up = (d > 0.5) | ((d == 0.5) & odd)     # false for NaN and inf (d is NaN there)
+    return up.where((x < 0.0).where(t - 1.0, t + 1.0), t)
+
+
+# tanh(x) = x * (1 + z*(c1 + c2*z + ...)), z = x*x: Taylor coefficients
+_TANH_TAYLOR = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075)
+
+
+def _tanh(x: UOp) -> UOp:
+    xc, out = _math_in(x)
+    f64 = xc.dtype.name == "float64"
+    # below the switch the series (truncation 5e-8 at 0.3 with 5 terms; 2e-17 at 0.1 with 7) beats
+    # 1 - 2/(e^2a + 1), whose cancellation costs about eps / (2a) relative
+    switch, terms = (0.1, 7) if f64 else (0.3, 5)
+    a = xc.abs()
+    series = xc * _poly(xc * xc, _TANH_TAYLOR[:terms])
+    big = 1.0 - 2.0 / ((a * 2.0).exp() + 1.0)    # exp overflow -> inf -> exactly 1
+    res = (a < switch).where(series, (xc < 0.0).where(-big, big))
+    return res.cast(out)
+
+
+def _sigmoid(x: UOp) -> UOp:
+    xc, out = _math_in(x)
+    return (1.0 / ((-xc).exp() + 1.0)).cast(out)     # exp(-x) = inf for x << 0 gives 0, never NaN
+
+
+# erf(x) / x as a polynomial in x*x on |x| < 1: degree 6 (fit error 1.4e-9), degree 10 (6e-16)
+_ERF_SMALL_F32 = (1.1283791658815026, -0.3761262690358044, 0.11283597463488053, -0.026854328796067244,
+                  0.005189311942686617, -0.0008018854992786387, 7.882497110086663e-05)
+_ERF_SMALL_F64 = (1.1283791670955121, -0.37612638903174545, 0.11283791670585167, -0.026866170587102625,
+                  0.0052239771580349795, -0.0008548305018244803, 0.00012054685242167439,
+                  -1.4913347600220913e-05, 1.6310752968714664e-06, -1.5190145066332113e-07,
+                  9.432321288548624e-09)
+# erfc(x) * exp(x*x) as a polynomial in 1/x on [1, 4] (float32: erf rounds to 1 beyond) and [1, 6]
+# (float64), fitted for absolute error of erfc: 5e-9 and 1.7e-15
+_ERF_LARGE_F32 = (-0.0016291630327307921, 0.5775986388100108, -0.03296978160617251, -0.3117650827011527,
+                  0.310490466113024, -0.13973773386413868, 0.025596243848975252)
+_ERF_LARGE_F64 = (-4.036289671338892e-05, 0.5652375771161967, -0.012526612348092468, -0.19116068049481869,
+                  -0.44369434240823435, 1.9339126344747117, -3.559265513070711, 4.303154390954974,
+                  -3.727996859967116, 2.343980117268935, -1.0415187605246592, 0.3035512005616398,
+                  -0.047561952911086405, 0.000920464443111848, 0.0005922759576717842)
+
+
+def _erf(x: UOp) -> UOp:
+    xc, out = _math_in(x)
+    f64 = xc.dtype.name == "float64"
+    small = xc * _poly(xc * xc, _ERF_SMALL_F64 if f64 else _ERF_SMALL_F32)
+    a = xc.abs().minimum(6.0 if f64 else 4.0)       # erf is exactly 1 beyond; inf -> 1, NaN stays
+    large = 1.0 - (-(a * a)).exp() * _poly(1.0 / a, _ERF_LARGE_F64 if f64 else _ERF_LARGE_F32)
+    res = (a < 1.0).where(small, (xc < 0.0).where(-large, large))
+    return res.cast(out)
+
+
+_SIGNED_OF_SIZE = {2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+
+
+def _signbit(x: UOp) -> UOp:
+    return x.bitcast(_SIGNED_OF_SIZE[x.dtype.itemsize]) < 0
+
+
+def _pow_int(x: UOp, n: int) -> UOp:
+    """x ** n for a small integer constant: square and multiply (error about |n| * eps / 2)."""
+    acc: UOp | None = None
+    base, k = x, abs(n)
+    while k:
+        if k & 1:
+            acc = base if acc is None else acc * base
+        k >>= 1
+        if k:
+            base = base * base
+    assert acc is not None
+    return 1.0 / acc if n < 0 else acc
+
+
+def _pow(x: UOp, y: "UOp | ConstLike") -> UOp:
+    out = x.dtype if x.dtype.is_float else dtypes.float32
+    # half types compute in float32; float32 in float64: y * log2|x| reaches 128 where float32's
+    # product alone would cost 128 * ln2 * 2**-24 ~ 5e-6 relative
+    cdt = dtypes.float32 if out.itemsize < 4 else dtypes.float64
+    if not isinstance(y, UOp):
+        if isinstance(y, bool) or not isinstance(y, (int, float)):
+            raise TypeError(f"pow exponent must be a UOp or a number, got {y!r}")
+        if y == 0:    # 1 everywhere, NaN included; still a function of x so the kernel keeps its input
+            return x.isnan().where(1.0, 1.0).cast(out) if x.dtype.is_float else x.cast(out).isnan().where(1.0, 1.0)
+        if float(y).is_integer() and abs(y) <= 16:
+            xs = x.cast(dtypes.float32) if out.itemsize < 4 else x.cast(out)
+            return _pow_int(xs, int(y)).cast(out)
+        if y == 0.5:
+            xs = x.cast(dtypes.float32) if out.itemsize < 4 else x.cast(out)
+            r = (xs == -math.inf).where(math.inf, xs.sqrt())
+            return (xs == 0.0).where(0.0, r).cast(out)       # pow(-0, 0.5) is +0, sqrt(-0) is -0
+    xc = x.cast(cdt)
+    if isinstance(y, UOp) and not y.dtype.is_float:
+        yi = y.cast(dtypes.int32) if y.dtype.is_bool else y
+        yc = yi.cast(cdt)
+        odd = (yi & 1) != 0
+        non_int = None
+    else:
+        if isinstance(y, UOp):
+            yc = y.cast(cdt)
+            half = yc * 0.5
+            non_int = yc.trunc() != yc                      # NaN counts as non-integer, inf does not
+            odd = non_int.logical_not() & (half.trunc() != half)    # false for inf
+        else:
+            yc = UOp.const(float(y), cdt)
+            fy = float(y)
+            is_int = math.isinf(fy) or fy.is_integer()
+            odd = UOp.const(is_int and not math.isinf(fy) and int(fy) % 2 == 1)
+            non_int = None if is_int else UOp.const(True)
+    mag = (yc * xc.abs().log2()).exp2()
+    res = (_signbit(xc) & odd).where(-mag, mag)
+    if non_int is not None:    # a finite negative base with a non-integer exponent
+        res = ((xc < 0.0) & (xc != -math.inf) & non_int).where(math.nan, res)
+    # 0 * inf and inf * 0 in the exponent: pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1
+    one = (yc == 0.0) | (xc == 1.0) | ((xc == -1.0) & yc.isinf())
+    return one.where(1.0, res).cast(out)

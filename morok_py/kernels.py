@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from .dtypes import DType, as_dtype, dtypes
+from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .ir import AxisType, Ops, UOp
 
 Size = "int | UOp | None"
@@ -45,21 +45,26 @@ def _index(ranges: Sequence[UOp], shape: Sequence, strides: Sequence | None = No
 BINARY: dict[str, Callable[[UOp, UOp], UOp]] = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
     "div": lambda a, b: a / b, "max": lambda a, b: a.maximum(b), "min": lambda a, b: a.minimum(b),
+    "pow": lambda a, b: a.pow(b),
 }
 UNARY: dict[str, Callable[[UOp], UOp]] = {
     "neg": lambda a: -a, "relu": lambda a: a.relu(), "exp": lambda a: a.exp(), "log": lambda a: a.log(),
     "sqrt": lambda a: a.sqrt(), "sin": lambda a: a.sin(), "recip": lambda a: a.reciprocal(),
     "exp2": lambda a: a.exp2(), "log2": lambda a: a.log2(), "trunc": lambda a: a.trunc(),
-    "square": lambda a: a * a,
+    "square": lambda a: a * a, "abs": lambda a: a.abs(), "tanh": lambda a: a.tanh(),
+    "sigmoid": lambda a: a.sigmoid(), "erf": lambda a: a.erf(), "floor": lambda a: a.floor(),
+    "ceil": lambda a: a.ceil(), "round": lambda a: a.round(), "isnan": lambda a: a.isnan(),
+    "isinf": lambda a: a.isinf(),
 }
 
 
 def unary(fn: str, n=None, dtype=dtypes.float32) -> UOp:
-    """out[i] = fn(x[i]) over n elements."""
+    """out[i] = fn(x[i]) over n elements; out has fn's result dtype (bool for isnan and isinf)."""
     dt = as_dtype(dtype)
-    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    x = UOp.param(0, dt)
     i = UOp.range(size(n, "n"), 0)
-    return UOp.sink(out.store(i, UNARY[fn](x.load(i))))
+    val = UNARY[fn](x.load(i))
+    return UOp.sink(UOp.param(1, val.dtype).store(i, val))
 
 
 def add(n=None, dtype=dtypes.float32) -> UOp:
@@ -104,7 +109,7 @@ def broadcast_binary(op: str, shape_a: Sequence[int], shape_b: Sequence[int], dt
 
 
 def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UOp:
-    """out = x.op(axis) for op in sum, max, mean, prod; shape entries may be None (symbolic)."""
+    """out = x.op(axis) for op in sum, max, min, mean, prod; shape entries may be None (symbolic)."""
     dt = as_dtype(dtype)
     nd = len(shape)
     if not -nd <= axis < nd:
@@ -113,10 +118,13 @@ def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UO
     shape = [size(d, f"d{i}") for i, d in enumerate(shape)]
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     ranges = [UOp.range(d, ax, AxisType.REDUCE if ax == axis else AxisType.GLOBAL) for ax, d in enumerate(shape)]
-    rop = {"sum": Ops.ADD, "mean": Ops.ADD, "max": Ops.MAX, "prod": Ops.MUL}[op]
-    red = x.load(_index(ranges, shape)).reduce(ranges[axis], op=rop)
-    if op == "mean":
-        red = red / _end(shape[axis]).cast(dt)
+    rop = {"sum": Ops.ADD, "mean": Ops.ADD, "max": Ops.MAX, "min": Ops.MIN, "prod": Ops.MUL}[op]
+    v = x.load(_index(ranges, shape))
+    if op == "mean":    # summed and divided at the accumulation precision, rounded once
+        acc = accumulation_dtype(dt)
+        red = (v.cast(acc).reduce(ranges[axis]) / _end(shape[axis]).cast(acc)).cast(dt)
+    else:
+        red = v.reduce(ranges[axis], op=rop)
     keep = [r for ax, r in enumerate(ranges) if ax != axis]
     oshape = [d for ax, d in enumerate(shape) if ax != axis]
     return UOp.sink(out.store(_index(keep, oshape) if keep else UOp.const(0), red))
@@ -172,13 +180,14 @@ def softmax(rows=None, cols=None, dtype=dtypes.float32) -> UOp:
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     r = UOp.range(R, 0)
     base = r * _end(C)
+    acc = accumulation_dtype(dt)      # half precision: exp, sum and scale in float32, rounded once
     k1 = UOp.range(C, 1, AxisType.REDUCE)
-    m = x.load(base + k1).reduce(k1, op=Ops.MAX)
+    m = x.load(base + k1).reduce(k1, op=Ops.MAX).cast(acc)
     k2 = UOp.range(C, 2, AxisType.REDUCE)
-    s = (x.load(base + k2) - m).exp().reduce(k2)
+    s = (x.load(base + k2).cast(acc) - m).exp().reduce(k2)
     j = UOp.range(C, 3, AxisType.LOOP)
     inv = s.reciprocal()
-    return UOp.sink(out.store(base + j, (x.load(base + j) - m).exp() * inv))
+    return UOp.sink(out.store(base + j, ((x.load(base + j).cast(acc) - m).exp() * inv).cast(dt)))
 
 
 def gather(table_n=None, n=None, dtype=dtypes.float32) -> UOp:

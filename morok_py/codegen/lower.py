@@ -1224,11 +1224,11 @@ def x_coefficient(index: UOp, x: UOp) -> int | None:
 
 def reduce_identity(dt: DType, op: Ops):
     """The value a reduction's accumulator starts from. (Shared with gpu_tile.)"""
-    ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min()}[op]
+    ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min(), Ops.MIN: dt.max()}[op]   # +-inf for floats
     if dt.is_float:
         return float(ident)
     if dt.is_bool:
-        return bool(ident) if op is not Ops.MAX else False
+        return bool(ident)      # MAX is any (from False), MIN is all (from True)
     return ident
 
 
