@@ -266,7 +266,8 @@ def compile_only_pairs(device: str, arch: str | None) -> list:
     if spec.type == "CPU":
         from .backends.cpu.compiler import CPUCompiler, llvm
         from .backends.cpu.renderer import CPURenderer
-        return [(CPURenderer(spec, llvm().get_process_triple()), CPUCompiler(arch))]
+        compiler = CPUCompiler(arch)      # the register tile follows the target's features, not the host's
+        return [(CPURenderer(spec, llvm().get_process_triple(), compiler.renderer_features), compiler)]
     import importlib
     try:
         mod = importlib.import_module(f"morok_py.backends.{spec.type.lower()}.device")
@@ -349,7 +350,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if text is not None:         # PTX and other text targets
             print(text)
         else:
-            print(f"{args.kernel} for {args.device} {compiler.arch} ({compiler.cache_key}):")
+            print(f"{args.kernel} for {args.device} {compiler.arch} ({compiler.cache_key}), symbol {spec.symbol}:")
             print(describe_binary(out))
             print("(binary output: pass -o FILE to write it)")
     else:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from . import config
 from .codegen.linear import LinearKernel
 from .codegen.lower import Capabilities, LaunchInfo, Variable, lower
+from .codegen.symbols import check_kernel_name, symbol_for
 from .dtypes import DType, as_dtype
 from .errors import LaunchError, MorokError, OutOfMemoryError
 from .ir import UOp
@@ -72,6 +73,11 @@ class ProgramSpec:
     linear: LinearKernel | None = field(default=None, repr=False, compare=False)
     param_dtypes: tuple[DType, ...] = ()
 
+    @property
+    def symbol(self) -> str:
+        """The kernel's symbol in `src` (derived from `name` by `codegen.symbols.symbol_for`)."""
+        return symbol_for(self.name)
+
     def launch_dims(self, values: Mapping[str, int] | Sequence[int] | None = None):
         """(global_size, local_size) for these variable values (checked against their bounds)."""
         return self.launch.launch_dims(values)
@@ -105,19 +111,22 @@ class CompiledSpec:
                             spec.local_size, spec.buf_count, spec.launch, arch, compiler, spec.param_dtypes)
 
     @property
+    def symbol(self) -> str:
+        """The symbol the runtime looks up: recomputed from `name`, the way the renderer derived it, so
+        bytes read back from the disk cache are found too."""
+        return symbol_for(self.name)
+
+    @property
     def payload(self) -> bytes:
         return self.bytes if self.bytes is not None else (self.src or "").encode()
 
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-
-
 def kernel_name(ast: UOp, name: str | None) -> str:
+    """The user's name for a kernel (any non-empty str; None: one derived from the AST). The symbol in
+    the compiled output is `symbol_for(name)`; the name is what debug output, errors and profiles show."""
     if name is None:
         return "k_" + ast.key[:10]
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"kernel name {name!r} must be an identifier of at most 128 characters")
-    return name
+    return check_kernel_name(name)
 
 
 class Renderer(abc.ABC):
@@ -444,6 +453,8 @@ class Device(metaclass=_DeviceMeta):
     def compile(self, ast: UOp, name: str | None = None, *, compiler: str | None = None) -> Program:
         """Render, compile and load through the method and disk caches."""
         from .cache import compile_through_caches
+        if name is not None:
+            check_kernel_name(name)     # before the name reaches a cache key (b"x" would hash fine)
         r, c = self.pair(compiler) if compiler else (self.renderer, self.compiler)
         return compile_through_caches(self, r, c, ast, name)
 

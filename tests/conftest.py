@@ -95,6 +95,34 @@ def cpu() -> Target:
     return Target(get_device("CPU"), "llvm")
 
 
+# the x86-64 levels the CPU kernel-family tests run at (each the host can execute), so that an AVX-512
+# machine also proves the AVX2 and SSE code paths
+CPU_LEVELS = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4"]
+_level_devices: dict[str, Device] = {}
+
+
+@pytest.fixture(params=CPU_LEVELS)
+def cpu_level(request) -> Target:
+    """A CPU device compiling for one x86-64 level (its renderer sized by that level's features);
+    skipped where the host cannot run that level's code."""
+    import platform
+    from morok_py.backends.cpu.compiler import host_cpu
+    from morok_py.backends.cpu.device import CPUDevice
+    from morok_py.backends.cpu.features import load_mismatch
+    from morok_py.device import DeviceSpec
+    level = request.param
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"{level} is an x86-64 level; this host is {platform.machine()}")
+    host, features = host_cpu()
+    why = load_mismatch(level, host, features)
+    if why is not None:
+        pytest.skip(f"the host cannot run {level} code: {why}")
+    dev = _level_devices.get(level)
+    if dev is None:
+        dev = _level_devices[level] = CPUDevice(DeviceSpec.parse("CPU"), arch=level)
+    return Target(dev, "llvm")
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)

@@ -580,7 +580,7 @@ def test_debug_level_2_still_prints_the_source_on_a_warm_cache(cpu, cache_dir, m
     capfd.readouterr()
     monkeypatch.setenv("MOROK_DEBUG", "2")
     cpu.compile(ast, "warm_dbg")
-    assert "define void @warm_dbg" in capfd.readouterr().err
+    assert "define void @k_warm_dbg" in capfd.readouterr().err
 
 
 # ---- the AST-level key -----------------------------------------------------------------------------

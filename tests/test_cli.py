@@ -9,6 +9,7 @@ import pytest
 
 from morok_py import register_backend
 from morok_py.cli import main
+from morok_py.codegen.symbols import symbol_for
 
 from conftest import ROOT
 from test_cpu import other_cpu
@@ -64,7 +65,7 @@ def test_demo_runs_on_morok_device_via_python_m(tmp_path):
 @pytest.mark.parametrize("kernel", ["add", "sum", "softmax", "matmul"])
 def test_compile_emits_llvm_source(kernel, capsys):
     assert main(["compile", "--emit", "source", kernel]) == 0
-    assert f"define void @{kernel}(" in capsys.readouterr().out
+    assert f"define void @{symbol_for(kernel)}(" in capsys.readouterr().out
 
 
 def test_compile_emits_an_object_file(tmp_path, capsys):
@@ -76,7 +77,8 @@ def test_compile_emits_an_object_file(tmp_path, capsys):
 def test_compile_summarizes_binary_output(capsys):
     assert main(["compile", "--emit", "compiled", "softmax"]) == 0
     out = capsys.readouterr().out
-    assert "ELF 64-bit relocatable" in out and "functions: softmax" in out
+    assert "softmax for CPU" in out and "symbol k_softmax:" in out
+    assert "ELF 64-bit relocatable" in out and "functions: k_softmax" in out
 
 
 def test_compile_for_another_cpu_arch(capsys):

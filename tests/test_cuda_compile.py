@@ -20,7 +20,7 @@ from elftools.elf.elffile import ELFFile  # noqa: E402
 from morok_py import AxisType, CompileError, DeviceError, Ops, UOp, dtypes, kernels as K  # noqa: E402
 from morok_py.backends.cuda import compile_only_pairs  # noqa: E402
 from morok_py.backends.cuda.compiler import NVRTCCompiler, normalize_arch  # noqa: E402
-from morok_py.backends.cuda.renderer import cuda_symbol  # noqa: E402
+from morok_py.codegen.symbols import symbol_for  # noqa: E402
 from morok_py.backends.cuda.runtime import check_cubin_arch, cubin_arch  # noqa: E402
 
 ARCHS = ["sm_80", "sm_90"]
@@ -58,7 +58,7 @@ def test_every_named_kernel_compiles_to_a_cubin_with_its_symbol(arch, key, name)
     assert compiled.bytes[:4] == b"\x7fELF" and compiled.src is None
     assert compiled.arch == arch and compiled.compiler == key
     funcs = elf_functions(compiled.bytes)
-    assert cuda_symbol(name) in funcs, sorted(funcs)
+    assert symbol_for(name) in funcs, sorted(funcs)
     assert cubin_arch(compiled.bytes) == arch
 
 
@@ -89,7 +89,7 @@ def _every_op_kernel(dt):
 @pytest.mark.parametrize("key", PAIRS)
 def test_every_alu_op_and_dtype_compiles(key, dt):
     spec, compiled = compile_ast(_every_op_kernel(dt), "sm_90", key, f"ops_{dt.name}")
-    assert f"ops_{dt.name}" in elf_functions(compiled.bytes)
+    assert spec.symbol == f"k_ops_{dt.name}" and spec.symbol in elf_functions(compiled.bytes)
 
 
 @pytest.mark.parametrize("key", PAIRS)
@@ -102,7 +102,7 @@ def test_bool_buffers_and_bitcasts_compile(key):
     ast = UOp.sink(u.store(i, bits ^ 0x80000000), m.store(i, (x < 0.0) & m.load(i).logical_not()),
                    h.store(i, h.load(i).bitcast(dtypes.int16).bitcast(dtypes.float16) + x.cast(dtypes.float16)))
     spec, compiled = compile_ast(ast, "sm_90", key, "bits")
-    assert "bits" in elf_functions(compiled.bytes)
+    assert "k_bits" in elf_functions(compiled.bytes)
 
 
 # ---- what the renderers print -------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_cuda_c_has_the_kernel_qualifiers_and_exact_literals():
     ast = UOp.sink(out.store(i, x.load(i) * 0.1 + float("inf") * 0.0 + x.load(i).maximum(float("-inf"))))
     r, _ = pair("sm_90", "nvrtc")
     src = r.render(ast, "scale").src
-    assert 'extern "C" __global__ void __launch_bounds__(256) scale(' in src
+    assert 'extern "C" __global__ void __launch_bounds__(256) k_scale(' in src
     assert "const float* __restrict__ p0" in src and "float* __restrict__ p1" in src
     assert "blockIdx.x" in src and "threadIdx.x" in src
     lits = re.findall(r"(-?0x[0-9a-f.]+p[+-]\d+)f", src)
@@ -125,7 +125,7 @@ def test_nvptx_ir_uses_the_kernel_calling_convention_and_special_registers():
     r, _ = pair("sm_90", "llvm-nvptx")
     src = r.render(K.add(), "add").src
     assert 'target triple = "nvptx64-nvidia-cuda"' in src
-    assert "define ptx_kernel void @add(ptr addrspace(1) noalias %p0" in src
+    assert "define ptx_kernel void @k_add(ptr addrspace(1) noalias %p0" in src
     assert "@llvm.nvvm.read.ptx.sreg.ctaid.x()" in src and "@llvm.nvvm.read.ptx.sreg.tid.x()" in src
 
 
@@ -136,11 +136,11 @@ def test_half_and_bfloat16_compute_in_float_without_toolkit_headers():
     assert "morok_f2bf(" in src and "morok_bf2f(" in src
 
 
-def test_kernel_names_reserved_by_nvrtc_get_a_distinct_symbol():
-    assert cuda_symbol("exp") == "exp_kernel" and cuda_symbol("softmax") == "softmax"
+def test_kernel_names_nvrtc_declares_get_a_prefixed_symbol():
+    assert symbol_for("exp") == "k_exp" and symbol_for("softmax") == "k_softmax"
     for key in PAIRS:
         _, compiled = compile_ast(K.unary("exp"), "sm_90", key, "exp")
-        assert "exp_kernel" in elf_functions(compiled.bytes)
+        assert compiled.name == "exp" and "k_exp" in elf_functions(compiled.bytes)
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_nvrtc_error_carries_log_numbered_source_and_command():
         c.compile(bad)
     e = ei.value
     assert "undeclared_thing" in e.log and "error" in e.log
-    assert e.command == "nvcc -cubin -arch=sm_90 -o broken.cubin broken.cu"
+    assert e.command == "nvcc -cubin -arch=sm_90 -o k_broken.cubin k_broken.cu"   # files named by the symbol
     assert re.search(r"^\s*\d+ \| .*undeclared_thing", str(e), re.M)
     assert e.kernel == "broken"
 

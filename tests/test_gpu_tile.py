@@ -581,12 +581,12 @@ def test_occupancy_hint_rendering():
     from morok_py.device import DeviceSpec
     cu, rocm = DeviceSpec.parse("CUDA"), DeviceSpec.parse("ROCM")
     src = CUDARenderer(cu, "sm_90").render(K.matmul(), "matmul").src
-    assert 'extern "C" __global__ void __launch_bounds__(256, 2) matmul(' in src
+    assert 'extern "C" __global__ void __launch_bounds__(256, 2) k_matmul(' in src
     src = CUDARenderer(cu, "sm_90").render(K.matmul(dtype=dtypes.float64), "matmul").src
-    assert 'extern "C" __global__ void __launch_bounds__(256) matmul(' in src
+    assert 'extern "C" __global__ void __launch_bounds__(256) k_matmul(' in src
     assert '"nvvm.maxntid"="256" "nvvm.minctasm"="2"' in NVPTXRenderer(cu, "sm_90").render(K.matmul(), "mm").src
     assert "minctasm" not in NVPTXRenderer(cu, "sm_90").render(K.matmul(dtype=dtypes.float64), "mm").src
-    assert "__launch_bounds__(256) matmul(" in HIPRenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
+    assert "__launch_bounds__(256) k_matmul(" in HIPRenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
     assert "nvvm" not in AMDGPURenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
 
 

@@ -21,6 +21,7 @@ from morok_py.backends.rocm import compile_only_pairs
 from morok_py.backends.rocm import compiler as C
 from morok_py.backends.rocm import renderer as R
 from morok_py.codegen import llvm_math
+from morok_py.codegen.symbols import symbol_for
 from morok_py.backends.rocm.runtime import check_code_object, check_kernarg_layout, kernarg_layout
 
 elftools = pytest.importorskip("elftools", reason="pyelftools checks the code objects (pip install pyelftools)")
@@ -70,8 +71,9 @@ def test_code_object_is_a_valid_hsaco(arch, kernel):
     assert elf.header.e_ident["EI_ABIVERSION"] == 3        # ELFABIVERSION_AMDGPU_HSA_V5
     assert out.bytes[7] == C.ELFOSABI_AMDGPU_HSA
     syms = {s.name: s for s in elf.get_section_by_name(".dynsym").iter_symbols()}
-    assert syms[kernel]["st_info"]["type"] == "STT_FUNC" and syms[kernel]["st_size"] > 0
-    kd = syms[f"{kernel}.kd"]
+    sym = symbol_for(kernel)
+    assert syms[sym]["st_info"]["type"] == "STT_FUNC" and syms[sym]["st_size"] > 0
+    kd = syms[f"{sym}.kd"]
     assert kd["st_info"]["type"] == "STT_OBJECT" and kd["st_size"] == 64   # the kernel descriptor
     notes = [n for sec in elf.iter_sections() if sec["sh_type"] == "SHT_NOTE" for n in sec.iter_notes()]
     meta_notes = [n for n in notes if n["n_name"] == "AMDGPU" and n["n_type"] == C.NT_AMDGPU_METADATA]
@@ -81,7 +83,7 @@ def test_code_object_is_a_valid_hsaco(arch, kernel):
     assert meta["amdhsa.version"] == [1, 2]                # code object v5
     assert meta["amdhsa.target"].startswith(f"amdgcn-amd-amdhsa--{arch}")
     (kmeta,) = meta["amdhsa.kernels"]
-    assert kmeta[".name"] == kernel and kmeta[".symbol"] == f"{kernel}.kd"
+    assert kmeta[".name"] == sym and kmeta[".symbol"] == f"{sym}.kd"
     assert kmeta[".wavefront_size"] == wave
     assert kmeta[".max_flat_workgroup_size"] == math.prod(spec.launch.local_size)
     args = [a for a in kmeta[".args"] if not a[".value_kind"].startswith("hidden_")]
@@ -104,7 +106,7 @@ def test_rendered_ir_targets_amdgpu(arch):
     spec = r.render(K.named("softmax"), name="softmax")
     src = spec.src
     assert 'target triple = "amdgcn-amd-amdhsa"' in src
-    assert "define amdgpu_kernel void @softmax(ptr addrspace(1) noalias %p0" in src
+    assert "define amdgpu_kernel void @k_softmax(ptr addrspace(1) noalias %p0" in src
     assert "@llvm.amdgcn.workgroup.id.x()" in src and "@llvm.amdgcn.workitem.id.x()" in src
     assert f'"amdgpu-flat-work-group-size"="1,{math.prod(spec.launch.local_size)}"' in src
     assert '!{i32 1, !"amdhsa_code_object_version", i32 500}' in src
@@ -351,7 +353,7 @@ def test_hip_c_renders_every_kernel_family(arch):
     for kernel in K.NAMED:
         spec = r.render(K.named(kernel), name=kernel)
         threads = math.prod(spec.launch.local_size)
-        assert f'extern "C" __global__ void __launch_bounds__({threads}) {kernel}(' in spec.src
+        assert f'extern "C" __global__ void __launch_bounds__({threads}) {symbol_for(kernel)}(' in spec.src
         assert "__restrict__" in spec.src
         assert ("blockIdx.x" in spec.src) == (threads > 1)    # a full reduction runs as one work-item
 
@@ -375,7 +377,7 @@ def test_hiprtc_code_object(arch, kernel):
     out = c.compile(spec)
     hdr = C.code_object_header(out.bytes)
     assert (hdr["machine"], hdr["arch"]) == (C.EM_AMDGPU, arch)
-    (kmeta,) = [k for k in C.code_object_metadata(out.bytes)["amdhsa.kernels"] if k[".name"] == kernel]
+    (kmeta,) = [k for k in C.code_object_metadata(out.bytes)["amdhsa.kernels"] if k[".name"] == symbol_for(kernel)]
     args = [a for a in kmeta[".args"] if not a[".value_kind"].startswith("hidden_")]
     assert len(args) == spec.buf_count + len(spec.launch.hidden) + len(spec.var_names)
     nptr = spec.buf_count + len(spec.launch.hidden)

@@ -8,8 +8,10 @@ import threading
 
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError
 
+from .features import feature_string, target_features
 from .renderer import STREAM_SUFFIX
 
 # bumped when the object code for the same source changes (part of the disk-cache identity)
@@ -38,13 +40,20 @@ class CPUCompiler(Compiler):
         b = llvm()
         host, host_features = host_cpu()
         self.arch = arch or host
-        self.features = host_features if self.arch == host else ""
+        self.features = host_features if self.arch == host else ""    # the target machine's: a named CPU implies its own
+        # what the code may use (None: unknown for this CPU name), for the renderer's register tile and the load check
+        self.target_features = target_features(self.arch, host, host_features)
         self.opt = opt
         self.triple = b.get_process_triple()
         target = b.Target.from_triple(self.triple)
         self._tm = target.create_target_machine(cpu=self.arch, features=self.features, opt=opt,
                                                 codemodel="jitdefault")
         self._lock = threading.Lock()
+
+    @property
+    def renderer_features(self) -> str:
+        """The feature string the renderer sizes its register tile by: the target's, never the host's."""
+        return feature_string(self.target_features) if self.target_features is not None else ""
 
     @property
     def target_machine(self):
@@ -56,8 +65,10 @@ class CPUCompiler(Compiler):
         return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
                 f"{self.triple}/{self.arch}/{self.features}/O{self.opt}/{CODEGEN_REVISION}")
 
-    def optimize_ir(self, src: str, name: str):
+    def optimize_ir(self, src: str, name: str, symbol: str | None = None):
+        """Parse, verify and optimize; `name` is the user's (for errors), `symbol` the function's."""
         b = llvm()
+        symbol = symbol_for(name) if symbol is None else symbol
         try:
             mod = b.parse_assembly(src)
             mod.verify()
@@ -73,8 +84,8 @@ class CPUCompiler(Compiler):
         pto.loop_unrolling = True
         pb = b.create_pass_builder(self._tm, pto)
         pb.getModulePassManager().run(mod, pb)
-        if f"@{name}{STREAM_SUFFIX}(" in src:
-            text, marked = mark_streaming_stores(str(mod), name + STREAM_SUFFIX)
+        if f"@{symbol}{STREAM_SUFFIX}(" in src:
+            text, marked = mark_streaming_stores(str(mod), symbol + STREAM_SUFFIX)
             if marked:
                 mod = b.parse_assembly(text)
                 mod.verify()
@@ -82,13 +93,13 @@ class CPUCompiler(Compiler):
 
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
         with self._lock:   # a TargetMachine is not safe to share between threads
-            mod = self.optimize_ir(spec.src, spec.name)
+            mod = self.optimize_ir(spec.src, spec.name, spec.symbol)
             obj = self._tm.emit_object(mod)
         return CompiledSpec.from_bytes(spec, obj, arch=self.arch, compiler=self.cache_key)
 
     def disassemble(self, spec: ProgramSpec) -> str:
         with self._lock:
-            mod = self.optimize_ir(spec.src, spec.name)
+            mod = self.optimize_ir(spec.src, spec.name, spec.symbol)
             return self._tm.emit_assembly(mod)
 
 

@@ -11,12 +11,13 @@ from .runtime import CPUProgram
 
 
 class CPUDevice(Device):
-    def __init__(self, spec: DeviceSpec) -> None:
-        arch = config.arch_override("CPU")
+    def __init__(self, spec: DeviceSpec, arch: str | None = None) -> None:
+        """`arch`: compile for this CPU or x86-64 level (default MOROK_CPU_ARCH, else the host)."""
+        arch = arch or config.arch_override("CPU")
         compiler = CPUCompiler(arch)
         host, _ = host_cpu()
         self._tm = compiler.target_machine if compiler.arch == host else CPUCompiler(None).target_machine
-        renderer = CPURenderer(spec, llvm().get_process_triple(), compiler.features or host_cpu()[1])
+        renderer = CPURenderer(spec, llvm().get_process_triple(), compiler.renderer_features)
         super().__init__(spec, HostAllocator(str(spec)), [(renderer, compiler)], self._load, arch=host)
 
     def _load(self, compiled: CompiledSpec) -> CPUProgram:

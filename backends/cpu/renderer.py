@@ -43,7 +43,7 @@ class CPULLVMPrinter(LLVMIRPrinter):
         return out
 
     def stream_variant(self) -> list[str]:
-        """`@<name>__stream`: the kernel inlined under the runtime's alignment promises, so that LLVM
+        """`@<symbol>__stream`: the kernel inlined under the runtime's alignment promises, so that LLVM
         proves its vector stores aligned; the compiler then marks those non-temporal. The closing fence
         orders the write-combined stores before the thread reports its chunk done."""
         k = self.k
@@ -52,12 +52,12 @@ class CPULLVMPrinter(LLVMIRPrinter):
                   for p in k.params]
         params += [("i32", f"%var_{n}") for n in k.var_names] + [("i32", "%start"), ("i32", "%end")]
         return [
-            f"define void @{k.name}{STREAM_SUFFIX}({', '.join(f'{t} {n}' for t, n in params)}) #0 {{",
+            f"define void @{k.symbol}{STREAM_SUFFIX}({', '.join(f'{t} {n}' for t, n in params)}) #0 {{",
             "entry:",
             f"  %start.low = and i32 %start, {STREAM_ALIGN - 1}",
             "  %start.aligned = icmp eq i32 %start.low, 0",
             "  call void @llvm.assume(i1 %start.aligned)",
-            f"  call void @{k.name}({', '.join(f'{t.split()[0]} {n}' for t, n in params)}) #1",
+            f"  call void @{k.symbol}({', '.join(f'{t.split()[0]} {n}' for t, n in params)}) #1",
             "  fence seq_cst",
             "  ret void",
             "}",

@@ -13,7 +13,9 @@ from morok_py import config
 from morok_py.device import CompiledSpec, Program
 from morok_py.errors import DeviceError, LaunchError
 
-from .compiler import llvm
+from .builtins import ensure_builtins, undefined_symbols, unresolved
+from .compiler import host_cpu, llvm
+from .features import load_mismatch
 from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 
 # The work of a launch is counted in memory accesses executed (each load and store, times the
@@ -86,25 +88,31 @@ class CPUProgram(Program):
         super().__init__(device, compiled)
         if compiled.bytes is None:
             raise LaunchError(f"{compiled.name}: the CPU runtime loads object bytes, got source only")
-        if compiled.arch and compiled.arch != device.arch:
-            raise DeviceError("load", 0, "ARCH_MISMATCH",
-                              f"{compiled.name} was compiled for cpu {compiled.arch!r}, this host is {device.arch!r}")
+        why = load_mismatch(compiled.arch, device.arch, host_cpu()[1])
+        if why is not None:
+            raise DeviceError("load", 0, "ARCH_MISMATCH", f"{compiled.name} was compiled for cpu {compiled.arch!r}: {why}")
         b = llvm()
+        ensure_builtins(b, target_machine)
+        missing = unresolved(b, undefined_symbols(compiled.bytes))
+        if missing:     # the loader would bind them to address 0: a crash at the first call
+            raise DeviceError("load object", 0, "UNRESOLVED_SYMBOL",
+                              f"{compiled.name} calls {', '.join(missing)}, which nothing in this process provides")
         try:
             self._engine = b.create_mcjit_compiler(b.parse_assembly(""), target_machine)
             self._engine.add_object_file(b.ObjectFileRef.from_data(compiled.bytes))
             self._engine.finalize_object()
-            addr = self._engine.get_function_address(compiled.name)
+            addr = self._engine.get_function_address(compiled.symbol)
         except RuntimeError as e:
             raise DeviceError("load object", 0, "LOAD_FAILED", f"{compiled.name}: {e}") from None
         if not addr:
-            raise DeviceError("load object", 0, "SYMBOL_NOT_FOUND", f"no symbol {compiled.name!r} in the object")
+            raise DeviceError("load object", 0, "SYMBOL_NOT_FOUND",
+                              f"{compiled.name}: no symbol {compiled.symbol!r} in the object")
         nvars = len(compiled.var_names)
         argtypes = [ctypes.c_void_p] * compiled.buf_count + [ctypes.c_int32] * (nvars + 2)
         proto = ctypes.CFUNCTYPE(None, *argtypes)
         self._fn = proto(addr)
         self.address = addr
-        stream = self._engine.get_function_address(compiled.name + STREAM_SUFFIX)
+        stream = self._engine.get_function_address(compiled.symbol + STREAM_SUFFIX)
         self._stream_fn = proto(stream) if stream else None
         info = compiled.launch
         self._stream_slots = [] if info is None else [p.slot for p in info.params if p.written]

@@ -16,6 +16,7 @@ import threading
 from morok_py.cache import file_identity, llvmlite_identity, remembered_path
 from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError, DeviceUnavailableError
 
 INSTALL = "pip install morok-py[cuda]"
@@ -170,16 +171,16 @@ class NVRTCCompiler(Compiler):
         why = self.available()
         if why is not None:
             raise CompileError(f"cannot compile {spec.name} for {self.arch}: {why}", src=spec.src,
-                               command=self.command(spec.name), kernel=spec.name)
+                               command=self.command(spec.symbol), kernel=spec.name)
         nvrtc = _nvrtc()
-        err, prog = nvrtc.nvrtcCreateProgram(spec.src.encode(), f"{spec.name}.cu".encode(), 0, [], [])
+        err, prog = nvrtc.nvrtcCreateProgram(spec.src.encode(), f"{spec.symbol}.cu".encode(), 0, [], [])
         _check_nvrtc(nvrtc, err, "nvrtcCreateProgram")
         try:
             (err,) = nvrtc.nvrtcCompileProgram(prog, len(self.options), [o.encode() for o in self.options])
             log = _nvrtc_log(nvrtc, prog)
             if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
                 raise CompileError(f"NVRTC rejected kernel {spec.name} ({err.name}) for {self.arch}", log=log,
-                                   src=spec.src, command=self.command(spec.name), kernel=spec.name)
+                                   src=spec.src, command=self.command(spec.symbol), kernel=spec.name)
             err, size = nvrtc.nvrtcGetCUBINSize(prog)
             _check_nvrtc(nvrtc, err, "nvrtcGetCUBINSize")
             cubin = b" " * size
@@ -266,7 +267,7 @@ class NVPTXCompiler(Compiler):
                 mod.verify()
             except RuntimeError as e:
                 raise CompileError(f"LLVM rejected kernel {spec.name}", log=str(e), src=spec.src,
-                                   command=self.command(spec.name), kernel=spec.name) from None
+                                   command=self.command(spec.symbol), kernel=spec.name) from None
             mod.data_layout = str(tm.target_data)
             pto = b.create_pipeline_tuning_options(speed_level=self.opt)
             pb = b.create_pass_builder(tm, pto)
@@ -280,12 +281,12 @@ class NVPTXCompiler(Compiler):
         try:
             data = ptx.encode()
             try:
-                nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), f"{name}.ptx")
+                nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), f"{symbol_for(name)}.ptx")
                 nvjitlink.complete(handle)
             except nvjitlink.nvJitLinkError as e:
                 log = _jitlink_log(nvjitlink, handle)
                 raise CompileError(f"nvJitLink rejected kernel {name} for {self.arch} ({e})", log=log + "\nPTX:\n" + ptx,
-                                   src=src, command=self.command(name), kernel=name) from None
+                                   src=src, command=self.command(symbol_for(name)), kernel=name) from None
             size = nvjitlink.get_linked_cubin_size(handle)
             cubin = bytearray(size)
             nvjitlink.get_linked_cubin(handle, cubin)
@@ -297,7 +298,7 @@ class NVPTXCompiler(Compiler):
         why = self.available()
         if why is not None:
             raise CompileError(f"cannot compile {spec.name} for {self.arch}: {why}", src=spec.src,
-                               command=self.command(spec.name), kernel=spec.name)
+                               command=self.command(spec.symbol), kernel=spec.name)
         cubin = self.link(self.ptx(spec), spec.name, spec.src)
         return CompiledSpec.from_bytes(spec, cubin, arch=self.arch, compiler=self.cache_key)
 

@@ -28,33 +28,6 @@ CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=
                          matmul_tile=MATMUL_TILE)
 
 
-# ---- kernel symbols ----------------------------------------------------------------------------
-
-# Functions NVRTC declares with C linkage in every program (the CUDA math API and a few runtime
-# calls): an `extern "C"` kernel cannot take one of these names.
-_MATH = ("acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cospi cyl_bessel_i0 cyl_bessel_i1 "
-         "erf erfc erfcinv erfcx erfinv exp exp10 exp2 expm1 fabs fdim floor fma fmax fmin fmod frexp hypot "
-         "ilogb isfinite isinf isnan j0 j1 jn ldexp lgamma llrint llround log log10 log1p log2 logb lrint lround "
-         "modf nan nearbyint nextafter norm norm3d norm4d normcdf normcdfinv pow rcbrt remainder remquo rhypot "
-         "rint rnorm rnorm3d rnorm4d round rsqrt scalbln scalbn signbit sin sincos sincospi sinh sinpi sqrt tan "
-         "tanh tgamma trunc y0 y1 yn").split()
-RESERVED_SYMBOLS = frozenset(_MATH + [m + "f" for m in _MATH] + [m + "l" for m in _MATH] + (
-    "abs labs llabs max min umax umin llmax llmin ullmax ullmin malloc free memcpy memset printf assert "
-    "clock clock64 main "
-    # C++ keywords an identifier may spell
-    "alignas alignof asm auto bool break case catch char class const constexpr continue decltype default delete "
-    "do double else enum explicit export extern false float for friend goto if inline int long mutable "
-    "namespace new noexcept nullptr operator private protected public register return short signed sizeof "
-    "static struct switch template this throw true try typedef typeid typename union unsigned using virtual "
-    "void volatile while").split())
-
-
-def cuda_symbol(name: str) -> str:
-    """The kernel's symbol in the CUBIN: its name, unless NVRTC reserves that name (`exp`, `sin`,
-    `max`, ... or a leading `__`), then `<name>_kernel`. Both renderers and the runtime use this."""
-    return f"{name}_kernel" if name in RESERVED_SYMBOLS or name.startswith("__") else name
-
-
 # ---- CUDA C ----------------------------------------------------------------------------------
 
 _CUDA_HALF_HELPERS = {
@@ -81,9 +54,6 @@ class CUDACPrinter(GPUCPrinter):
             # blocks). CUDA's meaning only: HIP's second argument counts waves per EU.
             decl = decl[:-1] + f", {self.k.min_groups})"
         return decl
-
-    def signature(self) -> str:
-        return super().signature().replace(f" {self.k.name}(", f" {cuda_symbol(self.k.name)}(", 1)
 
 
 class CUDARenderer(Renderer):
@@ -118,7 +88,7 @@ class NVPTXPrinter(LLVMIRPrinter):
     def signature(self) -> str:
         args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
         args += [f"i32 %var_{n}" for n in self.k.var_names]
-        return f"define ptx_kernel void @{cuda_symbol(self.k.name)}({', '.join(args)}) #0"
+        return f"define ptx_kernel void @{self.k.symbol}({', '.join(args)}) #0"
 
     def attributes(self) -> str:
         threads = max(1, math.prod(self.k.local_size))

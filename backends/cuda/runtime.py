@@ -17,7 +17,6 @@ from morok_py.device import CompiledSpec, Program
 from morok_py.errors import DeviceError, LaunchError
 
 from .compiler import arch_number, normalize_arch
-from .renderer import cuda_symbol
 
 if TYPE_CHECKING:
     from .device import CUDADevice
@@ -90,7 +89,7 @@ class CUDAProgram(Program):
         check_cubin_arch(compiled.name, compiled.bytes, compiled.arch, device.arch, device.name)
         device.make_current()
         self._module = check(cu.cuModuleLoadData(compiled.bytes), "cuModuleLoadData")
-        self.symbol = cuda_symbol(compiled.name)
+        self.symbol = compiled.symbol
         self._fn = check(cu.cuModuleGetFunction(self._module, self.symbol.encode()), "cuModuleGetFunction")
         self._nbufs = compiled.buf_count
         self._nvars = len(compiled.var_names)

@@ -224,7 +224,8 @@ class AMDGPUCompiler(Compiler):
     def link(self, obj: bytes, name: str = "kernel", src: str = "") -> bytes:
         lld = find_lld()
         with tempfile.TemporaryDirectory(prefix="morok-rocm-") as tmp:
-            o, out = os.path.join(tmp, f"{name}.o"), os.path.join(tmp, f"{name}.hsaco")
+            # fixed file names: the kernel's name is any string (slashes included)
+            o, out = os.path.join(tmp, "kernel.o"), os.path.join(tmp, "kernel.hsaco")
             with open(o, "wb") as f:
                 f.write(obj)
             cmd = [lld.path, "-shared", "--no-undefined", "-o", out, o]
@@ -295,7 +296,7 @@ class HIPRTCCompiler(Compiler):
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
         hiprtc, _ = _hiprtc()
         ok = hiprtc.hiprtcResult.HIPRTC_SUCCESS
-        err, prog = hiprtc.hiprtcCreateProgram(spec.src.encode(), f"{spec.name}.hip".encode(), 0, None, None)
+        err, prog = hiprtc.hiprtcCreateProgram(spec.src.encode(), f"{spec.symbol}.hip".encode(), 0, None, None)
         if err != ok:
             raise CompileError(f"hiprtcCreateProgram failed with {err.name} for {spec.name}", src=spec.src,
                                kernel=spec.name)
@@ -305,7 +306,7 @@ class HIPRTCCompiler(Compiler):
             if err != ok:
                 raise CompileError(f"hiprtc rejected kernel {spec.name} ({err.name})", log=_hiprtc_log(hiprtc, prog),
                                    src=spec.src, kernel=spec.name,
-                                   command=f"hipcc --genco {' '.join(self.options)} {spec.name}.hip")
+                                   command=f"hipcc --genco {' '.join(self.options)} {spec.symbol}.hip")
             err, size = hiprtc.hiprtcGetCodeSize(prog)
             if err != ok:
                 raise CompileError(f"hiprtcGetCodeSize failed with {err.name}", kernel=spec.name)

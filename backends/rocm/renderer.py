@@ -61,7 +61,7 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
     def signature(self) -> str:
         args = [f"{self.ptr} {self.param_attrs} %p{p.slot}" for p in self.k.params]
         args += [f"i32 %var_{n}" for n in self.k.var_names]
-        return f"define amdgpu_kernel void @{self.k.name}({', '.join(args)}) #0"
+        return f"define amdgpu_kernel void @{self.k.symbol}({', '.join(args)}) #0"
 
     def attributes(self) -> str:
         threads = max(1, math.prod(self.k.local_size))

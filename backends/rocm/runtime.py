@@ -14,6 +14,7 @@ import ctypes
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
+from morok_py.codegen.symbols import symbol_for
 from morok_py.device import CompiledSpec, Program
 from morok_py.errors import DeviceError, DeviceUnavailableError, LaunchError
 
@@ -129,16 +130,19 @@ def kernarg_layout(nbufs: int, nvars: int) -> type[ctypes.Structure]:
     return type("KernArgs", (ctypes.Structure,), {"_fields_": fields})
 
 
-def check_kernarg_layout(name: str, data: bytes, layout: type[ctypes.Structure], nbufs: int, nvars: int) -> None:
+def check_kernarg_layout(name: str, data: bytes, layout: type[ctypes.Structure], nbufs: int, nvars: int,
+                         symbol: str | None = None) -> None:
     """Compare the packed layout with the code object's metadata: a mismatch is caught at load, not as
-    wrong results."""
+    wrong results. `name` is the user's (for errors), `symbol` the kernel's in the code object."""
+    symbol = symbol_for(name) if symbol is None else symbol
     try:
         meta = code_object_metadata(data)
     except ValueError:
         return    # no readable metadata note: HIP will refuse the image itself
-    kern = next((k for k in meta.get("amdhsa.kernels", []) if k.get(".name") == name), None)
+    kern = next((k for k in meta.get("amdhsa.kernels", []) if k.get(".name") == symbol), None)
     if kern is None:
-        raise DeviceError("hipModuleGetFunction", 0, "hipErrorNotFound", f"no kernel {name!r} in the code object")
+        raise DeviceError("hipModuleGetFunction", 0, "hipErrorNotFound",
+                          f"{name}: no kernel {symbol!r} in the code object")
     args = [a for a in kern.get(".args", []) if not str(a.get(".value_kind", "")).startswith("hidden_")]
     want = [(getattr(layout, f).offset, getattr(layout, f).size) for f, _ in layout._fields_[:nbufs + nvars]]
     got = [(a.get(".offset"), a.get(".size")) for a in args]
@@ -164,12 +168,13 @@ class HIPProgram(Program):
         self._nvars = len(compiled.var_names)
         nhidden = len(compiled.launch.hidden) if compiled.launch is not None else 0
         layout = kernarg_layout(self._nbufs + nhidden, self._nvars)
-        check_kernarg_layout(compiled.name, compiled.bytes, layout, self._nbufs + nhidden, self._nvars)
+        check_kernarg_layout(compiled.name, compiled.bytes, layout, self._nbufs + nhidden, self._nvars,
+                             compiled.symbol)
         device.make_current()
         # hand HIP a plain address: the image is copied during the load
         image = ctypes.create_string_buffer(compiled.bytes, len(compiled.bytes))
         self._module = check(hip.hipModuleLoadData(ctypes.addressof(image)), "hipModuleLoadData")
-        self._fn = check(hip.hipModuleGetFunction(self._module, compiled.name.encode()), "hipModuleGetFunction")
+        self._fn = check(hip.hipModuleGetFunction(self._module, compiled.symbol.encode()), "hipModuleGetFunction")
         # the kernarg buffer, viewed as pointer slots and int slots over the same memory
         self._args = layout()
         base = ctypes.addressof(self._args)

@@ -77,7 +77,7 @@ class CStylePrinter:
         args += [f"{self.index_type()} var_{n}" for n in self.k.var_names]
         if self.k.thread_split:
             args += [f"{self.index_type()} start", f"{self.index_type()} end"]
-        return f"{self.kernel_decl()} {self.k.name}({', '.join(args)})"
+        return f"{self.kernel_decl()} {self.k.symbol}({', '.join(args)})"
 
     def special(self, ins: Instr) -> str:
         """An int expression for a work-item id: ins.arg is ('group_id'|'local_id', dim)."""

@@ -20,7 +20,7 @@ STORED = frozenset({"params", "variables", "dims", "local_size", "gpu", "accesse
                     "group_per_item", "hidden", "stepped_loops"})
 RECORD_FIELDS = STORED | {"format", "uops", "nests"}
 DERIVED = frozenset({"var_names", "buf_count", "symbolic"})     # recomputed by LaunchInfo.__init__
-INTERNAL = frozenset({"_cache", "_lock"})
+INTERNAL = frozenset({"_cache", "_lock", "_has_where"})
 KNOWN = STORED | DERIVED | INTERNAL
 
 

@@ -10,6 +10,7 @@ from typing import Any, Union
 
 from ..dtypes import DType
 from ..ir import AxisType, Ops
+from .symbols import symbol_for
 
 
 class L(enum.Enum):
@@ -94,6 +95,11 @@ class LinearKernel:
     gpu: bool
     min_groups: int = 0         # GPU occupancy hint: this many work-groups should fit on one SM at once
                                 # (CUDA: caps registers at regs_per_SM / (local size * min_groups)); 0: none
+
+    @property
+    def symbol(self) -> str:
+        """The function's symbol in the rendered source (`name` is the user's, any string)."""
+        return symbol_for(self.name)
 
     def walk(self):
         """Every instruction, depth first, in program order."""

@@ -60,7 +60,7 @@ class LLVMIRPrinter:
         args += [f"i32 %var_{n}" for n in self.k.var_names]
         if self.k.thread_split:
             args += ["i32 %start", "i32 %end"]
-        return f"define void @{self.k.name}({', '.join(args)}) #0"
+        return f"define void @{self.k.symbol}({', '.join(args)}) #0"
 
     def attributes(self) -> str:
         return 'attributes #0 = { nounwind }'
