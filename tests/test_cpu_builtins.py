@@ -10,7 +10,7 @@ import pytest
 
 from morok_py import DeviceError, UOp, dtypes
 from morok_py.backends.cpu import builtins
-from morok_py.backends.cpu.compiler import llvm
+from morok_py.backends.cpu.compiler import host_cpu, llvm
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -47,7 +47,12 @@ def test_bfloat16_rounding_matches_ml_dtypes(cpu, rng, src):
         ref = (f.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32).astype(BF16)
     nan = np.isnan(ref.astype(np.float32))
     assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
-    assert np.array_equal(got[~nan].view(np.uint16), ref[~nan].view(np.uint16))
+    ok = got.view(np.uint16) == ref.view(np.uint16)
+    if src is dtypes.float32 and "+avx512bf16" in host_cpu()[1].split(","):
+        # the target converts with VCVTNEPS2BF16, which treats denormal inputs as zero (sign kept)
+        tiny = (np.abs(x) < np.finfo(np.float32).tiny) & (x != 0)
+        ok |= tiny & (got.astype(np.float32) == 0) & (np.signbit(got.astype(np.float32)) == np.signbit(x))
+    assert np.all(ok[~nan]), x[~nan & ~ok][:10]
 
 
 def test_bfloat16_arithmetic_runs(cpu, rng):
