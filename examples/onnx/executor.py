@@ -1,0 +1,147 @@
+"""An ONNX graph executor on morok_py's public API.
+
+`OnnxExecutor(model, device)` uploads the initializers once; `run(inputs)` walks the graph in order,
+turning each node into kernels with static shapes (known exactly, since it runs node by node) and
+returns numpy arrays. Shape-only ops are views on the same buffer. The launches of a run are recorded
+into a morok_py ExecutionPlan; `run` replays that plan when the input shapes repeat and no launch
+depended on a value read back from the inputs.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from morok_py import Device, ExecutionPlan
+from morok_py.dtypes import from_numpy
+from morok_py.registry import get_device
+
+from tensor import Kernels, View
+import ops as O
+
+
+class UnsupportedDtype(Exception):
+    """The model needs a tensor element type morok_py has no dtype for."""
+
+
+# ONNX element types morok_py can hold (numpy dtype of each)
+SUPPORTED = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
+             9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+
+
+def elem_type_name(t: int) -> str:
+    return onnx.TensorProto.DataType.Name(t)
+
+
+def check_dtype(t: int) -> None:
+    if t in SUPPORTED or t == 16:
+        return
+    raise UnsupportedDtype(f"element type {elem_type_name(t)} has no morok_py dtype")
+
+
+def attrs_of(node) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+class OnnxExecutor:
+    def __init__(self, model: onnx.ModelProto | str, device: Device | str | None = None,
+                 compiler: str | None = None, profile: bool = False) -> None:
+        if isinstance(model, str):
+            model = onnx.load(model)
+        self.model = model
+        self.graph = model.graph
+        self.dev = device if isinstance(device, Device) else get_device(device)
+        self.k = Kernels(self.dev, compiler, profile)
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        for vi in list(self.graph.input) + list(self.graph.output):
+            tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+            if tt is None:
+                raise UnsupportedDtype(f"{vi.name} is not a tensor ({vi.type.WhichOneof('value')})")
+            check_dtype(tt.elem_type)
+        for n in self.graph.node:
+            if n.domain not in ("", "ai.onnx"):
+                raise NotImplementedError(f"domain {n.domain!r} of node {n.name or n.op_type}")
+            if n.op_type not in O.OPS:
+                raise NotImplementedError(f"op {n.op_type} is not implemented")
+            for a in n.attribute:
+                if a.name == "to" and n.op_type == "Cast":
+                    check_dtype(a.i)
+                if a.type == onnx.AttributeProto.TENSOR:
+                    check_dtype(a.t.data_type)
+        self.weights: dict[str, View] = {}
+        for init in self.graph.initializer:
+            check_dtype(init.data_type)
+            self.weights[init.name] = self.k.from_numpy(numpy_helper.to_array(init), const=True)
+        self.input_names = [i.name for i in self.graph.input if i.name not in self.weights]
+        self.plan: ExecutionPlan | None = None
+        self._plan_key = None
+        self.dynamic = False
+        self.last_run_s = 0.0
+
+    # ---- host values ------------------------------------------------------------------------
+    def host(self, v: View) -> np.ndarray:
+        """The value of `v` on the host (a sync); reading one that depends on the runtime inputs makes
+        the run's launch list unreplayable."""
+        if not v.const:
+            self.dynamic = True
+        if v.host is None:
+            v.host = self.k.numpy(v)
+        return v.host
+
+    # ---- running ----------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
+        if not isinstance(inputs, Mapping):
+            inputs = dict(zip(self.input_names, inputs))
+        t0 = time.perf_counter()
+        inputs = {n: numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+                  for n, v in inputs.items()}
+        key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs)
+        if self.plan is not None and key == self._plan_key:
+            for n, v in self._plan_inputs.items():
+                v.buf.copyin(np.ascontiguousarray(inputs[n]).reshape(-1))
+            self.plan.run()
+            out = [self.k.numpy(v) for v in self._plan_outputs]
+            self.last_run_s = time.perf_counter() - t0
+            return out
+        self.k.launches.clear()
+        self.dynamic = False
+        env: dict[str, View | None] = dict(self.weights)
+        env[""] = None
+        feeds = {}
+        for n in self.input_names:
+            if n not in inputs:
+                raise ValueError(f"missing input {n!r}")
+            arr = inputs[n]
+            if isinstance(arr, onnx.TensorProto):
+                arr = numpy_helper.to_array(arr)
+            arr = np.asarray(arr)
+            try:
+                from_numpy(arr.dtype)
+            except TypeError:
+                raise UnsupportedDtype(f"input {n} holds {arr.dtype}") from None
+            env[n] = feeds[n] = self.k.from_numpy(arr)
+        for idx, node in enumerate(self.graph.node):
+            ins = [env[i] if i in env else _missing(i, node) for i in node.input]
+            name = node.name or f"{node.op_type}_{idx}"
+            outs = O.OPS[node.op_type](O.Ctx(self, name, node, self.opset), ins, attrs_of(node))
+            for oname, v in zip(node.output, outs):
+                if oname:
+                    env[oname] = v
+        outs = [env[o.name] for o in self.graph.output]
+        result = [self.k.numpy(v) if v.host is None else np.array(v.host) for v in outs]
+        if not self.dynamic and all(v is not None for v in outs):
+            plan = ExecutionPlan(self.dev)
+            for prog, bufs, vars in self.k.launches:
+                plan.add(prog, *bufs, **vars)
+            self.plan, self._plan_key = plan, key
+            self._plan_inputs, self._plan_outputs = feeds, outs
+            self._keep = env      # the buffers the plan points at stay alive
+        self.last_run_s = time.perf_counter() - t0
+        return result
+
+
+def _missing(name: str, node):
+    raise KeyError(f"input {name!r} of node {node.name or node.op_type} is not computed")

@@ -1,0 +1,312 @@
+"""Strided views on morok_py Buffers and the kernel builder the ONNX ops are written with.
+
+A `View` is (buffer, shape, strides, offset): transposes, slices, expands, squeezes and most
+reshapes are new views on the same Buffer, no copy. Every kernel reads its inputs through their
+views and writes a fresh contiguous buffer (or a view of one, for Concat).
+
+Only the public morok_py API is used: Device, Buffer, UOp, dtypes, AxisType, Ops.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from morok_py import AxisType, Buffer, Ops, UOp, dtypes
+from morok_py.dtypes import DType, from_numpy
+
+INDEX_MAX = 2**31 - 1
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def prod(xs) -> int:
+    return int(math.prod(int(x) for x in xs))
+
+
+@dataclass
+class View:
+    buf: Buffer
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+    const: bool = False          # the value does not depend on the graph's runtime inputs
+    host: np.ndarray | None = None   # the value, when known on the host (constants, Shape)
+
+    @property
+    def dtype(self) -> DType:
+        return self.buf.dtype
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return all(st == c for s, st, c in zip(self.shape, self.strides, contiguous_strides(self.shape)) if s != 1)
+
+    # ---- views, no copy -----------------------------------------------------------------------
+    def with_(self, shape, strides, offset=None) -> "View":
+        return View(self.buf, tuple(int(s) for s in shape), tuple(int(s) for s in strides),
+                    self.offset if offset is None else int(offset), self.const, None)
+
+    def permute(self, perm: Sequence[int]) -> "View":
+        return self.with_([self.shape[p] for p in perm], [self.strides[p] for p in perm])
+
+    def expand(self, shape: Sequence[int]) -> "View":
+        shape = tuple(int(s) for s in shape)
+        nd = len(shape)
+        ss = (1,) * (nd - self.ndim) + self.shape
+        st = (0,) * (nd - self.ndim) + self.strides
+        strides = [0 if (a == 1 and b != 1) else s for a, b, s in zip(ss, shape, st)]
+        return self.with_(shape, strides)
+
+    def try_reshape(self, shape: Sequence[int]) -> "View | None":
+        """A view with `shape` over the same elements, or None when the strides do not allow one."""
+        shape = tuple(int(s) for s in shape)
+        if prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        if self.is_contiguous():
+            return self.with_(shape, contiguous_strides(shape))
+        # group old dims into chunks that are each contiguous, then split the chunks
+        old = [(s, st) for s, st in zip(self.shape, self.strides) if s != 1]
+        new_strides: list[int] = []
+        i = 0
+        for s in shape:
+            if s == 1:
+                new_strides.append(0)
+                continue
+            # take old dims until their product reaches s
+            acc, chunk = 1, []
+            while acc < s and i < len(old):
+                chunk.append(old[i]); acc *= old[i][0]; i += 1
+            if acc != s:
+                return None
+            for (a, sa), (b, sb) in zip(chunk, chunk[1:]):
+                if sa != sb * b:
+                    return None
+            new_strides.append(chunk[-1][1])
+        return self.with_(shape, new_strides)
+
+
+def bcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    nd = max((len(s) for s in shapes), default=0)
+    out = [1] * nd
+    for s in shapes:
+        s = [1] * (nd - len(s)) + list(s)
+        for i, d in enumerate(s):
+            if d != 1:
+                if out[i] not in (1, d):
+                    raise ValueError(f"shapes {shapes} do not broadcast")
+                out[i] = d
+    return tuple(out)
+
+
+def iconst(v: int) -> UOp:
+    return UOp.const(int(v), dtypes.index)
+
+
+@dataclass
+class KernelStat:
+    node: str          # the node the kernel belongs to (the name it was asked for)
+    program: str       # the name of the program that ran (the first node that built this AST)
+    compile_s: float
+    run_s: float = 0.0
+    runs: int = 0
+    cached: bool = False
+
+
+class Kernels:
+    """Builds, compiles (once per AST) and launches kernels on one device; keeps a time table and an
+    optional record of every launch for replay through an ExecutionPlan."""
+
+    def __init__(self, device, compiler: str | None = None, profile: bool = False) -> None:
+        self.dev = device
+        self.compiler = compiler
+        self.profile = profile
+        self.programs: dict[str, object] = {}     # ast.key -> Program
+        self.stats: list[KernelStat] = []
+        self.launches: list[tuple] = []           # (program, buffers, vars)
+        self.compile_s = 0.0
+
+    def empty(self, shape: Sequence[int], dtype: DType) -> View:
+        shape = tuple(int(s) for s in shape)
+        buf = Buffer(self.dev, max(prod(shape), 1), dtype)
+        return View(buf, shape, contiguous_strides(shape), 0)
+
+    def from_numpy(self, arr: np.ndarray, const: bool = False) -> View:
+        arr = np.asarray(arr)
+        dt = from_numpy(arr.dtype)
+        v = self.empty(arr.shape, dt)
+        if arr.size:
+            v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
+        v.const = const
+        v.host = arr if const else None
+        return v
+
+    def numpy(self, v: View) -> np.ndarray:
+        if v.host is not None:
+            return v.host
+        npdt = v.dtype.np
+        if v.size == 0:
+            return np.zeros(v.shape, npdt)
+        flat = v.buf.numpy()
+        item = flat.itemsize
+        base = flat[v.offset:]
+        out = np.lib.stride_tricks.as_strided(base, v.shape, [s * item for s in v.strides]).copy()
+        return out
+
+    def launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], **vars) -> None:
+        key = ast.key
+        prog = self.programs.get(key)
+        t0 = time.perf_counter()
+        cached = prog is not None
+        if prog is None:
+            prog = self.dev.compile(ast, name, compiler=self.compiler) if self.compiler else self.dev.compile(ast, name)
+            self.programs[key] = prog
+        ct = time.perf_counter() - t0
+        self.compile_s += ct
+        st = KernelStat(name, prog.name, ct, cached=cached)
+        rt = prog(*bufs, wait=self.profile, **vars)
+        st.run_s, st.runs = (rt or 0.0), 1
+        self.stats.append(st)
+        self.launches.append((prog, tuple(bufs), dict(vars)))
+
+
+class KB:
+    """One kernel being built: inputs become params in the order they are first loaded, the output
+    param comes last. Ranges get fresh axis numbers; extent-1 ranges are the constant 0."""
+
+    def __init__(self, k: Kernels, name: str) -> None:
+        self.k, self.name = k, name
+        self.inputs: list[View] = []
+        self.params: list[UOp] = []
+        self.axis = 0
+        self.stores: list[tuple[View, list, UOp]] = []
+
+    def rng(self, n: int, kind: AxisType = AxisType.GLOBAL) -> UOp:
+        n = int(n)
+        if n == 1:
+            return iconst(0)
+        r = UOp.range(n, self.axis, kind)
+        self.axis += 1
+        return r
+
+    def param(self, v: View) -> UOp:
+        for i, x in enumerate(self.inputs):
+            if x.buf is v.buf:
+                return self.params[i]
+        self.inputs.append(v)
+        p = UOp.param(len(self.params), v.dtype)
+        self.params.append(p)
+        return p
+
+    @staticmethod
+    def index(v: View, idx: Sequence[UOp | int]) -> UOp:
+        """The flat index of element `idx` of view `v` (broadcast dims have stride 0)."""
+        out = iconst(v.offset)
+        for i, st in zip(idx, v.strides):
+            if st != 0:
+                out = out + (i if isinstance(i, UOp) else iconst(i)) * st
+        return out
+
+    def load(self, v: View, idx: Sequence[UOp | int]) -> UOp:
+        """Load v at idx, where idx has v's rank (or more: leading extra dims are dropped, numpy
+        broadcasting rules with the broadcast dims reading index 0)."""
+        idx = list(idx)[len(idx) - v.ndim:] if len(idx) >= v.ndim else [0] * (v.ndim - len(idx)) + list(idx)
+        idx = [0 if s == 1 else i for s, i in zip(v.shape, idx)]
+        if v.size == 0:
+            raise ValueError("load from an empty tensor")
+        return self.param(v).load(self.index(v, idx))
+
+    def store(self, out: View, idx: Sequence[UOp | int], value: UOp) -> None:
+        self.stores.append((out, list(idx), value))
+
+    def run(self, **vars) -> None:
+        outs: list[View] = []
+        sts = []
+        n_in = len(self.inputs)
+        for out, idx, value in self.stores:
+            slot = None
+            for j, o in enumerate(outs):
+                if o.buf is out.buf:
+                    slot = j
+            if slot is None:
+                outs.append(out)
+                slot = len(outs) - 1
+            p = UOp.param(n_in + slot, out.dtype)
+            if value.dtype != out.dtype:
+                value = value.cast(out.dtype)
+            sts.append(p.store(self.index(out, idx), value))
+        ast = UOp.sink(*sts)
+        self.k.launch(self.name, ast, [v.buf for v in self.inputs] + [o.buf for o in outs], **vars)
+
+
+def elementwise(k: Kernels, name: str, inputs: Sequence[View], fn: Callable, out_dtype: DType,
+                shape: Sequence[int] | None = None, need_idx: bool = False) -> View:
+    """out[i] = fn([x[i] for x in inputs], i) with numpy broadcasting. Without need_idx the dims are
+    collapsed where every operand allows it, and a fully contiguous kernel gets a symbolic size, so one
+    program serves every shape."""
+    shape = tuple(shape) if shape is not None else bcast_shape(*[v.shape for v in inputs])
+    out = k.empty(shape, out_dtype)
+    if out.size == 0:
+        return out
+    kb = KB(k, name)
+    if need_idx:
+        idx = [kb.rng(s) for s in shape]
+        vals = [kb.load(v, idx) for v in inputs]
+        kb.store(out, idx, fn(vals, idx))
+        kb.run()
+        return out
+    views = [v.expand(shape) for v in inputs] + [out]
+    dims = [(s, [v.strides[i] for v in views]) for i, s in enumerate(shape) if s != 1]
+    merged: list[tuple[int, list[int]]] = []
+    for s, sts in dims:
+        if merged and all(ps == st * s for ps, st in zip(merged[-1][1], sts)):
+            merged[-1] = (merged[-1][0] * s, sts)
+        else:
+            merged.append((s, sts))
+    cviews = [View(v.buf, tuple(m[0] for m in merged), tuple(m[1][j] for m in merged), v.offset)
+              for j, v in enumerate(views)]
+    vars = {}
+    if len(merged) == 1 and all(v.offset == 0 and v.strides[0] in (0, 1) for v in cviews):
+        n = UOp.variable("n", 1, INDEX_MAX)
+        r = UOp.range(n, 0)
+        idx = [r]
+        vars = {"n": merged[0][0]}
+    else:
+        idx = [kb.rng(m[0]) for m in merged]
+    vals = []
+    for v in cviews[:-1]:
+        vals.append(kb.param(v).load(kb.index(v, idx)))
+    kb.store(cviews[-1], idx, fn(vals, None))
+    kb.run(**vars)
+    return out
+
+
+def fill(k: Kernels, name: str, shape: Sequence[int], value, dtype: DType) -> View:
+    out = k.empty(shape, dtype)
+    if out.size == 0:
+        return out
+    kb = KB(k, name)
+    n = UOp.variable("n", 1, INDEX_MAX)
+    r = UOp.range(n, 0)
+    kb.store(View(out.buf, (out.size,), (1,)), [r], UOp.const(value, dtype))
+    kb.run(n=out.size)
+    return out
+
+
+def copy(k: Kernels, name: str, v: View) -> View:
+    return elementwise(k, name, [v], lambda xs, _: xs[0], v.dtype)
