@@ -2,7 +2,6 @@
 -shared` links it into the loadable code object (HSACO) that hipModuleLoadData takes."""
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -16,6 +15,7 @@ from morok_py.device import CompiledSpec, Compiler, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.errors import CompileError, DeviceUnavailableError
 
+from .hiprtc import HiprtcFailed, load_hiprtc
 from .renderer import CODE_OBJECT_VERSION, TRIPLE, parse_arch, wave_size
 
 LLD_MIN_VERSION = 19
@@ -250,84 +250,48 @@ class AMDGPUCompiler(Compiler):
 
 # ---- HIP C through hiprtc ----------------------------------------------------------------------
 
-HIPRTC_INSTALL = ("ROCm's hiprtc (libhiprtc.so from a ROCm install, e.g. the hip-runtime-amd package) and "
-                  "pip install morok-py[rocm]")
-
-
-def _hiprtc():
-    """hip-python's hiprtc module once libhiprtc loads; else DeviceUnavailableError."""
-    try:
-        from hip import hiprtc
-    except ImportError as e:
-        raise DeviceUnavailableError("ROCM compiler hiprtc", f"hip-python is not installed ({e})",
-                                     "pip install morok-py[rocm]") from None
-    try:
-        err, major, minor = hiprtc.hiprtcVersion()
-    except RuntimeError as e:      # hip-python raises this when dlopen('libhiprtc.so') fails
-        raise DeviceUnavailableError("ROCM compiler hiprtc", f"libhiprtc could not be loaded ({e})",
-                                     HIPRTC_INSTALL) from None
-    if err != hiprtc.hiprtcResult.HIPRTC_SUCCESS:
-        raise DeviceUnavailableError("ROCM compiler hiprtc", f"hiprtcVersion failed with {err.name}", HIPRTC_INSTALL)
-    return hiprtc, (int(major), int(minor))
-
-
 class HIPRTCCompiler(Compiler):
-    """HIP C -> code object through hiprtc (needs ROCm's libhiprtc, no GPU)."""
+    """HIP C -> code object through the installed hiprtc (hip-python on ROCm >= 6, the HIP library
+    through ctypes on ROCm 5; needs no GPU). An arch that hiprtc predates is refused before it is
+    called: ROCm 5.2 aborts the process on gfx942 or gfx1100."""
 
     cache_key = "hiprtc"
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.target_id = arch
-        self.arch = parse_arch(arch)[0]
-        self.options = (f"--offload-arch={parse_arch(arch)[0] + parse_arch(arch)[1]}", f"-O{opt}",
-                        "-ffp-contract=fast", "-fno-fast-math")
+        name, rest = parse_arch(arch)
+        self.arch = name
+        self.options = (f"--offload-arch={name + rest}", f"-O{opt}", "-ffp-contract=fast", "-fno-fast-math")
+
+    def _hiprtc(self):
+        """The loaded hiprtc, checked to support this arch; DeviceUnavailableError otherwise."""
+        rtc = load_hiprtc()
+        why = rtc.unsupported(self.arch)
+        if why is not None:
+            raise DeviceUnavailableError(f"ROCM compiler hiprtc for {self.arch}", why,
+                                         f"a ROCm whose hiprtc supports {self.arch}, or the llvm-amdgpu pair "
+                                         "(MOROK_ROCM_COMPILER=llvm-amdgpu)")
+        return rtc
 
     def available(self) -> str | None:
         try:
-            _hiprtc()
+            self._hiprtc()
         except DeviceUnavailableError as e:
             return f"{e.reason} (install: {e.install})" if e.install else e.reason
         return None
 
     def identity(self) -> str:
-        _, (major, minor) = _hiprtc()
-        return f"hiprtc-{major}.{minor}/{self.arch}/{' '.join(self.options)}"
+        return f"{self._hiprtc().identity()}/{self.arch}/{' '.join(self.options)}"
 
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
-        hiprtc, _ = _hiprtc()
-        ok = hiprtc.hiprtcResult.HIPRTC_SUCCESS
-        err, prog = hiprtc.hiprtcCreateProgram(spec.src.encode(), f"{spec.symbol}.hip".encode(), 0, None, None)
-        if err != ok:
-            raise CompileError(f"hiprtcCreateProgram failed with {err.name} for {spec.name}", src=spec.src,
-                               kernel=spec.name)
+        rtc = self._hiprtc()
         try:
-            opts = [o.encode() for o in self.options]
-            (err,) = hiprtc.hiprtcCompileProgram(prog, len(opts), opts)
-            if err != ok:
-                raise CompileError(f"hiprtc rejected kernel {spec.name} ({err.name})", log=_hiprtc_log(hiprtc, prog),
-                                   src=spec.src, kernel=spec.name,
-                                   command=f"hipcc --genco {' '.join(self.options)} {spec.symbol}.hip")
-            err, size = hiprtc.hiprtcGetCodeSize(prog)
-            if err != ok:
-                raise CompileError(f"hiprtcGetCodeSize failed with {err.name}", kernel=spec.name)
-            code = ctypes.create_string_buffer(int(size))
-            (err,) = hiprtc.hiprtcGetCode(prog, ctypes.addressof(code))
-            if err != ok:
-                raise CompileError(f"hiprtcGetCode failed with {err.name}", kernel=spec.name)
-            code = code.raw
-        finally:
-            hiprtc.hiprtcDestroyProgram(prog)
+            code = rtc.compile(spec.src.encode(), f"{spec.symbol}.hip".encode(), [o.encode() for o in self.options])
+        except HiprtcFailed as e:
+            what = f"hiprtc rejected kernel {spec.name}" if e.call == "hiprtcCompileProgram" else str(e)
+            raise CompileError(f"{what} ({e.error})", log=e.log, src=spec.src, kernel=spec.name,
+                               command=f"hipcc --genco {' '.join(self.options)} {spec.symbol}.hip") from None
         return CompiledSpec.from_bytes(spec, bytes(code), arch=self.arch, compiler=self.cache_key)
-
-
-def _hiprtc_log(hiprtc, prog) -> str:
-    try:
-        err, size = hiprtc.hiprtcGetProgramLogSize(prog)
-        buf = ctypes.create_string_buffer(int(size) + 1)
-        hiprtc.hiprtcGetProgramLog(prog, ctypes.addressof(buf))
-        return buf.value.decode("utf-8", "replace")
-    except Exception as e:
-        return f"(no log: {e})"
 
 
 # ---- reading code objects (the runtime checks the arch at load; tests check the metadata) ---------
