@@ -36,8 +36,9 @@ from .errors import (CompileError, DeviceError, DeviceUnavailableError, LaunchEr
                      OutOfMemoryError, RuntimeStackConflictError, ValidationError)
 from .ir import AxisType, Ops, UOp  # noqa: E402
 from .codegen.lower import Capabilities, Variable  # noqa: E402
-from .device import (Allocator, CompiledSpec, Compiler, Device, DeviceSpec, Program, ProgramSpec,  # noqa: E402
-                     Renderer, RuntimeFactory)
+from .device import (Allocator, CompiledSpec, Compiler, DeviceSpec, ProgramSpec, Renderer,  # noqa: E402
+                     RuntimeFactory)
+from .launch import Device, Program  # noqa: E402
 from .buffer import Buffer  # noqa: E402
 from .registry import register_backend  # noqa: E402
 from .plan import ExecutionPlan  # noqa: E402

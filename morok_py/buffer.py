@@ -25,11 +25,23 @@ class Buffer:
         self._ptr: int | None = device.allocator.alloc(self.nbytes)
         self._lock = threading.Lock()
 
+    # (dict, key) of remembered checked launches that used this buffer: dropped when it is freed
+    _forget: "list[tuple[dict, object]] | None" = None
+
     @property
     def ptr(self) -> int:
         if self._ptr is None:
             raise ValueError("buffer was freed")
         return self._ptr
+
+    def forget_on_free(self, table: dict, key: object) -> None:
+        """Drop `table[key]` when this buffer is freed (a remembered launch check that used it)."""
+        forget = self._forget
+        if forget is None:
+            forget = self._forget = []
+        elif len(forget) >= 64:     # entries their tables already dropped
+            forget[:] = [(t, k) for t, k in forget if k in t]
+        forget.append((table, key))
 
     def same_memory(self, other: "Buffer") -> bool:
         return other is self or (other.device is self.device and other._ptr == self._ptr)
@@ -85,6 +97,9 @@ class Buffer:
         with self._lock:
             if self._ptr is not None:
                 ptr, self._ptr = self._ptr, None
+                forget, self._forget = self._forget, None
+                for table, key in forget or ():
+                    table.pop(key, None)
                 self.device.allocator.free(ptr, self.nbytes)
 
     def __del__(self) -> None:

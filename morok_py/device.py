@@ -3,10 +3,9 @@ Renderer, Compiler, RuntimeFactory, Program, Allocator and Device."""
 from __future__ import annotations
 
 import abc
-import operator
+import functools
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -14,13 +13,12 @@ from . import config
 from .codegen.linear import LinearKernel
 from .codegen.lower import Capabilities, LaunchInfo, Variable, lower
 from .codegen.symbols import check_kernel_name, symbol_for
-from .dtypes import DType, as_dtype
-from .errors import LaunchError, MorokError, OutOfMemoryError
+from .dtypes import DType
+from .errors import DeviceUnavailableError, OutOfMemoryError
 from .ir import UOp
 
 if TYPE_CHECKING:
     import numpy as np
-    from .buffer import Buffer
 
 __all__ = ["DeviceSpec", "Variable", "ProgramSpec", "CompiledSpec", "Renderer", "Compiler",
            "RuntimeFactory", "Program", "Allocator", "Device", "Capabilities"]
@@ -180,11 +178,9 @@ class Compiler(abc.ABC):
 RuntimeFactory = Callable[[CompiledSpec], "Program"]
 
 
-_buffer_ptr = operator.attrgetter("_ptr")    # a Buffer's address, None once freed
-
-
 class Program(abc.ABC):
-    """A loaded kernel. `execute` takes raw addresses; calling it takes Buffers and names."""
+    """A loaded kernel: `execute` takes raw addresses and variable values. The checked call
+    `prog(*buffers, **vars)` is the launch layer's (`morok_py.launch.Program`), above the contracts."""
 
     def __init__(self, device: "Device", compiled: CompiledSpec) -> None:
         self.device = device
@@ -225,89 +221,11 @@ class Program(abc.ABC):
         """Launch on raw buffer addresses with variable values in `var_names` order; with
         `wait=True` block until done and return the kernel's time in seconds."""
 
-    # a passed launch check, per (buffer ids, values): weak references to the buffers and their
-    # pointers, the checked values and the launch sizes; created on the first call
-    _checked: "dict[tuple, tuple] | None" = None
-    _CHECKED_MAX = 64
-
-    def __call__(self, *buffers: "Buffer", wait: bool = False, **values: int) -> float | None:
-        """Launch on Buffers, every argument checked first (count, device, dtype, aliasing, variable
-        names, types and bounds, index bounds against the buffer sizes). A call with the same Buffer
-        objects, still holding the same memory, and the same values (types included) as one that
-        passed reuses that result: a Buffer's device, dtype and size never change, and its pointer
-        changes only when it is freed, so every check would pass again."""
-        checked = self._checked
-        if checked is not None:
-            try:
-                hit = checked.get((*map(id, buffers), *values.items()))
-            except TypeError:       # an unhashable value: the full check reports it
-                hit = None
-            # the entry lives only while its buffers do (a weakref callback drops it), so equal ids are
-            # the same objects; a freed or other buffer shows in the pointers
-            if hit is not None and tuple(map(_buffer_ptr, buffers)) == hit[0]:
-                for v in values.values():
-                    if type(v) is not int:    # True or 16.0 equal 1 or 16: let the full check judge
-                        break
-                else:
-                    return self._launch_checked(buffers, *hit[2:], wait)
-        vals, ptrs, ordered, gs, ls = self._check(buffers, values)
-        self._remember(buffers, values, (vals, ptrs, ordered, gs, ls))
-        return self._launch_checked(buffers, vals, ptrs, ordered, gs, ls, wait)
-
-    def _check(self, buffers: tuple, values: dict) -> tuple:
-        """Every launch check; (values by name, pointers, values in order, global and local size)."""
-        info = self.launch
-        if info is None:
-            raise LaunchError(f"{self.name}: compiled without launch information; use execute()")
-        if len(buffers) != info.buf_count:
-            raise LaunchError(f"{self.name} takes {info.buf_count} buffer(s), got {len(buffers)}")
-        sizes = []
-        dev = self.device
-        for i, (b, p) in enumerate(zip(buffers, info.params)):
-            if not hasattr(b, "ptr") or not hasattr(b, "dtype"):
-                raise LaunchError(f"{self.name}: argument {i} must be a Buffer, got {type(b).__name__}")
-            if b.device is not dev:
-                raise LaunchError(f"{self.name}: buffer {i} lives on {b.device.name}, the program on {dev.name}")
-            if b.dtype != p.dtype:
-                raise LaunchError(f"{self.name}: buffer {i} holds {b.dtype.name}, the kernel expects {p.dtype.name}")
-            sizes.append(b.size)
-        for i, p in enumerate(info.params):
-            if p.written:
-                for j, b in enumerate(buffers):
-                    if j != i and b.same_memory(buffers[i]):
-                        raise LaunchError(f"{self.name}: buffer {i} is written and also passed as buffer {j}; "
-                                          f"kernels assume their buffers do not alias")
-        vals = info.values_from(values)
-        gs, ls, bounds, _work = info.prepare(vals)
-        info.check_sizes(bounds, sizes)
-        ptrs = [b.ptr for b in buffers]
-        return vals, ptrs, [vals[n] for n in info.var_names], gs, ls
-
-    def _remember(self, buffers: tuple, values: dict, result: tuple) -> None:
-        """Keep a passed check for plain Buffers and int values, until one of the buffers is collected."""
-        import weakref
-        from .buffer import Buffer
-        if any(type(b) is not Buffer for b in buffers) or any(type(v) is not int for v in values.values()):
-            return
-        key = (*map(id, buffers), *values.items())
-        checked = self._checked
-        if checked is None:
-            checked = self._checked = {}
-        elif len(checked) >= self._CHECKED_MAX:
-            checked.clear()
-        forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
-        refs = tuple(weakref.ref(b, forget) for b in buffers)
-        checked[key] = (tuple(map(_buffer_ptr, buffers)), refs) + result
-
-    def _launch_checked(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
-        dev = self.device
-        if dev.spec.type != "CPU" and config.validate_with_cpu():
-            from .validate import validated_launch
-            return validated_launch(self, buffers, vals, lambda: self.execute(ptrs, ordered, gs, ls, wait=True))
-        t = self.execute(ptrs, ordered, gs, ls, wait=wait)
-        if wait and config.debug_level() >= 1:
-            config.log(f"{dev.name} {self.name}: {t * 1e6:.1f} us")
-        return t
+    def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
+                local_size: Sequence[int]) -> Callable[[], Any]:
+        """A callable that repeats exactly this launch (not waiting), for a caller that replays one
+        checked launch many times; runtimes override it to bind their arguments once."""
+        return functools.partial(self.execute, list(buffers), list(vals), tuple(global_size), tuple(local_size))
 
 
 class Allocator(abc.ABC):
@@ -393,20 +311,16 @@ class Allocator(abc.ABC):
 
 
 class _DeviceMeta(abc.ABCMeta):
-    def __getitem__(cls, name: str) -> "Device":
-        from .registry import get_device
-        return get_device(name)
-
     @property
     def DEFAULT(cls) -> str:
+        """`MOROK_DEVICE`, else CPU."""
         return str(DeviceSpec.parse(config.getenv("MOROK_DEVICE", "CPU") or "CPU"))
 
 
 class Device(metaclass=_DeviceMeta):
-    """A device: an allocator, (renderer, compiler) pairs and a runtime factory.
-
-    `Device["CUDA:1"]` opens (once) and returns a device; `Device.DEFAULT` is `MOROK_DEVICE` or CPU.
-    """
+    """A device: an allocator, (renderer, compiler) pairs and a runtime factory. `Device.DEFAULT` is
+    `MOROK_DEVICE` or CPU. Opening by name (`Device["CUDA:1"]`), compiling through the caches and
+    allocating Buffers are the launch layer's (`morok_py.launch.Device`), above the contracts."""
 
     def __init__(self, spec: DeviceSpec, allocator: Allocator, compilers: list[tuple[Renderer, Compiler]],
                  runtime: RuntimeFactory, *, arch: str = "") -> None:
@@ -436,7 +350,6 @@ class Device(metaclass=_DeviceMeta):
             if c.cache_key == want:
                 why = c.available()
                 if why is not None:
-                    from .errors import DeviceUnavailableError
                     raise DeviceUnavailableError(f"{self.name} compiler {want!r}", why)
                 return r, c
         raise ValueError(f"MOROK_{self.spec.type}_COMPILER={want!r} is not a compiler of {self.name}; "
@@ -448,19 +361,6 @@ class Device(metaclass=_DeviceMeta):
                 return r, c
         raise ValueError(f"{self.name} has no compiler {cache_key!r}; "
                          f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
-
-    # -- the friendly path ----------------------------------------------------------------
-    def compile(self, ast: UOp, name: str | None = None, *, compiler: str | None = None) -> Program:
-        """Render, compile and load through the method and disk caches."""
-        from .cache import compile_through_caches
-        if name is not None:
-            check_kernel_name(name)     # before the name reaches a cache key (b"x" would hash fine)
-        r, c = self.pair(compiler) if compiler else (self.renderer, self.compiler)
-        return compile_through_caches(self, r, c, ast, name)
-
-    def buffer(self, size: int, dtype: Any) -> "Buffer":
-        from .buffer import Buffer
-        return Buffer(self, size, as_dtype(dtype))
 
     def synchronize(self) -> None:
         """Wait for all work queued on this device."""

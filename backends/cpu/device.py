@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from morok_py import config
-from morok_py.device import CompiledSpec, Device, DeviceSpec
+from morok_py.device import CompiledSpec, DeviceSpec
+from morok_py.launch import Device
 
 from .allocator import HostAllocator
 from .compiler import CPUCompiler, host_cpu, llvm

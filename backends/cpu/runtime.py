@@ -3,14 +3,16 @@ splitting the outermost parallel axis over worker threads when the work pays for
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from morok_py import config
-from morok_py.device import CompiledSpec, Program
+from morok_py.device import CompiledSpec
+from morok_py.launch import Program
 from morok_py.errors import DeviceError, LaunchError
 
 from .builtins import ensure_builtins, undefined_symbols, unresolved
@@ -134,12 +136,7 @@ class CPUProgram(Program):
         t0 = time.perf_counter() if wait else 0.0
         threads, fn, plan = 1, self._fn, None
         if extent > 1:
-            plan = self._plans.get(tuple(vals))
-            if plan is None:
-                plan = self._plan(vals)
-                if len(self._plans) > 1024:
-                    self._plans.clear()
-                self._plans[tuple(vals)] = plan
+            plan = self._plan_for(vals)
             if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
                 threads = config.cpu_threads()
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
@@ -152,6 +149,33 @@ class CPUProgram(Program):
         else:
             fn(*buffers, *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
+
+    def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
+                local_size: Sequence[int]) -> Callable[[], Any]:
+        """A launch that runs on the calling thread is the ctypes call with every argument bound
+        (`execute`'s choice of variant made once); one that may split over threads goes through
+        `execute`, which decides per call."""
+        if len(buffers) != self._nbuf or len(vals) != self._nvars:
+            raise LaunchError(f"{self.name} takes {self._nbuf} buffers and {self._nvars} values, "
+                              f"got {len(buffers)} and {len(vals)}")
+        extent = global_size[0]
+        fn = self._fn
+        if extent > 1:
+            plan = self._plan_for(vals)
+            if plan[0] is not _ONE:
+                return super().prepare(buffers, vals, global_size, local_size)
+            if plan[1] and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
+                fn = self._stream_fn
+        return functools.partial(fn, *buffers, *vals, 0, extent)
+
+    def _plan_for(self, vals: Sequence[int]) -> list:
+        plan = self._plans.get(tuple(vals))
+        if plan is None:
+            plan = self._plan(vals)
+            if len(self._plans) > 1024:
+                self._plans.clear()
+            self._plans[tuple(vals)] = plan
+        return plan
 
     def _plan(self, vals: Sequence[int]) -> list:
         """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial

@@ -3,8 +3,6 @@ freed blocks and its free-and-retry on out-of-memory. Host copies go through a p
 buffer on the device's stream; device-to-device copies use peer copies where the GPUs allow."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cuda.bindings import driver as cu
 
 from morok_py.device import Allocator
@@ -12,8 +10,6 @@ from morok_py.staging import STAGING_BYTES, PinnedStaging
 
 from .runtime import check, error_text
 
-if TYPE_CHECKING:
-    from .device import CUDADevice
 
 
 class CUDAAllocator(PinnedStaging, Allocator):

@@ -10,17 +10,16 @@ DeviceUnavailableError). `compile_only_pairs(arch)` gives the pairs without any 
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from morok_py import config
-from morok_py.device import Allocator, CompiledSpec, Compiler, Device, DeviceSpec, Renderer
+from morok_py.device import Allocator, CompiledSpec, Compiler, DeviceSpec, Renderer
+from morok_py.launch import Device
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
 from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, normalize_arch
 from .renderer import CUDARenderer, NVPTXRenderer
 
-_tls = threading.local()   # the device whose context is current on this thread
 
 
 def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[tuple[Renderer, Compiler]]:
@@ -58,8 +57,9 @@ class CUDADevice(Device):
         from morok_py.registry import claim_gpu_stack
 
         from .allocator import CUDAAllocator
-        from .runtime import check
+        from .runtime import _tls, check
 
+        self._tls = _tls    # the device whose context is current on each thread
         self.closed = False
         self.spec = spec
         claim_gpu_stack("CUDA")
@@ -89,11 +89,11 @@ class CUDADevice(Device):
     # -- context, stream ----------------------------------------------------------------------
     def make_current(self) -> None:
         """Make this GPU's primary context current on the calling thread (cheap when it already is)."""
-        if getattr(_tls, "device", None) is not self:
+        if getattr(self._tls, "device", None) is not self:
             from cuda.bindings import driver as cu
             from .runtime import check
             check(cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-            _tls.device = self
+            self._tls.device = self
 
     def synchronize(self) -> None:
         from cuda.bindings import driver as cu

@@ -8,20 +8,25 @@ per-call packing and a launch costs about what a bare `cuLaunchKernel` with pre-
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
-from typing import TYPE_CHECKING, Sequence
+import threading
+from typing import Any, Callable, Sequence
 
 from cuda.bindings import driver as cu
 
-from morok_py.device import CompiledSpec, Program
+from morok_py.device import CompiledSpec
+from morok_py.launch import Program
 from morok_py.errors import DeviceError, LaunchError
 
 from .compiler import arch_number, normalize_arch
 
-if TYPE_CHECKING:
-    from .device import CUDADevice
 
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
+
+# the CUDA device whose context is current on each thread (set by CUDADevice.make_current, read inline
+# by every launch); here, the lowest module of the backend, so the device and programs share it
+_tls = threading.local()
 
 
 def error_text(err) -> str:
@@ -77,6 +82,10 @@ def check_cubin_arch(name: str, data: bytes, compiled_arch: str, device_arch: st
                           f"(unset MOROK_CUDA_ARCH, or set it to {want})")
 
 
+def _nothing() -> None:
+    return None
+
+
 # ---- programs -----------------------------------------------------------------------------------
 
 class CUDAProgram(Program):
@@ -105,7 +114,6 @@ class CUDAProgram(Program):
         self._launch = cu.cuLaunchKernel
         self._stream = device.stream
         self._events = None
-        from .device import _tls
         self._tls = _tls      # whose context is current on each thread: checked inline per launch
 
     @property
@@ -138,6 +146,33 @@ class CUDAProgram(Program):
         if err:
             self._launch_failed(err, global_size, local_size)
         return None
+
+    def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
+                local_size: Sequence[int]) -> Callable[[], Any]:
+        """This launch with its own packed arguments, for the checked call's replay of a passed check:
+        one `cuLaunchKernel` with every argument bound (the program's shared slots are left alone)."""
+        if len(buffers) != self._nbufs or len(vals) != self._nvars:
+            raise LaunchError(f"{self.name} takes {self._nbufs} buffers and {self._nvars} values, "
+                              f"got {len(buffers)} and {len(vals)}")
+        gs, ls = tuple(global_size), tuple(local_size)
+        if 0 in gs:
+            return _nothing       # CUDA refuses empty grids
+        args = [*buffers, *self._hidden_ptrs, *vals]
+        n = max(1, len(args))
+        slots = (ctypes.c_uint64 * n)(*[a & 0xFFFFFFFFFFFFFFFF for a in args])
+        base = ctypes.addressof(slots)
+        argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+        launch = functools.partial(self._launch, self._fn, *gs, *ls, 0, self._stream, ctypes.addressof(argv), 0)
+        tls, dev = self._tls, self.device
+
+        def run() -> None:
+            if getattr(tls, "device", None) is not dev:
+                dev.make_current()
+            (err,) = launch()
+            if err:
+                self._launch_failed(err, gs, ls)
+        run.keep = (slots, argv)     # the argument memory lives as long as the launch
+        return run
 
     def _patch(self, buffers: Sequence[int], vals: Sequence[int]) -> None:
         if len(buffers) != self._nbufs or len(vals) != self._nvars:

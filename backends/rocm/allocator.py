@@ -3,15 +3,12 @@ freed blocks and its free-and-retry on out-of-memory. Host copies go through a p
 buffer (hipHostMalloc); device-to-device copies use peer copies between ROCm devices."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 from morok_py.device import Allocator
 from morok_py.staging import STAGING_BYTES, PinnedStaging
 
 from .runtime import check, hip_module
 
-if TYPE_CHECKING:
-    from .device import ROCMDevice
 
 
 class HIPAllocator(PinnedStaging, Allocator):

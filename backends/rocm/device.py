@@ -12,7 +12,8 @@ import weakref
 from typing import Any
 
 from morok_py import config
-from morok_py.device import CompiledSpec, Compiler, Device, DeviceSpec, Renderer
+from morok_py.device import CompiledSpec, Compiler, DeviceSpec, Renderer
+from morok_py.launch import Device
 from morok_py.errors import DeviceUnavailableError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 

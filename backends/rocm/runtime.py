@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from morok_py.codegen.symbols import symbol_for
-from morok_py.device import CompiledSpec, Program
+from morok_py.device import CompiledSpec
+from morok_py.launch import Program
 from morok_py.errors import DeviceError, DeviceUnavailableError, LaunchError
 
 from .compiler import code_object_header, code_object_metadata
 from .renderer import parse_arch
 
-if TYPE_CHECKING:
-    from .device import ROCMDevice
 
 ROCM_INSTALL = ("ROCm's HIP runtime (libamdhip64, e.g. the rocm-hip-runtime package or Debian's libamdhip64-dev) "
                 "and pip install morok-py[rocm]")

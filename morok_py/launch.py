@@ -1,0 +1,142 @@
+"""The launch layer: `Device` and `Program` as users and backends see them, above the contracts of
+`morok_py.device`. It adds what needs buffers, caches and the registry: `Device["CUDA:1"]`,
+`dev.compile(ast)` through the caches, `dev.buffer(n, dtype)`, and the checked call
+`prog(*buffers, **vars)` with its memory of passed checks and the MOROK_VALIDATE_WITH_CPU hook.
+
+Backends subclass these two classes; a program or device built on the bare contracts still works
+with `execute`, plans and the caches, it only lacks the friendly calls."""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from . import config
+from . import device as contracts
+from .buffer import Buffer
+from .cache import compile_through_caches
+from .codegen.symbols import check_kernel_name
+from .device import DeviceSpec
+from .dtypes import as_dtype
+from .errors import LaunchError
+from .ir import UOp
+from .registry import get_device
+from .validate import validated_launch
+
+__all__ = ["Device", "Program", "check_launch"]
+
+def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tuple:
+    """Every launch check of `program(*buffers, **values)`: count, device, dtype, aliasing of written
+    buffers, variable names, types and bounds, index bounds against the buffer sizes. Returns (values
+    by name, pointers, values in `var_names` order, global size, local size); raises LaunchError."""
+    info = program.launch
+    name = program.name
+    if info is None:
+        raise LaunchError(f"{name}: compiled without launch information; use execute()")
+    if len(buffers) != info.buf_count:
+        raise LaunchError(f"{name} takes {info.buf_count} buffer(s), got {len(buffers)}")
+    sizes = []
+    dev = program.device
+    for i, (b, p) in enumerate(zip(buffers, info.params)):
+        if not hasattr(b, "ptr") or not hasattr(b, "dtype"):
+            raise LaunchError(f"{name}: argument {i} must be a Buffer, got {type(b).__name__}")
+        if b.device is not dev:
+            raise LaunchError(f"{name}: buffer {i} lives on {b.device.name}, the program on {dev.name}")
+        if b.dtype != p.dtype:
+            raise LaunchError(f"{name}: buffer {i} holds {b.dtype.name}, the kernel expects {p.dtype.name}")
+        sizes.append(b.size)
+    for i, p in enumerate(info.params):
+        if p.written:
+            for j, b in enumerate(buffers):
+                if j != i and b.same_memory(buffers[i]):
+                    raise LaunchError(f"{name}: buffer {i} is written and also passed as buffer {j}; "
+                                      f"kernels assume their buffers do not alias")
+    vals = info.values_from(values)
+    gs, ls, bounds, _work = info.prepare(vals)
+    info.check_sizes(bounds, sizes)
+    ptrs = [b.ptr for b in buffers]
+    return vals, ptrs, [vals[n] for n in info.var_names], gs, ls
+
+
+class Program(contracts.Program):
+    """A loaded kernel with the checked call. `prog(*buffers, **vars)` checks every argument before
+    the launch; a call with the same Buffer objects and the same int values as one that passed skips
+    the checks and replays the launch the runtime prepared for it. A Buffer's device, dtype and size
+    never change and its memory only goes when it is freed or collected, which drops every remembered
+    launch that used it."""
+
+    _CHECKED_MAX = 64
+
+    def __init__(self, device: contracts.Device, compiled: contracts.CompiledSpec) -> None:
+        super().__init__(device, compiled)
+        # a passed check, by (buffer ids, values, value types): the prepared launch, weak references to
+        # the buffers, then check_launch's result; created on the first call
+        self._checked: dict[tuple, tuple] | None = None
+        self._on_cpu = device.spec.type == "CPU"     # validation with the CPU applies elsewhere only
+
+    def __call__(self, *buffers: Buffer, wait: bool = False, **values: int) -> float | None:
+        checked = self._checked
+        if checked is not None:
+            try:
+                # value types are part of the key: True and 16.0 equal and hash like 1 and 16
+                hit = checked.get((*map(id, buffers), *values.items(), *map(type, values.values())))
+            except TypeError:       # an unhashable value: the full check reports it
+                hit = None
+            # an entry lives only while its buffers do (a weakref callback drops it) and hold their memory
+            # (Buffer.free drops it), so equal ids are the same objects, with the same memory
+            if hit is not None:
+                if not wait and (self._on_cpu or not config.validate_with_cpu()):
+                    return hit[0]()
+                return self._launch_checked(buffers, *hit[2:], wait)
+        result = self._check(buffers, values)
+        self._remember(buffers, values, result)
+        return self._launch_checked(buffers, *result, wait)
+
+    def _check(self, buffers: tuple, values: dict) -> tuple:
+        return check_launch(self, buffers, values)
+
+    def _remember(self, buffers: tuple, values: dict, result: tuple) -> None:
+        """Keep a passed check for plain Buffers and int values, until one of the buffers is collected."""
+        if any(type(b) is not Buffer for b in buffers) or any(type(v) is not int for v in values.values()):
+            return
+        key = (*map(id, buffers), *values.items(), *map(type, values.values()))
+        checked = self._checked
+        if checked is None:
+            checked = self._checked = {}
+        elif len(checked) >= self._CHECKED_MAX:
+            checked.clear()
+        _vals, ptrs, ordered, gs, ls = result
+        run = self.prepare(ptrs, ordered, gs, ls)
+        forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
+        refs = tuple(weakref.ref(b, forget) for b in buffers)
+        checked[key] = (run, refs) + result
+        for b in buffers:
+            b.forget_on_free(checked, key)
+
+    def _launch_checked(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
+        if not self._on_cpu and config.validate_with_cpu():
+            return validated_launch(self, buffers, vals, lambda: self.execute(ptrs, ordered, gs, ls, wait=True))
+        t = self.execute(ptrs, ordered, gs, ls, wait=wait)
+        if wait and config.debug_level() >= 1:
+            config.log(f"{self.device.name} {self.name}: {t * 1e6:.1f} us")
+        return t
+
+
+class _DeviceMeta(contracts._DeviceMeta):
+    def __getitem__(cls, name: "str | DeviceSpec") -> contracts.Device:
+        return get_device(name)
+
+
+class Device(contracts.Device, metaclass=_DeviceMeta):
+    """A device with the friendly path: `Device["CUDA:1"]` opens (once) and returns a device,
+    `compile` goes through the method and disk caches, `buffer` allocates a Buffer."""
+
+    def compile(self, ast: UOp, name: str | None = None, *, compiler: str | None = None) -> contracts.Program:
+        """Render, compile and load through the method and disk caches."""
+        if name is not None:
+            check_kernel_name(name)     # before the name reaches a cache key (b"x" would hash fine)
+        r, c = self.pair(compiler) if compiler else (self.renderer, self.compiler)
+        return compile_through_caches(self, r, c, ast, name)
+
+    def buffer(self, size: int, dtype: Any) -> Buffer:
+        return Buffer(self, size, as_dtype(dtype))
+
