@@ -425,6 +425,8 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     spec = renderer.render(ast, name)
     with _lock:
         stats.renders += 1
+    if debug >= 1 and spec.linear is not None and spec.linear.schedule is not None:
+        config.log(f"{spec.name} schedule: {spec.linear.schedule}")
     if debug >= 4 and spec.linear is not None:
         config.log(f"{spec.name} linear IR:\n{spec.linear.dump()}")
     if debug >= 2:

@@ -134,6 +134,12 @@ class _Group:
             self.vals[ins.id] = np.stack([self.val(s) for s in ins.src], axis=1)
         elif k is L.FENCE:
             pass
+        elif k is L.SHUFFLE_XOR:
+            # lane l reads lane l ^ m of its warp; every lane of the warp must take part
+            v, (m, w) = self.val(ins.src[0]), ins.arg
+            if self.n % w or not all(mask[i:i + w].all() or not mask[i:i + w].any() for i in range(0, self.n, w)):
+                raise InterpError("a warp shuffle that only part of a warp reaches")
+            self.vals[ins.id] = v[np.arange(self.n) ^ m]
         elif k is L.ATOMIC_ADD:
             buf, idx, v = ins.src
             data = self.bufs[buf.arg]

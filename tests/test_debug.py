@@ -36,6 +36,11 @@ def test_level_1_prints_compiles_and_launch_times(cpu, rng, monkeypatch, capfd):
     assert "define void" not in err
 
 
+def test_level_1_prints_the_schedule(cpu, rng, monkeypatch, capfd):
+    err = compile_and_run(cpu, rng, 1, monkeypatch, capfd).err
+    assert "[morok] dbg schedule: Schedule(threads)" in err
+
+
 def test_level_2_prints_the_rendered_source(cpu, rng, monkeypatch, capfd):
     err = compile_and_run(cpu, rng, 2, monkeypatch, capfd).err
     assert "dbg source (CPU)" in err and "define void @k_dbg(" in err   # the name shown, its symbol in the IR

@@ -129,11 +129,11 @@ def test_merged_bounds_checks_decide_as_the_full_set(cpu, monkeypatch, kernel):
     random variable values, and overflow is found by both."""
     import random
     from morok_py import kernels as K
-    from morok_py.codegen import lower as LW
+    from morok_py.codegen import launch_check as LC
     from morok_py.errors import LaunchError
     ast = K.named(kernel)
     merged = render(cpu, ast, "m").launch
-    monkeypatch.setattr(LW, "merge_accesses", list)
+    monkeypatch.setattr(LC, "merge_accesses", list)
     full = render(cpu, ast, "f").launch
     assert len(merged.accesses) <= len(full.accesses)
     rng = random.Random(5)

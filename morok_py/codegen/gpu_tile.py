@@ -35,15 +35,14 @@ Speed (float32 4096^3 on an H100: 0.76x cuBLAS -> about 0.9x, see benchmarks/res
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..dtypes import DType, dtypes
 from ..ir import AxisType, Ops, UOp
+from .capabilities import Capabilities
+from .launch_check import Access, LaunchInfo, SteppedLoop
 from .linear import If, Instr, Item, L, LinearKernel, Loop
+from .scan import KernelScan, reduce_identity, scan_kernel, x_coefficient
 from .symbolic import simplify
-
-if TYPE_CHECKING:
-    from .lower import Capabilities, KernelScan, LaunchInfo
 
 PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
                       # filled along k, and rows stay 16-byte aligned for vector reads
@@ -104,7 +103,6 @@ def _stage(f: UOp, i: UOp, j: UOp, k: UOp, b: UOp | None) -> dict[UOp, str] | No
 
 def _role_candidates(globals_: list[UOp], out_idx: UOp) -> list[tuple[UOp, UOp, UOp | None]]:
     """(i, j, b) assignments to try: j is the output's contiguous range where there is one."""
-    from .lower import x_coefficient
     out = []
     for b in ([None] if len(globals_) == 2 else globals_):
         rest = [r for r in globals_ if r is not b]
@@ -136,8 +134,9 @@ def _valid_tile(tile: tuple[int, int, int, int, int], caps: "Capabilities") -> b
     return threads <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
-def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None") -> _Plan | None:
-    from .lower import scan_kernel, x_coefficient
+def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None",
+          tile: tuple[int, int, int, int, int] | None = None) -> _Plan | None:
+    """The tiled plan of a contraction; `tile` None: chosen from the caps and the sizes."""
     if len(ast.src) != 1:
         return None
     store = ast.src[0]
@@ -171,7 +170,8 @@ def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None") -> _Plan | 
         units = _stage(f, i, j, k, b)
         if units is None:
             continue
-        tile = _choose_tile(caps, i.src[0], j.src[0])
+        if tile is None:
+            tile = _choose_tile(caps, i.src[0], j.src[0])
         if tile is None or not _valid_tile(tile, caps):
             return None
         plan = _Plan(store, red, i, j, k, b, units, tile, scan)
@@ -330,7 +330,6 @@ class _Builder:
 
     # the kernel -------------------------------------------------------------------------------
     def build(self) -> "tuple[LinearKernel, LaunchInfo] | None":
-        from .lower import SteppedLoop, reduce_identity
         p = self.p
         BM, BN, BK, TM, TN = p.tile
         MT, NT = BM // TM, BN // TN          # work-items along rows and columns
@@ -444,7 +443,6 @@ class _Builder:
 
     def finish(self, body: list[Item]) -> "tuple[LinearKernel, LaunchInfo]":
         """The kernel and its launch information, built the way the general path builds them."""
-        from .lower import Access, LaunchInfo
         p = self.p
         BM, BN = p.tile[:2]
         pinfo, var_list, ranges = p.scan.params, p.scan.variables, p.scan.ranges
@@ -707,13 +705,23 @@ class _Builder:
                 blk.append(self.new(L.STORE, None, (self.expr(buf, env, blk, memo), ix, v)))
 
 
-def tile_contraction(ast: "UOp", caps: "Capabilities", name: str,
-                     scan: "KernelScan | None" = None) -> "tuple[LinearKernel, LaunchInfo] | None":
-    """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).
-    `scan`: `lower`'s scan_kernel(ast), when it has one."""
-    if caps.matmul_tile is None or not caps.has_local or not caps.has_shared:
+def plan_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None = None,
+              tile: tuple[int, int, int, int, int] | None = None) -> tuple[int, int, int, int, int] | None:
+    """The tile a matmul-like kernel takes (`tile`, or one chosen from the caps and its sizes), or None
+    when the kernel is no contraction or the tile does not fit the target."""
+    if not caps.has_local or not caps.has_shared or (tile is None and caps.matmul_tile is None):
         return None
-    plan = _plan(ast, caps, scan)
+    plan = _plan(ast, caps, scan, tile)
+    return None if plan is None else plan.tile
+
+
+def tile_contraction(ast: "UOp", caps: "Capabilities", name: str, scan: "KernelScan | None" = None,
+                     tile: tuple[int, int, int, int, int] | None = None) -> "tuple[LinearKernel, LaunchInfo] | None":
+    """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).
+    `scan`: `lower`'s scan_kernel(ast), when it has one; `tile`: the schedule's (None: the caps')."""
+    if not caps.has_local or not caps.has_shared or (tile is None and caps.matmul_tile is None):
+        return None
+    plan = _plan(ast, caps, scan, tile)
     if plan is None:
         return None
     return _Builder(ast, caps, name, plan).build()

@@ -11,7 +11,7 @@ from typing import Any
 from ..dtypes import dtypes
 from ..ir import UOp, uops_from_json, uops_to_json
 from .linear import ParamInfo
-from .lower import Access, HiddenBuffer, LaunchInfo, SteppedLoop, Variable
+from .launch_check import Access, HiddenBuffer, LaunchInfo, SteppedLoop, Variable
 
 FORMAT = "morok-launch-4"
 

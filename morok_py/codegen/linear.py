@@ -95,6 +95,7 @@ class LinearKernel:
     gpu: bool
     min_groups: int = 0         # GPU occupancy hint: this many work-groups should fit on one SM at once
                                 # (CUDA: caps registers at regs_per_SM / (local size * min_groups)); 0: none
+    schedule: Any = None        # the codegen.schedule.Schedule it was lowered with (shown by MOROK_DEBUG)
 
     @property
     def symbol(self) -> str:

@@ -54,6 +54,30 @@ class _Axes:
         return r
 
 
+def _tile_roles(ast: UOp) -> "tuple[UOp, UOp, UOp] | None":
+    """(store, i, j) of a kernel register_tile takes, else None."""
+    stores = list(ast.src)
+    if len(stores) != 1:
+        return None     # one GLOBAL loop nest holds every store: tiles for one would repeat the others
+    st = stores[0]
+    _, idx, val = st.src
+    free = st.free_ranges
+    globals_ = sorted((r for r in free if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
+    if len(globals_) < 2 or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
+        return None
+    adds = _addends(idx)
+    unit = [r for r in globals_ if any(a is r for a in adds)]
+    if not unit:
+        return None
+    j = unit[-1]
+    return st, [r for r in globals_ if r is not j][-1], j
+
+
+def register_tile_applies(ast: UOp) -> bool:
+    """Whether `register_tile` rewrites this kernel (one store over >= 2 GLOBAL ranges of a reduction)."""
+    return _tile_roles(ast) is not None
+
+
 def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     """Register blocking for reductions like matmul (CPU).
 
@@ -69,21 +93,10 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     the same value. A static N below tj becomes the tile width; a symbolic N gets three guarded
     regions, of which one runs: tj-wide tiles (N >= tj), w-wide tiles (w <= N < tj), single columns.
     """
-    stores = list(ast.src)
-    if len(stores) != 1:
-        return ast      # one GLOBAL loop nest holds every store: tiles for one would repeat the others
-    st = stores[0]
-    buf, idx, val = st.src
-    free = st.free_ranges
-    globals_ = sorted((r for r in free if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
-    if len(globals_) < 2 or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
+    roles = _tile_roles(ast)
+    if roles is None:
         return ast
-    adds = _addends(idx)
-    unit = [r for r in globals_ if any(a is r for a in adds)]
-    if not unit:
-        return ast
-    j = unit[-1]
-    i = [r for r in globals_ if r is not j][-1]
+    st, i, j = roles
     M, N = i.src[0], j.src[0]
     ti, tj = tile
     m_static, n_static = _const(M), _const(N)

@@ -1,0 +1,149 @@
+"""One pass over a kernel AST before any lowering: its buffers, variables, ranges and index arithmetic,
+checked well-formed; and the small AST queries every strategy shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dtypes import DType
+from ..ir import Ops, UOp
+from .launch_check import Variable
+from .linear import ParamInfo
+
+
+@dataclass
+class KernelScan:
+    """What both lowering paths (the general one and gpu_tile's) know of a kernel AST before emitting
+    anything: its buffers, variables and ranges, checked well-formed, and its index arithmetic."""
+
+    nodes: list[UOp]                        # the AST, sources first
+    params: list[ParamInfo]                 # by slot
+    variables: list[Variable]               # by name
+    ranges: dict[int, UOp]                  # axis -> range, in order of first appearance
+    loads_from: dict[int, frozenset[int]]   # id(node) -> slots of the loads it depends on (none: absent)
+    index_nodes: set[int]                   # ids of the integer nodes of indices and range ends that
+                                            # depend on no load: the launch check proves them in range
+
+
+def scan_kernel(ast: UOp) -> KernelScan:
+    """One pass over `ast`; ValueError for a kernel no lowering can take (a param slot missing or with
+    two dtypes, a variable with two bounds, an axis with two ranges, a range end that is not a
+    function of variables and constants)."""
+    nodes = ast.toposort()
+    params: dict[int, UOp] = {}
+    variables: dict[str, UOp] = {}
+    ranges: dict[int, UOp] = {}
+    reads, writes = set(), set()
+    loads_from: dict[int, frozenset[int]] = {}
+    for n in nodes:
+        if n.op is Ops.PARAM:
+            if n.arg in params and params[n.arg] is not n:
+                raise ValueError(f"param slot {n.arg} is declared with two dtypes: "
+                                 f"{params[n.arg].dtype.name} and {n.dtype.name}")
+            params[n.arg] = n
+        elif n.op is Ops.DEFINE_VAR:
+            if n.arg[0] in variables and variables[n.arg[0]] is not n:
+                raise ValueError(f"variable {n.arg[0]!r} is declared twice with different bounds")
+            variables[n.arg[0]] = n
+        elif n.op is Ops.RANGE:
+            if n.axis in ranges and ranges[n.axis] is not n:
+                raise ValueError(f"axis {n.axis} is used by two different ranges")
+            ranges[n.axis] = n
+            if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
+                raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
+        elif n.op is Ops.LOAD:
+            reads.add(n.src[0].arg)
+        elif n.op is Ops.STORE:
+            writes.add(n.src[0].arg)
+        loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
+        for src in n.src:
+            loads |= loads_from.get(id(src), frozenset())
+        if loads:
+            loads_from[id(n)] = loads
+    if sorted(params) != list(range(len(params))):
+        raise ValueError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
+    index_nodes: set[int] = set()
+    for n in nodes:
+        if n.op in (Ops.LOAD, Ops.STORE):
+            index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
+        if n.op is Ops.RANGE:
+            index_nodes.update(id(u) for u in n.src[0].toposort())
+    # loads inside an index are data: arithmetic above a load is not proven overflow-free
+    index_nodes.difference_update(loads_from)
+    return KernelScan(nodes,
+                      [ParamInfo(s, params[s].dtype, s in reads, s in writes) for s in sorted(params)],
+                      [Variable(*variables[k].arg) for k in sorted(variables)],
+                      ranges, loads_from, index_nodes)
+
+
+
+def x_coefficient(index: UOp, x: UOp) -> int | None:
+    """c when index == c*x + (terms free of x), else None."""
+    if index is x:
+        return 1
+    if x not in index.free_ranges:
+        return 0
+    op = index.op
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = x_coefficient(index.src[0], x), x_coefficient(index.src[1], x)
+        if a is None or b is None:
+            return None
+        return a + b if op is Ops.ADD else a - b
+    if op is Ops.MUL:
+        for v, c in (index.src, index.src[::-1]):
+            if c.op is Ops.CONST:
+                a = x_coefficient(v, x)
+                return None if a is None else a * int(c.arg)
+        return None
+    if op is Ops.NEG:
+        a = x_coefficient(index.src[0], x)
+        return None if a is None else -a
+    return None
+
+
+def reduce_identity(dt: DType, op: Ops):
+    """The value a reduction's accumulator starts from."""
+    ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min(), Ops.MIN: dt.max()}[op]   # +-inf for floats
+    if dt.is_float:
+        return float(ident)
+    if dt.is_bool:
+        return bool(ident)      # MAX is any (from False), MIN is all (from True)
+    return ident
+
+
+def top_reduces(stores: list[UOp]) -> list[UOp]:
+    """REDUCE nodes reachable from the stores without passing through another REDUCE."""
+    out: list[UOp] = []
+    seen: set[int] = set()
+    stack = [s for st in stores for s in st.src[1:]]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op is Ops.REDUCE:
+            out.append(n)
+            continue
+        stack.extend(n.src)
+    out.reverse()
+    return out
+
+
+def store_groups(stores: list[UOp], loads_from: dict[int, frozenset[int]]) -> list[list[UOp]]:
+    """Consecutive stores over the same ranges, none reading a buffer another one writes."""
+    groups: list[list[UOp]] = []
+    written: set[int] = set()
+    read: set[int] = set()
+    for st in stores:
+        g = groups[-1] if groups else None
+        st_reads = loads_from.get(id(st), frozenset())
+        if g is not None and g[0].free_ranges == st.free_ranges:
+            slot = st.src[0].arg
+            if slot not in read and slot not in st_reads and not (written & st_reads):
+                g.append(st)
+                written.add(slot)
+                read |= st_reads
+                continue
+        groups.append([st])
+        written, read = {st.src[0].arg}, set(st_reads)
+    return groups
+

@@ -1,0 +1,298 @@
+"""The schedule: the named optimizations a kernel is lowered with, chosen before lowering.
+
+A `Schedule` says how a kernel maps to the target, in terms that do not depend on one AST's node
+identities (so a choice can be stored and applied again): which launch structure its GLOBAL ranges
+take (`mapping`), how its reductions are split (`reduce`), the work-group size, the vector width of
+elementwise accesses, the unroll of per-work-item reduction loops (rows in flight), whether a row
+kernel keeps rows in shared memory, the register tile of a CPU reduction (upcast) and the
+shared-memory tile of a GPU contraction. `default_schedule` derives one from the kernel's shape and the
+target's `Capabilities` (the heuristics); `candidate_schedules` lists the valid alternatives a search
+times; `check_schedule` refuses one the kernel cannot take. Lowering (codegen/lower.py) applies a
+schedule mechanically, each strategy in its own module (codegen/strategies/, opt.py, gpu_tile.py).
+
+Tensor cores would be one more field (an MMA shape for the "tiled" mapping) read by gpu_tile's inner
+product; none of our renderers emit MMA instructions yet, so there is no such field.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Iterator
+
+from ..ir import AxisType, Ops, UOp
+from .capabilities import Capabilities
+from .scan import KernelScan, top_reduces, x_coefficient
+
+MAPPINGS = ("threads", "groups", "group_per_row", "tiled")
+REDUCES = ("serial", "group", "grid")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one kernel is lowered. Fields (defaults are "off"):
+
+    mapping        "threads": CPU, the outermost GLOBAL range is split over worker threads, the rest are
+                   loops. "groups": GPU, GLOBAL ranges -> grid x work-group, one output per work-item.
+                   "group_per_row": GPU, one work-group per output of the (at most one) GLOBAL range.
+                   "tiled": GPU contraction with shared-memory tiles (`matmul_tile`).
+    reduce         "serial": each output's reduction runs in order inside one work-item (a column
+                   reduction: neighbouring work-items read neighbouring columns, coalesced).
+                   "group": across the work-group (group_per_row). "grid": a full reduction in two
+                   stages over many work-groups (group_per_row, no GLOBAL range).
+    group          work-items per work-group (GPU; 0 on the CPU).
+    vector_width   elementwise GPU kernels: contiguous elements per work-item (w-wide loads/stores).
+    unroll         GPU: unroll count of a work-item's serial reduction loops (loads in flight).
+    row_cache      group_per_row: rows read by several passes are kept in shared memory.
+    register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
+    matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
+    """
+
+    mapping: str
+    reduce: str = "serial"
+    group: int = 0
+    vector_width: int = 1
+    unroll: int = 0
+    row_cache: bool = False
+    register_tile: tuple[int, int] | None = None
+    matmul_tile: tuple[int, int, int, int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.mapping not in MAPPINGS:
+            raise ValueError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
+        if self.reduce not in REDUCES:
+            raise ValueError(f"schedule reduce {self.reduce!r}: one of {', '.join(REDUCES)}")
+        if self.reduce != "serial" and self.mapping != "group_per_row":
+            raise ValueError(f"reduce={self.reduce!r} needs mapping 'group_per_row'")
+        if self.mapping == "group_per_row" and self.reduce == "serial":
+            raise ValueError("mapping 'group_per_row' reduces across the group: reduce 'group' or 'grid'")
+        if (self.mapping == "tiled") != (self.matmul_tile is not None):
+            raise ValueError("mapping 'tiled' and matmul_tile go together")
+        if self.register_tile is not None and self.mapping != "threads":
+            raise ValueError("register_tile is a CPU ('threads') schedule")
+        if self.row_cache and self.reduce != "group":
+            raise ValueError("row_cache needs reduce 'group'")
+        if self.group < 0 or self.vector_width < 1 or self.unroll < 0:
+            raise ValueError(f"bad sizes in {self}")
+        if self.mapping == "threads" and (self.group or self.vector_width != 1 or self.unroll):
+            raise ValueError("group, vector_width and unroll are GPU fields")
+        if self.mapping != "threads" and (self.group < 1 or self.group & (self.group - 1)):
+            raise ValueError(f"a GPU schedule needs a power-of-two group size, got {self.group}")
+
+    def __str__(self) -> str:
+        parts = [self.mapping]
+        for f in fields(self)[1:]:
+            v = getattr(self, f.name)
+            if v != f.default:
+                parts.append(f"{f.name}={'x'.join(map(str, v)) if isinstance(v, tuple) else v}")
+        return "Schedule(" + ", ".join(parts) + ")"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "Schedule":
+        """The schedule `to_json` wrote; ValueError for anything else (a corrupt stored choice)."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a schedule: {e}") from None
+        names = {f.name for f in fields(Schedule)}
+        if not isinstance(d, dict) or set(d) - names or "mapping" not in d:
+            raise ValueError(f"not a schedule: {text[:80]!r}")
+        for k in ("register_tile", "matmul_tile"):
+            if d.get(k) is not None:
+                if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
+                    raise ValueError(f"bad {k} {d[k]!r}")
+                d[k] = tuple(d[k])
+        for k in ("group", "vector_width", "unroll"):
+            if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
+                raise ValueError(f"bad {k} {d[k]!r}")
+        try:
+            return Schedule(**d)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+
+
+# -- which schedule a render uses when its caller names one ----------------------------------------
+
+_chosen: contextvars.ContextVar["Schedule | None"] = contextvars.ContextVar("morok_schedule", default=None)
+
+
+@contextlib.contextmanager
+def using(schedule: "Schedule | None") -> Iterator[None]:
+    """Within the block, `lower` uses `schedule` instead of the default (None: the default). The
+    renderer's `render(ast)` knows no schedule argument; search and the cache pass theirs this way."""
+    token = _chosen.set(schedule)
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
+
+
+def chosen() -> "Schedule | None":
+    return _chosen.get()
+
+
+# -- the kernel's shape ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    """What the heuristics look at."""
+
+    globals_: tuple[UOp, ...]       # GLOBAL ranges by axis
+    has_reduce: bool
+    only_globals: bool              # every range is GLOBAL (elementwise)
+
+
+def shape_of(scan: KernelScan) -> Shape:
+    rs = scan.ranges.values()
+    globals_ = tuple(sorted((r for r in rs if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis))
+    return Shape(globals_, any(r.axis_type is AxisType.REDUCE for r in rs),
+                 all(r.axis_type is AxisType.GLOBAL for r in rs))
+
+
+def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
+    """One GLOBAL range x, and every load inside the kernel's reductions that depends on a reduced
+    range is contiguous in x (x's coefficient 1) and not in the reduced ranges: a sum over axis 0.
+    One work-item per output then reads rows in order and neighbouring items read neighbouring
+    addresses; a work-group per output would stride across rows."""
+    if len(globals_) != 1:
+        return False
+    x = globals_[0]
+    reds = top_reduces(list(ast.src))
+    if not reds:
+        return False
+    seen = False
+    for red in reds:
+        for n in red.src[0].toposort():
+            if n.op is not Ops.LOAD:
+                continue
+            rs = [r for r in red.src[1:] if r in n.src[1].free_ranges]
+            if not rs:
+                continue
+            if x_coefficient(n.src[1], x) != 1 or any(x_coefficient(n.src[1], r) == 1 for r in rs):
+                return False
+            seen = True
+    return seen
+
+
+SERIAL_UNROLL = 8      # column reductions: rows in flight per work-item
+
+
+def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule:
+    """The heuristic schedule of a (simplified, decomposed) kernel for a target."""
+    shape = shape_of(scan)
+    if not caps.has_local:
+        from .opt import register_tile_applies
+        tile = caps.register_tile if caps.register_tile is not None and register_tile_applies(ast) else None
+        return Schedule("threads", register_tile=tile)
+    if caps.matmul_tile is not None and caps.has_shared:
+        from .gpu_tile import plan_tile
+        tile = plan_tile(ast, caps, scan)
+        if tile is not None:
+            return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile)
+    group = caps.default_group
+    if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
+        if not shape.globals_ and caps.grid_reduce:
+            from .strategies.grid_reduce import grid_plan
+            if grid_plan(ast, shape.globals_, group) is not None:
+                return Schedule("group_per_row", reduce="grid", group=group)
+        row_cache = False
+        if caps.has_shared:
+            from .strategies.row_cache import row_cache_plan
+            row_cache = bool(row_cache_plan(ast, shape.globals_, scan))
+        return Schedule("group_per_row", reduce="group", group=group, row_cache=row_cache)
+    if caps.vector_width > 1:
+        from .strategies.vectorize import vector_plan
+        if vector_plan(ast, shape.globals_, scan, caps.vector_width) is not None:
+            return Schedule("groups", group=group, vector_width=caps.vector_width)
+    return Schedule("groups", group=group)
+
+
+def _tile_threads(tile: tuple[int, int, int, int, int]) -> int:
+    BM, BN, _, TM, TN = tile
+    return (BM // TM) * (BN // TN)
+
+
+def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: KernelScan) -> None:
+    """ValueError when the kernel or the target cannot take `schedule`."""
+    shape = shape_of(scan)
+    gpu = caps.has_local
+    if gpu == (schedule.mapping == "threads"):
+        raise ValueError(f"{schedule} is not a schedule for a {'GPU' if gpu else 'CPU'} target")
+    if gpu and schedule.group > min(caps.max_threads_per_group, caps.local_max[0]):
+        raise ValueError(f"{schedule}: group of {schedule.group} is over the target's limit")
+    if schedule.register_tile is not None:
+        from .opt import register_tile_applies
+        if not register_tile_applies(ast):
+            raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
+    if schedule.mapping == "tiled":
+        from .gpu_tile import plan_tile
+        if not caps.has_shared or plan_tile(ast, caps, scan, schedule.matmul_tile) is None:
+            raise ValueError(f"{schedule}: the kernel is not a contraction these tiles fit")
+    if schedule.mapping == "group_per_row":
+        if not caps.has_shared and schedule.group > 1:
+            raise ValueError(f"{schedule}: the target has no shared memory")
+        if len(shape.globals_) > 1 or not shape.has_reduce:
+            raise ValueError(f"{schedule}: group_per_row takes a reduction over at most one GLOBAL range")
+        if schedule.reduce == "grid":
+            from .strategies.grid_reduce import grid_plan
+            if grid_plan(ast, shape.globals_, schedule.group) is None:
+                raise ValueError(f"{schedule}: not a full reduction")
+    if schedule.vector_width > 1:
+        from .strategies.vectorize import vector_plan
+        if schedule.mapping != "groups" or vector_plan(ast, shape.globals_, scan, schedule.vector_width) is None:
+            raise ValueError(f"{schedule}: the kernel has no vectorizable elementwise access")
+
+
+def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[Schedule]:
+    """The default schedule first, then valid alternatives a search may time (bounded: a few dozen)."""
+    base = default_schedule(ast, caps, scan)
+    shape = shape_of(scan)
+    out = [base]
+    if not caps.has_local:
+        if base.register_tile is not None:
+            rows, cols = base.register_tile
+            for t in [(rows, cols), (4, cols), (2, cols), (rows, cols // 2), (8, cols // 2), (1, cols)]:
+                if t[0] >= 1 and t[1] >= 1:
+                    out.append(replace(base, register_tile=t))
+            out.append(replace(base, register_tile=None))
+    else:
+        limit = min(caps.max_threads_per_group, caps.local_max[0])
+        groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
+        if base.mapping == "tiled":
+            BM, BN, BK, TM, TN = base.matmul_tile
+            for t in [(BM, BN, BK * 2, TM, TN), (BM // 2, BN, BK, TM // 2, TN), (BM, BN // 2, BK, TM, TN // 2),
+                      (BM // 2, BN // 2, BK, TM // 2, TN // 2), (64, 64, 8, 4, 4), (128, 64, 8, 8, 4)]:
+                if min(t) >= 1 and t[0] % t[3] == 0 and t[1] % t[4] == 0 and _tile_threads(t) <= limit:
+                    out.append(Schedule("tiled", group=_tile_threads(t), matmul_tile=t))
+            out.append(Schedule("groups", group=caps.default_group))
+        elif shape.has_reduce and len(shape.globals_) <= 1 and caps.group_reduce:
+            for g in groups:
+                for u in (0, 4, 8, 16):
+                    out.append(Schedule("groups", group=g, unroll=u))
+                if caps.has_shared:
+                    out.append(Schedule("group_per_row", reduce="group", group=g))
+                    if base.row_cache:
+                        out.append(Schedule("group_per_row", reduce="group", group=g, row_cache=True))
+                if base.reduce == "grid":
+                    out.append(Schedule("group_per_row", reduce="grid", group=g))
+        else:
+            for g in groups:
+                out.append(replace(base, group=g))
+                if shape.has_reduce:
+                    out.append(replace(base, group=g, unroll=8))
+            if base.vector_width > 1:
+                out += [replace(base, vector_width=1), replace(base, vector_width=2)]
+    seen, uniq = set(), []
+    for s in out:
+        if s not in seen:
+            try:
+                check_schedule(s, ast, caps, scan)
+            except ValueError:
+                continue
+            seen.add(s)
+            uniq.append(s)
+    return uniq

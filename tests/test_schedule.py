@@ -1,0 +1,160 @@
+"""Schedules (codegen/schedule.py): the default schedule names today's heuristics, a schedule prints and
+stores itself, a kernel refuses one it cannot take, and every candidate a search may time computes the
+same outputs as numpy (GPU schedules run in the test interpreter, CPU ones on the CPU)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from morok_py import kernels as K
+from morok_py import dtypes
+from morok_py.codegen import schedule as S
+from morok_py.codegen.lower import lower, scan_kernel
+from morok_py.codegen.schedule import Schedule, candidate_schedules, default_schedule
+from morok_py.codegen.symbolic import simplify
+
+import linear_interp as LI
+from conftest import random_array
+from test_gpu_tile import CAPS
+
+GPU = dataclasses.replace(CAPS, grid_reduce=True, warp_shuffle=True)
+
+
+def cpu_caps(cpu):
+    return cpu.pair()[0].caps
+
+
+def default_for(ast, caps) -> Schedule:
+    ast = simplify(ast)
+    return default_schedule(ast, caps, scan_kernel(ast))
+
+
+@pytest.mark.parametrize("kernel,gpu,want", [
+    ("add", True, "Schedule(groups, group=256, vector_width=4)"),
+    ("sum", True, "Schedule(group_per_row, reduce=grid, group=256)"),
+    ("softmax", True, "Schedule(group_per_row, reduce=group, group=256)"),     # symbolic row: no row cache
+    (lambda: K.softmax(64, 1000), True, "Schedule(group_per_row, reduce=group, group=256, row_cache=True)"),
+    ("row_max", True, "Schedule(group_per_row, reduce=group, group=256)"),
+    ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
+    ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
+    (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256)"),   # two GLOBAL ranges
+    ("add", False, "Schedule(threads)"),
+    ("softmax", False, "Schedule(threads)"),
+])
+def test_default_schedule_names_the_heuristics(cpu, kernel, gpu, want):
+    ast = K.named(kernel) if isinstance(kernel, str) else kernel()
+    assert str(default_for(ast, GPU if gpu else cpu_caps(cpu))) == want
+
+
+def test_cpu_matmul_default_has_the_targets_register_tile(cpu):
+    caps = cpu_caps(cpu)
+    assert default_for(K.named("matmul"), caps) == Schedule("threads", register_tile=caps.register_tile)
+
+
+def test_lowered_kernel_carries_its_schedule(cpu):
+    kernel, _ = lower(K.named("softmax"), GPU, "sm")
+    assert kernel.schedule == default_for(K.named("softmax"), GPU)
+
+
+def test_schedule_json_round_trip():
+    for s in (Schedule("threads", register_tile=(6, 16)), Schedule("tiled", group=64, matmul_tile=(64, 64, 8, 4, 4)),
+              Schedule("group_per_row", reduce="group", group=128, row_cache=True)):
+        assert Schedule.from_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"mapping": "warp"}', '{"mapping": "threads", "x": 1}',
+                                  '{"mapping": "tiled", "group": 64, "matmul_tile": [64, "a"]}',
+                                  '{"mapping": "groups", "group": true}', '{"reduce": "group"}'])
+def test_corrupt_schedule_text_is_a_value_error(text):
+    with pytest.raises(ValueError):
+        Schedule.from_json(text)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(mapping="groups", reduce="group", group=64), "needs mapping 'group_per_row'"),
+    (dict(mapping="group_per_row", group=64), "reduce 'group' or 'grid'"),
+    (dict(mapping="tiled", group=64), "go together"),
+    (dict(mapping="groups", group=64, register_tile=(4, 8)), "CPU"),
+    (dict(mapping="groups", group=96), "power-of-two"),
+    (dict(mapping="threads", unroll=4), "GPU fields"),
+])
+def test_inconsistent_schedules_are_refused(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        Schedule(**kwargs)
+
+
+@pytest.mark.parametrize("kernel,sched", [
+    ("softmax", Schedule("group_per_row", reduce="grid", group=256)),      # has a GLOBAL range
+    ("add", Schedule("tiled", group=256, matmul_tile=(128, 128, 8, 8, 8))),
+    ("matmul", Schedule("group_per_row", reduce="group", group=256)),     # two GLOBAL ranges
+    ("sum_rows", Schedule("groups", group=256, vector_width=4)),          # not elementwise
+    ("add", Schedule("threads")),                                          # a CPU schedule on a GPU
+])
+def test_a_kernel_refuses_a_schedule_it_cannot_take(kernel, sched):
+    with pytest.raises(ValueError):
+        lower(K.named(kernel), GPU, "k", schedule=sched)
+
+
+def test_using_applies_a_schedule_to_renders_in_the_block():
+    want = Schedule("groups", group=64)
+    with S.using(want):
+        kernel, info = lower(K.named("add"), GPU, "k")
+    assert kernel.schedule == want and info.local_size == (64, 1, 1)
+    assert lower(K.named("add"), GPU, "k")[0].schedule != want
+
+
+# -- every candidate computes the same outputs -------------------------------------------------------
+
+def _cases(rng):
+    """(kernel, inputs, output size, numpy reference, variables): odd sizes, random data."""
+    M, N, Kd = 37, 29, 23
+    a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    x = random_array(rng, (M, N), np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    v = random_array(rng, 1001, np.float32)
+    return {
+        "matmul": (K.matmul(), [a, b], M * N, a.astype(np.float64) @ b, dict(M=M, N=N, K=Kd)),
+        "sum_cols": (K.reduce_axis("sum", [None, None], 0), [x], N, x.astype(np.float64).sum(0), dict(d0=M, d1=N)),
+        "sum_rows": (K.reduce_axis("sum", [None, None], 1), [x], M, x.astype(np.float64).sum(1), dict(d0=M, d1=N)),
+        "softmax": (K.softmax(M, N), [x], M * N, e / e.sum(axis=1, keepdims=True), {}),
+        "sum": (K.sum_all(), [v], 1, v.astype(np.float64).sum(), dict(n=1001)),
+        "add": (K.add(), [x, x[::-1].copy()], M * N, x + x[::-1], dict(n=M * N)),
+    }
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "sum_cols", "sum_rows", "softmax", "sum", "add"])
+def test_every_gpu_candidate_matches_numpy(rng, kernel):
+    small = dataclasses.replace(GPU, matmul_tile=(32, 32, 4, 2, 2))   # quick to interpret
+    ast, ins, n_out, want, vals = _cases(rng)[kernel]
+    sast = simplify(ast)
+    cands = candidate_schedules(sast, small, scan_kernel(sast))
+    assert len(cands) >= 2 and cands[0] == default_schedule(sast, small, scan_kernel(sast))
+    cands = cands[::max(1, len(cands) // 8)]      # a spread of them: the interpreter is slow
+    for sched in cands:
+        kernel_, info = lower(ast, small, "k", schedule=sched)
+        out = np.zeros(n_out, np.float32)
+        writes = LI.run(kernel_, info, [i.reshape(-1) for i in ins] + [out], vals)
+        np.testing.assert_allclose(out.reshape(np.shape(want)) if np.ndim(want) else out[0], want,
+                                   rtol=2e-5, atol=2e-5, err_msg=str(sched))
+        assert writes[-1].min() >= 1, f"{sched}: an output was never stored"
+
+
+@pytest.mark.parametrize("kernel", ["matmul", "sum_cols", "softmax", "add"])
+def test_every_cpu_candidate_matches_numpy(cpu, rng, kernel):
+    renderer, compiler = cpu.pair()
+    ast, ins, n_out, want, values = _cases(rng)[kernel]
+    cands = candidate_schedules(simplify(ast), renderer.caps, scan_kernel(simplify(ast)))
+    if kernel == "matmul":
+        assert len(cands) >= 4
+    for sched in cands:
+        with S.using(sched):
+            spec = renderer.render(ast, "k")
+        assert spec.linear.schedule == sched
+        prog = cpu.dev.runtime(compiler.compile(spec))
+        out = cpu.empty(n_out, dtypes.float32)
+        prog(*[cpu.buf(i) for i in ins], out, wait=True, **values)
+        got = out.numpy()
+        np.testing.assert_allclose(got.reshape(np.shape(want)) if np.ndim(want) else got[0], want,
+                                   rtol=2e-5, atol=2e-5, err_msg=str(sched))
