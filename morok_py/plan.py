@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
+from . import config
 from .buffer import Buffer
 from .device import Program
-from .errors import LaunchError
+from .errors import LaunchError, MorokError
 
 
 @dataclass
@@ -21,19 +22,31 @@ class _Step:
 
 
 class ExecutionPlan:
-    """Launches checked once at `add` time and replayed with little Python work.
+    """Launches checked once per value set and replayed with little Python work.
 
     Variables may be bound to a fixed int or to a plan-level name: `plan.add(prog, a, b, n="N")`
-    then `plan.run(N=1000)` rebinds them (re-checking bounds once per new value set).
-    Devices may capture a plan natively (`capture()`); the default replays the launches.
+    then `plan.run(N=1000)` rebinds them (re-checking bounds once per new value set). Where the
+    device can capture a plan (CUDA graphs), `run` captures it by itself the second time it runs
+    with one value set (a value set seen once is not worth a capture) and replays the capture from
+    then on; up to CAPTURES value sets keep their capture. `capture=False` always replays the
+    launches one by one. Freeing one of the plan's buffers makes the next run check again.
     """
 
-    def __init__(self, device=None) -> None:
+    CAPTURES = 8
+    CAPTURE_AFTER = 2     # runs of one value set before it is captured
+
+    def __init__(self, device=None, *, capture: bool = True) -> None:
         self.device = device
         self.steps: list[_Step] = []
         self.names: set[str] = set()
+        self.auto_capture = capture
         self._bound: dict[str, int] | None = None
-        self._native = None
+        self._native: Callable[[bool], float | None] | None = None
+        # per value set (sorted items): a capture, or how often it ran uncaptured
+        self._captures: dict[tuple, Any] = {}
+        self._runs: dict[tuple, int] = {}
+        self._valid: dict[str, bool] = {}   # emptied by Buffer.free of any buffer of the plan
+        self._capture_failed = False
 
     def add(self, program: Program, *buffers: Buffer, **vars: Any) -> "ExecutionPlan":
         if self.device is None:
@@ -47,9 +60,15 @@ class ExecutionPlan:
             if isinstance(v, str):
                 self.names.add(v)
         self.steps.append(_Step(program, tuple(buffers), [b.ptr for b in buffers], dict(vars), (), (), []))
+        self._forget_bindings()
+        return self
+
+    def _forget_bindings(self) -> None:
         self._bound = None
         self._native = None
-        return self
+        self._captures.clear()
+        self._runs.clear()
+        self._valid.clear()
 
     def _bind(self, values: Mapping[str, int]) -> None:
         missing = self.names - set(values)
@@ -58,6 +77,8 @@ class ExecutionPlan:
         extra = set(values) - self.names
         if extra:
             raise LaunchError(f"plan has no variable(s) {sorted(extra)}; it takes {sorted(self.names)}")
+        if not self._valid:       # first bind, or a buffer was freed: every capture holds old pointers
+            self._forget_bindings()
         for st in self.steps:
             concrete = {k: (values[v] if isinstance(v, str) else v) for k, v in st.bindings.items()}
             # the full check of the friendly path, once per value set
@@ -69,16 +90,31 @@ class ExecutionPlan:
                 if b.device is not p.device or b.dtype != prm.dtype:
                     raise LaunchError(f"{p.name}: buffer {i} must be {prm.dtype.name} on {p.device.name}")
             info.check_sizes(bounds, [b.size for b in st.buffers])
+            st.ptrs = [b.ptr for b in st.buffers]      # raises for a freed buffer
             st.gs, st.ls, st.ordered = gs, ls, [vals[n] for n in info.var_names]
+        if not self._valid:
+            self._valid["bound"] = True
+            seen: set[int] = set()
+            for st in self.steps:
+                for b in st.buffers:
+                    if id(b) not in seen and hasattr(b, "forget_on_free"):
+                        seen.add(id(b))
+                        b.forget_on_free(self._valid, "bound")
         self._bound = dict(values)
 
     def run(self, wait: bool = False, **values: int) -> float | None:
         """Run every launch in order; with wait=True, block and return the elapsed seconds."""
-        if self._bound != values:
+        if self._bound != values or not self._valid:
             self._bind(values)
-            self._native = None
-        if self._native is not None:
-            return self._native(wait)
+            self._native = self._captures.get(tuple(sorted(values.items())))
+        native = self._native
+        if native is not None:
+            return native(wait)
+        if self.auto_capture and not self._capture_failed and self._can_capture():
+            key = tuple(sorted(values.items()))
+            runs = self._runs[key] = self._runs.get(key, 0) + 1
+            if runs >= self.CAPTURE_AFTER and self._auto_capture(key) is not None:
+                return self._native(wait)
         import time
         t0 = time.perf_counter()
         for st in self.steps:
@@ -89,11 +125,34 @@ class ExecutionPlan:
             return time.perf_counter() - t0
         return None
 
+    def _can_capture(self) -> bool:
+        return bool(self.steps) and getattr(self.device, "capture_plan", None) is not None
+
+    def _auto_capture(self, key: tuple):
+        """Capture the bound launches for this value set; a device that refuses leaves the plan
+        replaying its launches (said under MOROK_DEBUG=1)."""
+        try:
+            native = self.device.capture_plan(self)
+        except MorokError as e:
+            self._capture_failed = True
+            if config.debug_level() >= 1:
+                config.log(f"plan on {self.device.name}: not captured, replaying launches ({e})")
+            return None
+        if len(self._captures) >= self.CAPTURES:
+            self._captures.pop(next(iter(self._captures)))
+        self._captures[key] = self._native = native
+        self._runs.pop(key, None)
+        return native
+
     def capture(self, **values: int) -> "ExecutionPlan":
-        """Ask the device to capture the plan for these values (CUDA graphs); a no-op elsewhere."""
+        """Capture the plan for these values now (CUDA graphs); a no-op where the device cannot."""
         self._bind(values)
         cap = getattr(self.device, "capture_plan", None)
-        self._native = cap(self) if cap is not None else None
+        if cap is None:
+            self._native = None
+            return self
+        key = tuple(sorted(values.items()))
+        self._native = self._captures[key] = cap(self)
         return self
 
     @property

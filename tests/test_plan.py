@@ -77,3 +77,33 @@ def test_plan_capture_keeps_results_right(device, rng):
     plan.capture(B=9)
     plan.run(B=9, wait=True)
     np.testing.assert_allclose(s.numpy()[:9], reference(x, w, b, 9)[1], rtol=1e-5, atol=1e-3)
+
+
+def test_freeing_a_buffer_of_the_plan_makes_the_next_run_check_again(device, rng):
+    plan, _, (h, s) = mlp_plan(device, rng, 33, 19)
+    plan.run(B=5)
+    plan.run(B=5)
+    s.free()
+    with pytest.raises(ValueError, match="freed"):
+        plan.run(B=5)
+
+
+def test_a_plan_captures_itself_on_the_second_run_of_a_value_set(device, rng):
+    plan, (x, w, b), (h, s) = mlp_plan(device, rng, 33, 19)
+    can = getattr(device.dev, "capture_plan", None) is not None
+    for B, runs in ((9, 3), (4, 2), (9, 1)):
+        for i in range(runs):
+            s.copyin(np.zeros(64, np.float32))
+            plan.run(B=B, wait=True)
+            # a value set is replayed launch by launch the first time, captured from its second run
+            assert plan.captured == (can and (i >= 1 or B == 9 and runs == 1))
+            np.testing.assert_allclose(s.numpy()[:B], reference(x, w, b, B)[1], rtol=1e-5, atol=1e-3)
+            assert not s.numpy()[B:].any()
+
+
+def test_a_plan_made_with_capture_false_never_captures(device, rng):
+    plan, *_ = mlp_plan(device, rng, 33, 19)
+    plan.auto_capture = False
+    for _ in range(3):
+        plan.run(B=3)
+    assert not plan.captured
