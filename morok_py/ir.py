@@ -13,7 +13,7 @@ import weakref
 from functools import cached_property
 from typing import Any, Iterable, Iterator, Union
 
-from .dtypes import DType, accumulation_dtype, dtypes, as_dtype
+from .dtypes import FLOAT_FORMATS, DType, accumulation_dtype, dtypes, as_dtype
 
 
 class Ops(enum.Enum):
@@ -67,6 +67,9 @@ def _normalize_const(value: Any, dtype: DType) -> ConstLike:
         if not dtype.min() <= v <= dtype.max():
             raise ValueError(f"constant {v} does not fit {dtype.name} [{dtype.min()}, {dtype.max()}]")
         return v
+    if dtype.storage_only:
+        raise TypeError(f"no {dtype.name} constants: a storage-only dtype is never computed on; use a "
+                        f"float32 constant and .cast(dtypes.{dtype.name})")
     return float(value)
 
 
@@ -255,6 +258,8 @@ class UOp:
             if acc.kind != dt.kind and not (dt.is_int and acc.is_int) or acc.itemsize < dt.itemsize:
                 raise ValueError(f"a {dt.name} reduction cannot accumulate in {acc.name}: use a dtype of the same "
                                  f"kind at least as wide, or cast the input first")
+        if acc.storage_only:
+            raise ValueError(f"a reduction cannot accumulate in the storage-only {acc.name}")
         if acc == dt:
             return UOp(Ops.REDUCE, dt, (self, *ranges), op)
         return UOp(Ops.REDUCE, acc, (_widen(self, acc), *ranges), op).cast(dt)
@@ -302,6 +307,10 @@ class UOp:
             a, b = _promote(a, b)
             return UOp(Ops.WHERE, a.dtype, (cond, a, b), None)
         srcs = [self] + [o if isinstance(o, UOp) else UOp.const(o, self._const_dtype(o)) for o in others]
+        for u in srcs:
+            if u.dtype is not None and u.dtype.storage_only:
+                raise TypeError(f"{op.name} on {u.dtype.name}: a storage-only dtype is loaded, stored, selected "
+                                f"and cast, never computed on; cast it first (x.cast(dtypes.float32))")
         if op in BINARY:
             a, b = srcs
             if op in (Ops.SHL, Ops.SHR):
@@ -399,6 +408,7 @@ class UOp:
         if not self.dtype.is_float:
             return self != self
         return (self == math.inf) | (self == -math.inf)
+    def log1p(self) -> "UOp": return _log1p(self)
     def tanh(self) -> "UOp": return _tanh(self)
     def sigmoid(self) -> "UOp": return _sigmoid(self)
     def erf(self) -> "UOp": return _erf(self)
@@ -411,10 +421,21 @@ class UOp:
     def __pow__(self, o): return self.pow(o)
     def __rpow__(self, o): return _lift(o, self).pow(self)
 
-    def cast(self, dtype: Any) -> "UOp":
+    def cast(self, dtype: Any, saturate: bool = False, round_mode: str = "nearest") -> "UOp":
+        """This value converted to `dtype`. Floats round to nearest even. To and from the
+        storage-only formats (float8, float4, int4, int2; see DType.storage_only) the conversion is
+        composed from integer ops, so every renderer gets it: float -> narrow float rounds to nearest
+        even and overflows to infinity where the format has one, else to NaN (float4: saturates), as
+        ml_dtypes does; `saturate=True` clamps finite overflow and infinities to the largest finite
+        value instead (ONNX Cast's default). `round_mode` ('nearest', 'up', 'down') applies to
+        float8_e8m0fnu only, with ONNX's definitions. Narrow integers wrap, like C's integer casts."""
         dt = as_dtype(dtype)
+        if round_mode not in ("nearest", "up", "down"):
+            raise ValueError(f"round_mode must be 'nearest', 'up' or 'down', got {round_mode!r}")
         if dt == self.dtype:
             return self
+        if dt.storage_only or self.dtype.storage_only:
+            return _narrow_cast(self, dt, saturate, round_mode)
         return UOp(Ops.CAST, dt, (self,), None)
 
     def bitcast(self, dtype: Any) -> "UOp":
@@ -671,6 +692,17 @@ def _tanh(x: UOp) -> UOp:
     return res.cast(out)
 
 
+def _log1p(x: UOp) -> UOp:
+    """log(1 + x) without the rounding of 1 + x: a series below |x| = 0.01 (8 terms, truncation
+    1.2e-17 relative), above it log(w) * x / (w - 1) with w = 1 + x (Goldberg's correction)."""
+    xc, out = _math_in(x)
+    series = xc * _poly(xc, tuple((-1.0) ** k / (k + 1) for k in range(8)))
+    w = xc + 1.0
+    d = w - 1.0
+    ratio = (d == xc).where(1.0, xc / d)          # also keeps log1p(inf) = inf
+    return (xc.abs() < 0.01).where(series, w.log() * ratio).cast(out)
+
+
 def _sigmoid(x: UOp) -> UOp:
     xc, out = _math_in(x)
     return (1.0 / ((-xc).exp() + 1.0)).cast(out)     # exp(-x) = inf for x << 0 gives 0, never NaN
@@ -766,3 +798,115 @@ def _pow(x: UOp, y: "UOp | ConstLike") -> UOp:
     # 0 * inf and inf * 0 in the exponent: pow(x, 0) = pow(1, y) = pow(-1, +-inf) = 1
     one = (yc == 0.0) | (xc == 1.0) | ((xc == -1.0) & yc.isinf())
     return one.where(1.0, res).cast(out)
+
+
+# ---- storage-only formats: float8 / float4 / int4 / int2 conversions -----------------------------
+# Composed from integer ops on the IEEE bits (BITCAST, shifts, masks, WHERE), so every renderer
+# prints them without knowing the formats; the formats themselves are data (dtypes.FLOAT_FORMATS).
+
+def _narrow_cast(x: UOp, dt: DType, saturate: bool, round_mode: str) -> UOp:
+    src = x.dtype
+    if src.storage_only and src.is_float:
+        return _decode_float(x).cast(dt, saturate, round_mode)
+    if src.storage_only:        # int4/int2: the value's low bits in a byte, as ml_dtypes holds them
+        b = x.bitcast(dtypes.uint8).cast(dtypes.int32) & ((1 << src.narrow) - 1)
+        if not src.is_unsigned:
+            half = 1 << (src.narrow - 1)
+            b = (b ^ half) - half
+        return b.cast(dt, saturate, round_mode)
+    if dt.is_float:
+        if dt.name == "float8_e8m0fnu":            # ONNX defines it on the float32 bits
+            return _encode_e8m0(x.cast(dtypes.float32), saturate, round_mode)
+        wide = src == dtypes.float64 or (src.is_int and src.itemsize >= 4)
+        return _encode_float(x.cast(dtypes.float64 if wide else dtypes.float32), dt, saturate)
+    # narrow integers: C semantics, the value's low bits
+    v = x if src.is_int else x.cast(dtypes.int32)
+    return (v & ((1 << dt.narrow) - 1)).cast(dtypes.uint8).bitcast(dt)
+
+
+def _encode_float(x: UOp, dt: DType, saturate: bool) -> UOp:
+    """float32/float64 -> the narrow float `dt`, rounded to nearest even (see UOp.cast)."""
+    f = FLOAT_FORMATS[dt.name]
+    wide = x.dtype == dtypes.float64
+    ut, it = (dtypes.uint64, dtypes.int64) if wide else (dtypes.uint32, dtypes.int32)
+    w, ms, bs = (64, 52, 1023) if wide else (32, 23, 127)
+    u = x.bitcast(ut)
+    sign = (u >> (w - 1)).cast(dtypes.int32)
+    a = u & ((1 << (w - 1)) - 1)
+    inf_bits = ((1 << (w - 1 - ms)) - 1) << ms
+    is_nan, is_inf = a > inf_bits, a == inf_bits
+    e_src = (a >> ms).cast(dtypes.int32)
+    man = (a & ((1 << ms) - 1)).cast(it)
+    normal = e_src != 0
+    sig = normal.where(man | (1 << ms), man)                   # with the implicit bit
+    e = normal.where(e_src, 1) - bs                              # unbiased exponent
+    below = ((1 - f.bias) - e).maximum(0)                        # a target subnormal shifts further
+    shift = (below + (ms - f.man)).minimum(ms + 2).cast(it)     # beyond ms+1 everything rounds to 0
+    one = UOp.const(1, it)
+    q = sig >> shift
+    rem = sig & ((one << shift) - 1)
+    halfway = one << (shift - 1)
+    up = (rem > halfway) | ((rem == halfway) & ((q & 1) == 1))
+    q = (q + up.cast(it)).cast(dtypes.int32)
+    code = ((e + (f.bias - 1)).maximum(0) << f.man) + q        # a carry out of q moves the exponent up
+    over = is_inf | (code > f.max_code)
+    if saturate or (f.nan is None and f.inf is None):
+        over_code = f.max_code
+    else:
+        over_code = f.inf if f.inf is not None else f.nan
+    mag = over.where(UOp.const(over_code, dtypes.int32), code)
+    sbit = 1 << (dt.narrow - 1)
+    out = (sign * sbit) | mag
+    if f.nan is None:                    # float4 has no NaN: ml_dtypes gives the zero of the other sign
+        out = is_nan.where((1 - sign) * sbit, out)
+    else:
+        nan = UOp.const(f.nan, dtypes.int32)
+        out = is_nan.where((sign * sbit) | nan if f.signed_nan else nan, out)
+        if not f.signed_nan:                                     # fnuz: the sign bit alone is NaN
+            out = (mag == f.nan).where(nan, out)
+    if f.unsigned_zero:
+        out = (mag == 0).where(UOp.const(0, dtypes.int32), out)
+    return out.cast(dtypes.uint8).bitcast(dt)
+
+
+def _encode_e8m0(x: UOp, saturate: bool, round_mode: str) -> UOp:
+    """float32 -> float8_e8m0fnu (2**(e-127), 0xFF NaN), ONNX's definition: the float32 exponent,
+    rounded by the mantissa per `round_mode`; NaN and infinity become 0xFF; the sign is ignored."""
+    u = x.bitcast(dtypes.uint32)
+    e = ((u >> 23) & 0xFF).cast(dtypes.int32)
+    man = u & 0x7FFFFF
+    if round_mode != "down":
+        if round_mode == "up":
+            up = (man != 0) & (e != 0xFF)
+        else:   # nearest, ties up (except below the smallest normal float32 exponent)
+            up = ((man & 0x400000) != 0) & (((man & 0x3FFFFF) != 0) | (e > 0)) & (e != 0xFF)
+        if saturate:
+            up = up & (e != 0xFE)
+        e = e + up.cast(dtypes.int32)
+    return e.cast(dtypes.uint8).bitcast(dtypes.float8_e8m0fnu)
+
+
+def _decode_float(x: UOp) -> UOp:
+    """A narrow float -> float32, exactly."""
+    f = FLOAT_FORMATS[x.dtype.name]
+    c = x.bitcast(dtypes.uint8).cast(dtypes.uint32)
+    if not f.has_sign:                                           # e8m0: 2**(c-127); 0 is 2**-127
+        bits = (c == 0).where(UOp.const(1 << 22, dtypes.uint32), c << 23)
+        bits = (c == 0xFF).where(UOp.const(0x7FC00000, dtypes.uint32), bits)
+        return bits.bitcast(dtypes.float32)
+    sbit = x.dtype.narrow - 1
+    sign = (c >> sbit) << 31
+    mag = c & ((1 << sbit) - 1)
+    e = mag >> f.man
+    m = mag & ((1 << f.man) - 1)
+    normal_bits = ((e + (127 - f.bias)) << 23) | (m << (23 - f.man))
+    sub = (m.cast(dtypes.float32) * (2.0 ** (1 - f.bias - f.man))).bitcast(dtypes.uint32)
+    bits = (e == 0).where(sub, normal_bits) | sign
+    if f.inf is not None:                                        # e5m2: IEEE infinities and NaNs
+        bits = (mag == f.inf).where(sign | 0x7F800000, bits)
+        bits = (mag > f.inf).where(sign | 0x7FC00000, bits)
+    elif f.nan is not None and f.signed_nan:
+        bits = (mag == f.nan).where(sign | 0x7FC00000, bits)
+    elif f.nan is not None:
+        bits = (c == f.nan).where(UOp.const(0x7FC00000, dtypes.uint32), bits)
+    return bits.bitcast(dtypes.float32)

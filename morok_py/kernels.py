@@ -54,7 +54,7 @@ UNARY: dict[str, Callable[[UOp], UOp]] = {
     "square": lambda a: a * a, "abs": lambda a: a.abs(), "tanh": lambda a: a.tanh(),
     "sigmoid": lambda a: a.sigmoid(), "erf": lambda a: a.erf(), "floor": lambda a: a.floor(),
     "ceil": lambda a: a.ceil(), "round": lambda a: a.round(), "isnan": lambda a: a.isnan(),
-    "isinf": lambda a: a.isinf(),
+    "isinf": lambda a: a.isinf(), "log1p": lambda a: a.log1p(),
 }
 
 

@@ -36,7 +36,7 @@ def _sigmoid(x):
 
 
 UNARY_REF = {"tanh": np.tanh, "sigmoid": _sigmoid, "erf": _erf, "floor": np.floor, "ceil": np.ceil,
-             "round": np.rint, "isnan": np.isnan, "isinf": np.isinf, "abs": np.abs}
+             "round": np.rint, "isnan": np.isnan, "isinf": np.isinf, "abs": np.abs, "log1p": np.log1p}
 
 
 def sweep(dtype, n=20011) -> np.ndarray:
@@ -129,6 +129,17 @@ def test_tanh_sigmoid_erf_saturate_without_nan(cpu):
     s = run_unary(cpu, "sigmoid", x)
     assert not np.isnan(s).any() and (s[x > 0] == 1.0).all()
     np.testing.assert_allclose(s, _sigmoid(x.astype(np.float64)), rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda d: d.__name__)
+def test_log1p_keeps_relative_accuracy_near_zero(cpu, dtype):
+    """log(1 + x) would lose everything below eps: the tail of softplus/Mish (log1p(exp(x)), x << 0)."""
+    x = np.concatenate([np.geomspace(1e-30, 0.5, 4001), -np.geomspace(1e-30, 0.5, 4001),
+                        np.exp(np.linspace(-80, 0, 2001)), [0.0099, 0.01, 0.0101, -0.0099, -0.01, -1.0, 1e30,
+                                                            np.inf, -np.inf, np.nan, -2.0]]).astype(dtype)
+    with np.errstate(all="ignore"):
+        want = np.log1p(x.astype(np.float64))
+    assert_matches(run_unary(cpu, "log1p", x), want, dtype)
 
 
 def test_round_is_half_to_even_like_numpy(cpu):
@@ -235,7 +246,7 @@ def every_math_kernel(dt=dtypes.float32):
     i = UOp.range(UOp.variable("n", 1, 1 << 24), 0)
     a, b = x.load(i), y.load(i)
     v = a.tanh() + a.sigmoid() + a.erf() + a.floor() + a.ceil() + a.round() + a.abs() + a.pow(b) \
-        + a.pow(n.load(i)) + a.pow(3) + a.pow(0.5)
+        + a.pow(n.load(i)) + a.pow(3) + a.pow(0.5) + a.log1p()
     flag = a.isnan() | b.isinf()
     rows = UOp.range(UOp.variable("rows", 1, 1 << 20), 1)
     k = UOp.range(UOp.variable("cols", 1, 1 << 20), 2, AxisType.REDUCE)

@@ -22,7 +22,7 @@ onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed (pip 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "onnx"))
 
-from executor import OnnxExecutor, SUPPORTED, UnsupportedDtype, elem_type_name  # noqa: E402
+from executor import NARROW, OnnxExecutor, SUPPORTED, UnsupportedDtype, elem_type_name  # noqa: E402
 import ops as onnx_ops  # noqa: E402
 
 DEVICE = os.environ.get("MOROK_ONNX_DEVICE", "CPU")
@@ -38,8 +38,8 @@ ConstantOfShape Range Trilu OneHot Conv MaxPool AveragePool GlobalAveragePool Gl
 InstanceNormalization LayerNormalization Dropout LRN Einsum TopK""".split())
 assert len(OPS) == 104
 
-# element types morok_py holds: SUPPORTED plus bfloat16 (16)
-HELD = set(SUPPORTED) | {16}
+# element types morok_py holds: SUPPORTED plus bfloat16 and the storage-only formats (float8, int4, ...)
+HELD = set(SUPPORTED) | set(NARROW)
 
 # cases skipped for a reason other than an element type, each with why
 SKIPS: dict[str, str] = {
@@ -107,6 +107,11 @@ def _compare(name, got, want, rtol, atol):
         want = onnx.numpy_helper.to_array(want)
     want = np.asarray(want)
     assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    if want.dtype.itemsize == 1 and want.dtype.kind == "V":
+        # float8 / float4 / int4 / int2 (ml_dtypes): the encodings must be identical, NaN codes included
+        assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=name)
+        return
     if want.dtype.kind in "biu" or want.dtype == np.bool_:
         assert got.dtype == want.dtype, f"{name}: dtype {got.dtype} != {want.dtype}"
         np.testing.assert_array_equal(got, want, err_msg=name)

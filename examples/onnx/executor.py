@@ -30,6 +30,10 @@ class UnsupportedDtype(Exception):
 # ONNX element types morok_py can hold (numpy dtype of each)
 SUPPORTED = {1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32, 7: np.int64,
              9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64}
+# bfloat16 and the storage-only formats (float8, float4, int4, int2): numpy holds them through ml_dtypes,
+# one element per byte (ONNX packs int4/int2/float4 in files; numpy_helper unpacks them)
+NARROW = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2", 20: "float8_e5m2fnuz",
+          21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 
 
 def elem_type_name(t: int) -> str:
@@ -37,7 +41,7 @@ def elem_type_name(t: int) -> str:
 
 
 def check_dtype(t: int) -> None:
-    if t in SUPPORTED or t == 16:
+    if t in SUPPORTED or t in NARROW:
         return
     raise UnsupportedDtype(f"element type {elem_type_name(t)} has no morok_py dtype")
 

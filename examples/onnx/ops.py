@@ -21,7 +21,10 @@ from tensor import KB, View, bcast_shape, contiguous_strides, copy, elementwise,
 # ONNX element type -> morok_py dtype
 ONNX_DT: dict[int, DType] = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8, 4: dtypes.uint16, 5: dtypes.int16,
                              6: dtypes.int32, 7: dtypes.int64, 9: dtypes.bool, 10: dtypes.float16,
-                             11: dtypes.float64, 12: dtypes.uint32, 13: dtypes.uint64, 16: dtypes.bfloat16}
+                             11: dtypes.float64, 12: dtypes.uint32, 13: dtypes.uint64, 16: dtypes.bfloat16,
+                             17: dtypes.float8_e4m3fn, 18: dtypes.float8_e4m3fnuz, 19: dtypes.float8_e5m2,
+                             20: dtypes.float8_e5m2fnuz, 21: dtypes.uint4, 22: dtypes.int4, 23: dtypes.float4_e2m1fn,
+                             24: dtypes.float8_e8m0fnu, 25: dtypes.uint2, 26: dtypes.int2}
 HAS_MIN_REDUCE = Ops.MIN in __import__("morok_py.ir", fromlist=["REDUCE_OPS"]).REDUCE_OPS
 
 
@@ -70,11 +73,18 @@ def _keep_const(out: View, ins: Sequence[View | None]) -> View:
 HALF = (dtypes.float16, dtypes.bfloat16)
 
 
+def _compute_dtype(x: UOp) -> UOp:
+    """Half precision and the storage-only formats (float8, int4, ...) are computed on in float32/int32."""
+    if x.dtype in HALF or (x.dtype.storage_only and x.dtype.is_float):
+        return x.cast(dtypes.float32)
+    return x.cast(dtypes.int32) if x.dtype.storage_only else x
+
+
 def ew(ctx: Ctx, ins: Sequence[View], fn: Callable, dtype: DType | None = None, suffix: str = "") -> View:
     """One elementwise kernel. Half-precision operands are computed in float32 and rounded once at the
     store, as the ONNX reference (numpy + ml_dtypes) does within one op."""
     def body(xs, _):
-        return fn(*[x.cast(dtypes.float32) if x.dtype in HALF else x for x in xs])
+        return fn(*[_compute_dtype(x) for x in xs])
     out = elementwise(ctx.k, ctx.n(suffix), ins, body, dtype or ins[0].dtype)
     return _keep_const(out, ins)
 
@@ -106,7 +116,8 @@ def _abs(x: UOp) -> UOp:
 
 
 def _softplus(x: UOp) -> UOp:
-    return (x.exp() + fconst(x, 1.0)).log()
+    # log1p: log(exp(x) + 1) loses up to half an ulp of 1 relative to exp(x) where x << 0 (Mish's tail)
+    return method(x.exp(), "log1p")
 
 
 def _sign(x: UOp) -> UOp:
@@ -276,22 +287,28 @@ def _clip(ctx, ins, a):
     return [ew(ctx, vs, f)]
 
 
+# Cast's saturate (float8 targets, default 1) and round_mode (float8e8m0, default "up") follow the spec
 @op("Cast")
 def _cast(ctx, ins, a):
-    return [_cast_to(ctx, ins[0], ONNX_DT[a["to"]])]
+    return [_cast_to(ctx, ins[0], ONNX_DT[a["to"]], a)]
 
 
 @op("CastLike")
 def _castlike(ctx, ins, a):
-    return [_cast_to(ctx, ins[0], ins[1].dtype)]
+    return [_cast_to(ctx, ins[0], ins[1].dtype, a)]
 
 
-def _cast_to(ctx, x: View, dt: DType) -> View:
+def _cast_to(ctx, x: View, dt: DType, a=None) -> View:
     if x.dtype == dt:
         return x
+    a = a or {}
+    sat, mode = bool(a.get("saturate", 1)), a.get("round_mode", "up")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
     if dt.is_bool:
         return ew(ctx, [x], lambda u: u != UOp.const(0, u.dtype), dt)
-    return ew(ctx, [x], lambda u: u.cast(dt), dt)
+    # the storage-only source itself, not a float32 copy of it: the library converts it exactly
+    return _keep_const(elementwise(ctx.k, ctx.n(), [x], lambda xs, _: xs[0].cast(dt, saturate=sat, round_mode=mode),
+                                   dt), [x])
 
 
 # ---- shape-only ops: views --------------------------------------------------------------------------

@@ -164,9 +164,10 @@ class Kernels:
             return np.zeros(v.shape, npdt)
         flat = v.buf.numpy()
         item = flat.itemsize
-        base = flat[v.offset:]
+        # through a plain unsigned view: as_strided cannot take ml_dtypes' types (bfloat16, float8, int4)
+        base = flat[v.offset:].view(np.dtype(f"u{item}"))
         out = np.lib.stride_tricks.as_strided(base, v.shape, [s * item for s in v.strides]).copy()
-        return out
+        return out.view(flat.dtype)
 
     def launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], **vars) -> None:
         key = ast.key
