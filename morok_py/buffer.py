@@ -27,6 +27,11 @@ class Buffer:
 
     # (dict, key) of remembered checked launches that used this buffer: dropped when it is freed
     _forget: "list[tuple[dict, object]] | None" = None
+    # memory another library owns (a DLPack import): released instead of freed
+    _owner: Any = None
+    # DLPack exports not yet released by their consumers; a free() meanwhile waits for the last one
+    _exports = 0
+    _free_pending = False
 
     @property
     def ptr(self) -> int:
@@ -94,13 +99,143 @@ class Buffer:
         return self.copy_to(Buffer(dev, self.size, self.dtype))
 
     def free(self) -> None:
+        """Give the memory back (an imported tensor: release it to its producer). While a DLPack
+        consumer still views the memory, the buffer is unusable here at once and the memory goes when
+        the last consumer lets go."""
         with self._lock:
-            if self._ptr is not None:
-                ptr, self._ptr = self._ptr, None
-                forget, self._forget = self._forget, None
-                for table, key in forget or ():
-                    table.pop(key, None)
-                self.device.allocator.free(ptr, self.nbytes)
+            if self._ptr is None:
+                return
+            ptr, self._ptr = self._ptr, None
+            forget, self._forget = self._forget, None
+            if self._exports:
+                self._free_pending, self._held_ptr = True, ptr
+                ptr = None
+        for table, key in forget or ():
+            table.pop(key, None)
+        if ptr is not None:
+            self._release(ptr)
+
+    def _release(self, ptr: int) -> None:
+        owner = self._owner
+        if owner is not None:
+            self._owner = None
+            owner.release()
+        else:
+            self.device.allocator.free(ptr, self.nbytes)
+
+    # ---- DLPack -------------------------------------------------------------------------------------
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(DLPack device type, device id): kDLCPU, kDLCUDA or kDLROCM and the ordinal."""
+        from .dlpack import DEVICE_TYPES, DLPackError
+        kind = DEVICE_TYPES.get(self.device.spec.type)
+        if kind is None:
+            raise DLPackError(f"{self.device.name} memory has no DLPack device type")
+        return kind, 0 if kind == DEVICE_TYPES["CPU"] else self.device.spec.ordinal
+
+    def __dlpack__(self, *, stream: Any = None, max_version: "tuple[int, int] | None" = None,
+                   dl_device: "tuple[int, int] | None" = None, copy: "bool | None" = None) -> Any:
+        """Export as a DLPack capsule, zero-copy (the array API's protocol). `stream` is the consumer's:
+        on a GPU the producer's queued work is made to finish before anything queued on it later
+        (CUDA: None = the legacy default stream, 1 legacy, 2 per-thread, -1 no synchronization, 0
+        refused; ROCm: None or 0 the default stream). The buffer stays alive while the capsule or the
+        consumer's view does. `copy=True` exports a copy; `dl_device=(kDLCPU, 0)` from a GPU copies
+        to the host unless `copy=False`."""
+        from . import dlpack as D
+        here = self.__dlpack_device__()
+        src, copied = self, False
+        if dl_device is not None and tuple(dl_device) != here:
+            want = tuple(dl_device)
+            if copy is False:
+                raise D.DLPackError(f"{self!r} lives on {self.device.name}, dl_device={want} asks for another "
+                                    f"device, and copy=False forbids the copy that needs")
+            if want[0] != D.CPU:
+                raise D.DLPackError(f"{self!r} can be exported to {self.device.name} or copied to the CPU, "
+                                    f"not to dl_device={want}")
+            src, copied = self.to("CPU"), True
+        elif copy:
+            src, copied = self.copy_to(Buffer(self.device, self.size, self.dtype)), True
+        ptr = src.ptr        # raises for a freed buffer
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        src._sync_for_consumer(stream)
+        with src._lock:
+            src._exports += 1
+        try:
+            return D.export(ptr, src.size, src.dtype, src.__dlpack_device__(), src, versioned=versioned,
+                            copied=copied, on_release=src._export_released)
+        except BaseException:
+            src._export_released()
+            raise
+
+    def _sync_for_consumer(self, stream: Any) -> None:
+        from .dlpack import DLPackError
+        sync = getattr(self.device, "dlpack_sync", None)
+        if sync is None:
+            if stream is not None and stream != -1:
+                raise DLPackError(f"{self.device.name} buffers take stream=None, got stream={stream!r}")
+            return
+        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+            raise DLPackError(f"stream must be an int (a stream handle) or None, got {stream!r}")
+        sync(stream)
+
+    def _export_released(self) -> None:
+        """A consumer let go of an export; the last one completes a free() that came meanwhile."""
+        with self._lock:
+            self._exports -= 1
+            ptr = self.__dict__.pop("_held_ptr", None) if self._free_pending and not self._exports else None
+        if ptr is not None:
+            self._release(ptr)
+
+    @staticmethod
+    def from_dlpack(obj: Any) -> "Buffer":
+        """A Buffer viewing another library's tensor (numpy, PyTorch, CuPy, JAX...), zero-copy: writes
+        through either side are seen by the other. The tensor must be contiguous, writable, on a
+        morok_py device (CPU, CUDA:n, ROCM:n), of a dtype the IR knows and 16-byte aligned (vector
+        loads assume it). The producer keeps the memory alive until the buffer is freed or collected;
+        on a GPU the producer's pending work is ordered before this device's stream."""
+        from . import dlpack as D
+        from .registry import get_device
+        if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
+            raise D.DLPackError(f"{type(obj).__name__} does not speak DLPack (no __dlpack__/__dlpack_device__)")
+        kind, ordinal = (int(x) for x in obj.__dlpack_device__())
+        name = {D.CPU: "CPU", D.CUDA: "CUDA", D.ROCM: "ROCM"}.get(kind)
+        if name is None:
+            raise D.DLPackError(f"the tensor lives in {D.DEVICE_NAMES.get(kind, f'device type {kind}')} memory; "
+                                f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
+        dev = get_device(name if kind == D.CPU else f"{name}:{ordinal}")
+        stream_of = getattr(dev, "dlpack_stream", None)
+        stream = stream_of() if stream_of is not None else None
+        try:
+            try:
+                capsule = obj.__dlpack__(stream=stream, max_version=D.VERSION)
+            except TypeError:      # a producer older than DLPack 1.0 takes no max_version
+                capsule = obj.__dlpack__(stream=stream)
+        except BufferError as e:
+            if isinstance(e, D.DLPackError):
+                raise
+            raise D.DLPackError(f"{type(obj).__name__} refused to export: {e}") from e
+        imported = D.Imported(capsule)
+        try:
+            if imported.device != (kind, ordinal):
+                raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "
+                                    f"that __dlpack_device__ said")
+            if imported.ptr % 16:
+                raise D.DLPackError(f"the tensor's data at {imported.ptr:#x} is not 16-byte aligned; kernels "
+                                    f"load vectors that assume it (pass a copy, e.g. numpy.array(x, copy=True))")
+            return Buffer._view(dev, imported.count, imported.dtype, imported.ptr, imported)
+        except BaseException:
+            imported.release()
+            raise
+
+    @staticmethod
+    def _view(device: "Device", size: int, dtype: DType, ptr: int, owner: Any) -> "Buffer":
+        """A Buffer over memory `owner` keeps alive; free() calls `owner.release()`."""
+        buf = object.__new__(Buffer)
+        buf.device, buf.size, buf.dtype = device, int(size), dtype
+        buf.nbytes = buf.size * dtype.itemsize
+        buf._lock = threading.Lock()
+        buf._owner = owner
+        buf._ptr = ptr
+        return buf
 
     def __del__(self) -> None:
         try:

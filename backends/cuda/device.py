@@ -18,7 +18,7 @@ from morok_py.launch import Device
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
 from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, normalize_arch
-from .renderer import CUDARenderer, NVPTXRenderer
+from .renderer import CUDARenderer, NVPTXRenderer, mlir_pair
 
 
 
@@ -27,7 +27,8 @@ def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[t
     driver: [(CUDA C, NVRTC), (NVPTX LLVM IR, llvmlite + nvJitLink)], both producing CUBIN."""
     a = normalize_arch(arch)
     spec = DeviceSpec.parse(device)
-    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a))]
+    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a)),
+            mlir_pair(spec, a)]
 
 
 def driver_missing() -> str | None:
@@ -100,6 +101,31 @@ class CUDADevice(Device):
         from .runtime import check
         self.make_current()
         check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    # -- DLPack: the consumer's stream waits for ours ------------------------------------------
+    def dlpack_stream(self) -> int:
+        """The stream a tensor imported here is used on (every launch and copy goes through it)."""
+        return int(self.stream)
+
+    def dlpack_sync(self, stream: int | None) -> None:
+        """Order the consumer's `stream` after the work queued on this device's stream (the DLPack
+        rule): an event recorded here, waited on there. None is the legacy default stream (1), 2 the
+        per-thread default, -1 asks for no synchronization; 0 is ambiguous and refused."""
+        from cuda.bindings import driver as cu
+        from morok_py.dlpack import DLPackError
+        from .runtime import check
+        if stream == -1:
+            return
+        if stream == 0:
+            raise DLPackError("stream=0 is ambiguous for CUDA (the DLPack protocol refuses it); pass 1 for the "
+                              "legacy default stream, 2 for the per-thread one, or a stream handle")
+        self.make_current()
+        event = getattr(self, "_dlpack_event", None)
+        if event is None:
+            event = self._dlpack_event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                                               "cuEventCreate")
+        check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
+        check(cu.cuStreamWaitEvent(cu.CUstream(1 if stream is None else stream), event, 0), "cuStreamWaitEvent")
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""

@@ -18,7 +18,7 @@ from morok_py.errors import DeviceUnavailableError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 
 from .compiler import AMDGPUCompiler, check_arch
-from .renderer import AMDGPURenderer, parse_arch, wave_size
+from .renderer import AMDGPURenderer, mlir_pair, parse_arch, wave_size
 from .runtime import HIPProgram, check, hip_module
 
 _current = threading.local()     # the HIP device each thread last made current
@@ -35,6 +35,7 @@ def compile_only_pairs(arch: str, device: DeviceSpec | None = None) -> list[tupl
     hip_pair = _hip_pair(spec, arch)
     if hip_pair is not None:
         pairs.append(hip_pair)
+    pairs.append(mlir_pair(spec, arch))
     return pairs
 
 
@@ -96,6 +97,30 @@ class ROCMDevice(Device):
     def synchronize(self) -> None:
         self.make_current()
         check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+
+    # -- DLPack: the consumer's stream waits for ours ------------------------------------------
+    def dlpack_stream(self) -> int:
+        """The stream a tensor imported here is used on: HIP's default stream (0), which every launch
+        and copy of this device goes through."""
+        return 0
+
+    def dlpack_sync(self, stream: int | None) -> None:
+        """Order the consumer's `stream` after the work queued on this device (the DLPack rule). Our
+        work is on the default stream: None or 0 is that stream itself, -1 asks for no
+        synchronization, 1 and 2 are CUDA's and refused; another stream waits on an event."""
+        from morok_py.dlpack import DLPackError
+        if stream is None or stream in (0, -1):
+            return
+        if stream in (1, 2):
+            raise DLPackError(f"stream={stream} is CUDA's default-stream code; ROCm takes None or 0 for the "
+                              f"default stream, or a stream handle")
+        self.make_current()
+        hip = self._hip
+        event = getattr(self, "_dlpack_event", None)
+        if event is None:
+            event = self._dlpack_event = check(hip.hipEventCreate(), "hipEventCreate")
+        check(hip.hipEventRecord(event, self.stream), "hipEventRecord")
+        check(hip.hipStreamWaitEvent(stream, event, 0), "hipStreamWaitEvent")
 
     def mem_info(self) -> tuple[int, int]:
         try:

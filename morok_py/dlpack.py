@@ -1,0 +1,246 @@
+"""DLPack capsules through ctypes: export device memory to a consumer (numpy, PyTorch, CuPy, JAX)
+and take in another library's tensor, zero-copy both ways. Knows pointers, dtypes and DLPack devices
+only; `Buffer.__dlpack__` / `Buffer.from_dlpack` (buffer.py) hold the device and stream glue.
+
+The structs follow dlpack.h (v1.x): DLManagedTensorVersioned in a "dltensor_versioned" capsule for a
+consumer that asks for max_version >= (1, 0), the legacy DLManagedTensor in a "dltensor" capsule
+otherwise. A consumer renames the capsule to "used_..." and calls the deleter when done; a capsule
+nobody consumed calls it from its destructor. Either way the deleter runs exactly once."""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable
+
+from .dtypes import DType, dtypes
+from .errors import MorokError
+
+# DLDeviceType
+CPU, CUDA, CUDA_HOST, ROCM, ROCM_HOST, CUDA_MANAGED = 1, 2, 3, 10, 11, 13
+DEVICE_TYPES = {"CPU": CPU, "CUDA": CUDA, "ROCM": ROCM}
+DEVICE_NAMES = {CPU: "CPU", CUDA: "CUDA", CUDA_HOST: "CUDA host", ROCM: "ROCM", ROCM_HOST: "ROCM host",
+                CUDA_MANAGED: "CUDA managed", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 12: "ExtDev",
+                14: "oneAPI", 15: "WebGPU", 16: "Hexagon", 17: "MAIA"}
+VERSION = (1, 0)
+FLAG_READ_ONLY, FLAG_IS_COPIED = 1 << 0, 1 << 1
+
+# DLDataTypeCode: int 0, uint 1, float 2, bfloat 4, bool 6
+_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}
+
+
+class DLPackError(MorokError, BufferError):
+    """A tensor cannot cross DLPack as asked: another device, a dtype or layout a Buffer cannot
+    hold, read-only memory, or a stream the protocol forbids. A BufferError, as the protocol says."""
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_NAME, _NAME_V = b"dltensor", b"dltensor_versioned"
+_USED, _USED_V = b"used_dltensor", b"used_dltensor_versioned"
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# the destructor sees a capsule being deallocated: these take it as a raw pointer (no reference taken)
+_get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(("PyCapsule_GetName", _api))
+_get_pointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# capsule names must outlive their capsules: module constants, never freed
+_NAMES = {n: ctypes.c_char_p(n) for n in (_NAME, _NAME_V, _USED, _USED_V)}
+
+# ---- export ---------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_exports: dict[int, tuple] = {}    # managed tensor address -> (struct, shape, strides, owner, on_release)
+
+
+def _release_export(addr: int | None) -> None:
+    """The deleter of every tensor we export: drops the struct and the owner it kept alive."""
+    if not addr:
+        return
+    with _lock:
+        entry = _exports.pop(addr, None)
+    if entry is not None and entry[4] is not None:
+        entry[4]()
+
+
+_deleter = _DELETER(_release_export)
+_DELETER_ADDR = ctypes.cast(_deleter, ctypes.c_void_p).value
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule: int | None) -> None:
+    """A capsule is being collected: if no consumer took it (its name is still unused), release
+    the tensor here; a consumer that renamed it owns the deleter call."""
+    if not capsule:
+        return
+    name = _get_name(capsule)
+    if name in (_NAME, _NAME_V):
+        _release_export(_get_pointer_raw(capsule, _NAMES[name]))
+
+
+def dtype_code(dt: DType) -> tuple[int, int]:
+    if dt.name == "bfloat16":
+        return 4, 16
+    code = _CODES.get(dt.kind)
+    if code is None:
+        raise DLPackError(f"{dt.name} has no DLPack type code")
+    return code, 8 if dt.kind == "b" else dt.itemsize * 8
+
+
+def export(ptr: int, count: int, dt: DType, device: tuple[int, int], owner: Any, *, versioned: bool,
+           read_only: bool = False, copied: bool = False,
+           on_release: Callable[[], None] | None = None) -> Any:
+    """A capsule for the 1-D tensor of `count` elements at `ptr`. `owner` stays referenced until the
+    consumer's deleter runs (or the unconsumed capsule is collected); then `on_release()` is called."""
+    code, bits = dtype_code(dt)
+    shape = (ctypes.c_int64 * 1)(count)
+    strides = (ctypes.c_int64 * 1)(1)
+    if versioned:
+        m = DLManagedTensorVersioned()
+        m.version.major, m.version.minor = VERSION
+        m.flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
+        name = _NAME_V
+    else:
+        if read_only:
+            raise DLPackError("a read-only tensor needs the versioned DLPack capsule (max_version >= (1, 0))")
+        m = DLManagedTensor()
+        name = _NAME
+    t = m.dl_tensor
+    t.data = ptr or None
+    t.device.device_type, t.device.device_id = device
+    t.ndim = 1
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, 1
+    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+    t.byte_offset = 0
+    m.deleter = _DELETER_ADDR
+    addr = ctypes.addressof(m)
+    m.manager_ctx = addr
+    with _lock:
+        _exports[addr] = (m, shape, strides, owner, on_release)
+    try:
+        return _api.PyCapsule_New(addr, _NAMES[name], ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    except BaseException:
+        _release_export(addr)
+        raise
+
+
+def live_exports() -> int:
+    """How many exported tensors no consumer has released yet (for tests and leak hunts)."""
+    with _lock:
+        return len(_exports)
+
+
+# ---- import ---------------------------------------------------------------------------------------
+
+def dtype_of(code: int, bits: int, lanes: int) -> DType:
+    if lanes != 1:
+        raise DLPackError(f"vector elements ({lanes} lanes) are not supported; a Buffer holds scalars")
+    kind = {0: "i", 1: "u", 2: "f", 6: "b"}.get(code)
+    if code == 4 and bits == 16:
+        return dtypes.bfloat16
+    if kind == "b" and bits == 8:
+        return dtypes.bool
+    if kind is not None and kind != "b":
+        name = {"i": "int", "u": "uint", "f": "float"}[kind] + str(bits)
+        dt = getattr(dtypes, name, None)
+        if isinstance(dt, DType):
+            return dt
+    what = {3: "opaque handle", 5: "complex"}.get(code, f"type code {code}")
+    raise DLPackError(f"DLPack dtype ({what}, {bits} bits) has no morok_py dtype")
+
+
+class Imported:
+    """A consumed DLPack tensor: its data pointer, element count, dtype and device. `release()` calls
+    the producer's deleter (once); until then the producer keeps the memory alive."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._managed: int | None = None
+        if _api.PyCapsule_IsValid(capsule, _NAMES[_NAME_V]):
+            self.versioned = True
+            addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME_V])
+            m = DLManagedTensorVersioned.from_address(addr)
+            if m.version.major != VERSION[0]:
+                raise DLPackError(f"DLPack major version {m.version.major} is not supported (this reads {VERSION[0]})")
+            flags = m.flags
+        elif _api.PyCapsule_IsValid(capsule, _NAMES[_NAME]):
+            self.versioned = False
+            addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME])
+            m = DLManagedTensor.from_address(addr)
+            flags = 0
+        else:
+            raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
+        t = m.dl_tensor
+        # checks first: a refused capsule stays unconsumed, so its own destructor releases the tensor
+        if flags & FLAG_READ_ONLY:
+            raise DLPackError("the tensor is read-only; kernels write their buffers, so a Buffer cannot view "
+                              "it (pass a writable tensor, or a copy)")
+        self.device = (int(t.device.device_type), int(t.device.device_id))
+        self.dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes)
+        shape = [int(t.shape[i]) for i in range(t.ndim)]
+        count = 1
+        for s in shape:
+            count *= s
+        if t.strides and count > 1:
+            want = 1
+            for i in reversed(range(t.ndim)):
+                if shape[i] != 1 and int(t.strides[i]) != want:
+                    strides = [int(t.strides[j]) for j in range(t.ndim)]
+                    raise DLPackError(f"the tensor is not contiguous (shape {tuple(shape)}, strides {tuple(strides)} "
+                                      f"elements); a Buffer is one dense run of elements: pass a contiguous copy")
+                want *= shape[i]
+        self.shape = tuple(shape)
+        self.count = count
+        self.ptr = (t.data or 0) + int(t.byte_offset)
+        self.flags = flags
+        deleter = m.deleter
+        name = _USED_V if self.versioned else _USED
+        if _api.PyCapsule_SetName(capsule, _NAMES[name]) != 0:
+            raise DLPackError("could not mark the capsule consumed")
+        self._managed = addr
+        self._deleter = _DELETER(deleter) if deleter else None
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            addr, self._managed = self._managed, None
+        if addr is not None and self._deleter is not None:
+            self._deleter(addr)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
