@@ -4,10 +4,14 @@
 
 - launch overhead of a cached tiny kernel, per launch (host time of a loop of launches):
   a bare `cuLaunchKernel` through cuda-bindings with pre-packed arguments (the same CUfunction),
-  `Program.execute` (target: at most 1.2x the bare launch), `Program.__call__` (with its launch
-  checks), `ExecutionPlan.run` per kernel, and the plan captured as a CUDA graph, per kernel;
-- a plan of many tiny kernels run to completion, per kernel: eagerly (host clock around run and
-  synchronize) and as a CUDA graph replay (events around the replay);
+  `Program.execute` (target: at most 1.2x the bare launch), `Program.__call__`, the checked call
+  (target: at most 1.3x the bare launch), `ExecutionPlan.run` per kernel replayed launch by launch
+  (capture=False) and as the plan captures itself (a CUDA graph from its second run), per kernel;
+  peers in the same run: CuPy's RawKernel of the same CUDA C and PyTorch's `torch.add(out=)`;
+- a plan of many tiny kernels run to completion, per kernel: launch by launch (host clock around
+  run and synchronize) and self-captured (events around the replay; target: at most 1.5 us);
+- a DLPack round trip of a 256-element tensor: PyTorch -> Buffer.from_dlpack -> torch.from_dlpack,
+  beside PyTorch -> CuPy -> PyTorch;
 - cold compile (render + compile + load, no caches) with each compiler pair;
 - method-cache hit (`Device.compile` of a kernel already compiled in this process);
 - disk-cache hit in a fresh process (render + disk read + load, timed inside that process).
@@ -26,7 +30,9 @@ import time
 import harness as H
 from harness import np
 
-TARGET = 1.2
+TARGET = 1.2           # Program.execute / bare
+CALL_TARGET = 1.3      # Program.__call__ / bare
+PLAN_TARGET = 1.5e-6   # self-captured plan run to completion, per kernel
 
 
 def per_launch(fn, calls: int, repeats: int, sync) -> float:
@@ -59,6 +65,79 @@ def bare_launcher(prog, ptrs: list[int], vals: list[int], gs, ls, stream):
         launch(fn, g0, g1, g2, l0, l1, l2, 0, stream, addr, 0)
     run.keep = (slots, argv)   # keep the argument memory alive
     return run
+
+
+def peers(prog, n: int, args, sync) -> dict[str, float]:
+    """Per-launch host time of the same add through CuPy's RawKernel (our CUDA C, compiled by CuPy's
+    NVRTC) and through PyTorch's `torch.add(x, y, out=z)`; a peer that is not installed is left out."""
+    out: dict[str, float] = {}
+    try:
+        import cupy
+        src = prog.compiled.src if prog.compiled.compiler == "nvrtc" else None
+        xa, xb = cupy.random.standard_normal(n, dtype=cupy.float32), cupy.random.standard_normal(n, dtype=cupy.float32)
+        xc = cupy.empty(n, cupy.float32)
+        kern = cupy.ElementwiseKernel("float32 x, float32 y", "float32 z", "z = x + y", "bench_peer_add")
+        kern(xa, xb, xc)
+        out["CuPy ElementwiseKernel (peer)"] = per_launch(lambda: kern(xa, xb, xc), args.calls, args.repeats,
+                                                          cupy.cuda.Device().synchronize)
+        if src is None:
+            raw = cupy.RawKernel("extern \"C\" __global__ void k(const float* a, const float* b, float* c, int n)"
+                                 "{int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i] + b[i];}", "k")
+            rargs = (xa, xb, xc, cupy.int32(n))
+        else:
+            raw = cupy.RawKernel(src, prog.compiled.symbol)
+            rargs = (xa, xb, xc, cupy.int32(n))
+        gs, ls = prog.launch.launch_dims({"n": n})
+        raw(tuple(gs), tuple(ls), rargs)
+        out["CuPy RawKernel (peer)"] = per_launch(lambda: raw(tuple(gs), tuple(ls), rargs), args.calls,
+                                                  args.repeats, cupy.cuda.Device().synchronize)
+    except ImportError:
+        pass
+    except Exception as e:     # a peer's failure must not hide our numbers
+        print(f"[bench] CuPy peer skipped: {type(e).__name__}: {e}")
+    try:
+        import torch
+        ta, tb = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+        tc = torch.empty(n, device="cuda")
+        torch.add(ta, tb, out=tc)
+        out["torch.add(out=) (peer)"] = per_launch(lambda: torch.add(ta, tb, out=tc), args.calls, args.repeats,
+                                                   torch.cuda.synchronize)
+    except ImportError:
+        pass
+    return out
+
+
+def dlpack_round_trip(dev, res, args, mach) -> None:
+    """Host time of one DLPack round trip of a small tensor: PyTorch -> Buffer -> PyTorch (zero-copy
+    both ways, streams ordered), beside PyTorch -> CuPy -> PyTorch."""
+    try:
+        import torch
+    except ImportError:
+        print("[bench] PyTorch is not installed: no DLPack round trip")
+        return
+    from morok_py import Buffer
+    t = torch.randn(256, device="cuda")
+    back = torch.from_dlpack(Buffer.from_dlpack(t))
+    if back.data_ptr() != t.data_ptr():
+        raise SystemExit("the DLPack round trip copied")
+    rows, times = [], {}
+    times["torch -> Buffer.from_dlpack -> torch.from_dlpack"] = per_launch(
+        lambda: torch.from_dlpack(Buffer.from_dlpack(t)), args.calls, args.repeats, dev.synchronize)
+    times["Buffer.from_dlpack(torch tensor)"] = per_launch(
+        lambda: Buffer.from_dlpack(t), args.calls, args.repeats, dev.synchronize)
+    buf = Buffer.from_dlpack(t)
+    times["torch.from_dlpack(Buffer)"] = per_launch(
+        lambda: torch.from_dlpack(buf), args.calls, args.repeats, dev.synchronize)
+    try:
+        import cupy
+        times["torch -> cupy.from_dlpack -> torch.from_dlpack (peer)"] = per_launch(
+            lambda: torch.from_dlpack(cupy.from_dlpack(t)), args.calls, args.repeats, torch.cuda.synchronize)
+    except ImportError:
+        pass
+    for label, v in times.items():
+        res.add("cuda_dlpack", 256, "s", v, label=label)
+        rows.append([label, H.fmt_time(v)])
+    H.table(rows, ["DLPack, 256 float32 on the GPU", "per round trip / call"], f"\nDLPack on {mach['model']}")
 
 
 _FRESH = r"""
@@ -105,20 +184,22 @@ def main() -> None:
         prog(a, b, c, n=n)
         H.check_close(f"tiny add ({key})", c.numpy(), a.numpy() + b.numpy())
         bare = bare_launcher(prog, ptrs, vals, gs, ls, dev.stream)
-        plan = ExecutionPlan(dev)
+        plan = ExecutionPlan(dev, capture=False)
         for _ in range(args.plan):
             plan.add(prog, a, b, c, n=n)
         plan.run()
-        graph = ExecutionPlan(dev)
+        graph = ExecutionPlan(dev)             # captures itself on its second run
         for _ in range(args.plan):
             graph.add(prog, a, b, c, n=n)
-        graph.capture()
         graph.run()
+        graph.run()
+        if not graph.captured:
+            raise SystemExit("the plan did not capture itself on its second run")
         cases = [("bare cuLaunchKernel", bare, 1),
                  ("Program.execute", lambda: prog.execute(ptrs, vals, gs, ls), 1),
                  ("Program.__call__", lambda: prog(a, b, c, n=n), 1),
-                 ("ExecutionPlan.run (per kernel)", plan.run, args.plan),
-                 ("CUDA graph replay (per kernel)", graph.run, args.plan)]
+                 ("ExecutionPlan.run, launch by launch (per kernel)", plan.run, args.plan),
+                 ("ExecutionPlan.run, self-captured (per kernel)", graph.run, args.plan)]
         times = {}
         for label, fn, per in cases[2:]:
             times[label] = per_launch(fn, max(1, args.calls // per), args.repeats, sync) / per
@@ -130,27 +211,38 @@ def main() -> None:
         t_bare = min(bare_t)
         times = {"bare cuLaunchKernel": t_bare, "Program.execute": min(exec_t), **times}
         # to completion: eager plan (host clock around run + synchronize) vs graph (events around the replay)
-        times["ExecutionPlan.run to completion (per kernel)"] = statistics.median(
+        times["ExecutionPlan.run launch by launch, to completion (per kernel)"] = statistics.median(
             plan.run(wait=True) for _ in range(args.repeats)) / args.plan
-        times["CUDA graph replay to completion (per kernel)"] = statistics.median(
+        times["ExecutionPlan.run self-captured, to completion (per kernel)"] = statistics.median(
             graph.run(wait=True) for _ in range(args.repeats)) / args.plan
+        # peers, same process and GPU: CuPy's RawKernel of our CUDA C, PyTorch's add with out=
+        peer_rows = peers(prog, n, args, sync)
+        times.update(peer_rows)
         common = {"kernel": "add", "n": n, "compiler": key}
         res.add("cuda_launch_bare", n, "s", t_bare, label="bare cuLaunchKernel (pre-packed)", **common)
-        for label, name, tgt in (("Program.execute", "cuda_launch_execute", 1 / TARGET),
-                                 ("Program.__call__", "cuda_launch_call", None),
-                                 ("ExecutionPlan.run (per kernel)", "cuda_launch_plan", None),
-                                 ("CUDA graph replay (per kernel)", "cuda_graph_replay", None),
-                                 ("ExecutionPlan.run to completion (per kernel)", "cuda_plan_completed", None),
-                                 ("CUDA graph replay to completion (per kernel)", "cuda_graph_completed", None)):
+        for label, name, tgt in (("Program.execute", "cuda_launch_execute", TARGET),
+                                 ("Program.__call__", "cuda_launch_call", CALL_TARGET),
+                                 ("ExecutionPlan.run, launch by launch (per kernel)", "cuda_launch_plan", None),
+                                 ("ExecutionPlan.run, self-captured (per kernel)", "cuda_plan_captured", None),
+                                 ("ExecutionPlan.run launch by launch, to completion (per kernel)",
+                                  "cuda_plan_completed", None),
+                                 ("ExecutionPlan.run self-captured, to completion (per kernel)",
+                                  "cuda_plan_captured_completed", None),
+                                 *((lbl, "cuda_launch_peer", None) for lbl in peer_rows)):
             res.add(name, n, "s", times[label], "bare cuLaunchKernel", t_bare, target=tgt, label=label,
                     over_bare=times[label] / t_bare, **common)
         for label, t in times.items():
             verdict = ""
             if label == "Program.execute":
                 verdict = ("met" if t / t_bare <= TARGET else "MISSED") + f" (<= {TARGET:g}x)"
+            elif label == "Program.__call__":
+                verdict = ("met" if t / t_bare <= CALL_TARGET else "MISSED") + f" (<= {CALL_TARGET:g}x)"
+            elif label == "ExecutionPlan.run self-captured, to completion (per kernel)":
+                verdict = ("met" if t <= PLAN_TARGET else "MISSED") + f" (<= {PLAN_TARGET * 1e6:g} us)"
             rows.append([key, label, H.fmt_time(t), f"{t / t_bare:.2f}x", verdict])
     H.table(rows, ["pair", f"launch of a cached add (n={n})", "per launch", "vs bare", "target"],
             f"\nCUDA launch overhead on {mach['model']}")
+    dlpack_round_trip(dev, res, args, mach)
 
     # ---- compile costs -----------------------------------------------------------------------
     crows = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
