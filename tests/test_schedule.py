@@ -39,7 +39,10 @@ def default_for(ast, caps) -> Schedule:
     ("row_max", True, "Schedule(group_per_row, reduce=group, group=256)"),
     ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
     ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
-    (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256)"),   # two GLOBAL ranges
+    ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8)"),     # a column reduction
+    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8)"),   # batch-8 GEMV
+    (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8)"),
+    (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
     ("softmax", False, "Schedule(threads)"),
 ])
@@ -158,3 +161,53 @@ def test_every_cpu_candidate_matches_numpy(cpu, rng, kernel):
         got = out.numpy()
         np.testing.assert_allclose(got.reshape(np.shape(want)) if np.ndim(want) else got[0], want,
                                    rtol=2e-5, atol=2e-5, err_msg=str(sched))
+
+
+# -- split serial reductions (strategies/split_reduce.py) ---------------------------------------------
+
+@pytest.mark.parametrize("rows,cols,split,group", [(37, 29, 8, 256), (1, 5, 4, 64), (300, 3, 16, 128), (64, 65, 2, 64)])
+@pytest.mark.parametrize("dt", ["float32", "int32"])
+def test_split_column_sum_matches_numpy(rng, rows, cols, split, group, dt):
+    """Odd and tiny sizes, symbolic: every output stored once, by one item, from in-range loads."""
+    ast = K.reduce_axis("sum", [None, None], 0, dtype=getattr(dtypes, dt))
+    sched = Schedule("groups", group=group, unroll=4, split=split)
+    kernel, info = lower(ast, GPU, "cols", schedule=sched)
+    x = random_array(rng, (rows, cols), np.dtype(dt))
+    out = np.zeros(cols, np.dtype(dt))
+    writes = LI.run(kernel, info, [x.reshape(-1), out], dict(d0=rows, d1=cols))
+    want = x.astype(np.float64).sum(0)
+    np.testing.assert_allclose(out, want.astype(out.dtype) if dt == "int32" else want, rtol=1e-5, atol=1e-4)
+    assert (writes[1] == 1).all()
+
+
+@pytest.mark.parametrize("B,Kd,N", [(8, 33, 45), (3, 100, 7)])
+def test_split_gemv_matches_numpy(rng, B, Kd, N):
+    """x[b, :] @ W: x is read the same by a whole warp, W along its rows."""
+    ast = K.matmul()
+    sast = simplify(ast)
+    assert default_schedule(sast, GPU, scan_kernel(sast)).mapping == "tiled"    # symbolic sizes: tiles
+    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    out = np.zeros(B * N, np.float32)
+    kernel, info = lower(ast, GPU, "gemv", schedule=Schedule("groups", group=128, unroll=8, split=4))
+    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], dict(M=B, N=N, K=Kd))
+    np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+    assert (writes[2] == 1).all()
+
+
+def test_split_refuses_kernels_with_loop_ranges_in_stores():
+    with pytest.raises(ValueError, match="split"):
+        lower(K.softmax(), GPU, "sm", schedule=Schedule("groups", group=256, split=8))
+
+
+@pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("kernel", [lambda: K.reduce_axis("sum", [None, None], 0), lambda: K.matmul(8, 4096, 4096),
+                                    lambda: K.reduce_axis("max", [None, None], 0, dtype=dtypes.float16)])
+def test_split_reductions_compile_for_sm90(kernel, key):
+    cuda = pytest.importorskip("morok_py.backends.cuda", reason="the cuda extra is not installed")
+    pairs = {c.cache_key: (r, c) for r, c in cuda.compile_only_pairs("sm_90")}
+    if key not in pairs or pairs[key][1].available() is not None:
+        pytest.skip(f"{key} is not usable here")
+    r, c = pairs[key]
+    spec = r.render(kernel(), "split")
+    assert spec.linear.schedule.split > 1
+    assert c.compile(spec).payload

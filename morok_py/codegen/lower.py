@@ -26,6 +26,7 @@ from .scope import Scope
 from .strategies.grid_reduce import GRID_REDUCE_GROUPS, GridReduce, grid_plan  # noqa: F401 (re-exported)
 from .strategies.group_reduce import GroupReduce
 from .strategies.row_cache import ROW_CACHE_BYTES, RowCache, row_cache_plan  # noqa: F401 (re-exported)
+from .strategies.split_reduce import SplitReduce
 from .strategies.vectorize import Vectorize, vector_plan
 from .symbolic import rewrite, simplify
 
@@ -37,7 +38,7 @@ GPU_STRIDED_UNROLL = 4         # group-strided loops: unroll hint, so each item 
 GPU_STRIDED_UNROLL_MAX = 16    # ... up to this many when the trip count is known
 
 
-class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
+class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
     """Emits the linear kernel of one AST under one schedule: the core (placement of values in loops,
     reductions as accumulator loops, stores) lives here, the strategies in their mixins."""
 
@@ -54,6 +55,9 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
         self.thread_start: Instr | None = None
         self.gpu_ids: list[Instr] = []
         self.group_mode = False
+        self.split_mode = False                    # Schedule.split > 1 (strategies/split_reduce)
+        self.store_guard: Instr | None = None      # split mode: the items that store
+        self.lid_x: Instr | None = None
         self.loaded_slots: set[int] = set()
         self.group_size = 1
         self.lid: Instr | None = None
@@ -103,7 +107,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
                              f"defines it")
         depth = self.depth_of(node, chain)
         if node.op is Ops.REDUCE:
-            if self.group_mode and self.at_group_top(chain, depth):
+            if (self.group_mode or self.split_mode) and self.at_group_top(chain, depth):
                 self.emit_reduces([node], chain, depth, cooperative=True)
                 return chain[depth].memo[node]
             out = self.emit_reduce(node, chain, depth)
@@ -167,6 +171,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
                 # a known trip count: unroll it whole (up to 16) so all of an item's loads are in flight
                 trips = -(-rng.src[0].arg // self.group_size)
                 unroll = min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
+            if self.split_mode:
+                unroll = self.schedule.unroll
         loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step, unroll=unroll)
         self.place(loop, chain, depth)
         chain[depth].open_children.append(loop)
@@ -216,7 +222,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
             res = self.new(L.ACC_LOAD, node.dtype, (acc,))
             self.place(res, chain, depth)
             if cooperative:
-                res = self.combine_in_group(res, node.arg, chain, depth)
+                res = (self.combine_split if self.split_mode else self.combine_in_group)(res, node.arg, chain, depth)
             chain[depth].memo[node] = res
 
 
@@ -234,7 +240,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
         if len(stores) > 1:
             buckets: dict[tuple, list[UOp]] = {}
             for red in top_reduces(stores):
-                if self.lookup(red, chain) is None and not (self.group_mode and
+                if self.lookup(red, chain) is None and not ((self.group_mode or self.split_mode) and
                                                           self.at_group_top(chain, self.depth_of(red, chain))):
                     key = (tuple(sorted(red.src[1:], key=lambda r: r.axis)), self.depth_of(red, chain))
                     buckets.setdefault(key, []).append(red)
@@ -252,6 +258,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
                 cond = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
                 chain[-1].insert(cond)
                 chain[-1].insert(If(cond, [st]))
+            elif self.store_guard is not None:
+                chain[-1].insert(If(self.store_guard, [st]))
             else:
                 chain[-1].insert(st)
         self.close_loops(chain, len(loops))
@@ -289,6 +297,9 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, Vectorize):
             self.min_depth = len(chain) - 1
             if grid is not None:
                 chain = self.emit_grid_reduces(grid, chain)
+        elif caps.has_local and sched.split > 1:
+            self.split_mode = True
+            chain, dims, local = self.map_to_split_groups(ast, globals_, chain)
         elif caps.has_local:
             if sched.vector_width > 1:
                 vector = vector_plan(ast, globals_, scan, sched.vector_width)

@@ -24,6 +24,7 @@ from typing import Iterator
 from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
 from .scan import KernelScan, top_reduces, x_coefficient
+from .strategies.split_reduce import split_applies
 
 MAPPINGS = ("threads", "groups", "group_per_row", "tiled")
 REDUCES = ("serial", "group", "grid")
@@ -44,6 +45,8 @@ class Schedule:
     group          work-items per work-group (GPU; 0 on the CPU).
     vector_width   elementwise GPU kernels: contiguous elements per work-item (w-wide loads/stores).
     unroll         GPU: unroll count of a work-item's serial reduction loops (loads in flight).
+    split          "groups" with a serial reduce: work-items per output sharing its reduction (the
+                   group is group/split outputs x split; strategies/split_reduce.py). 1: one.
     row_cache      group_per_row: rows read by several passes are kept in shared memory.
     register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
@@ -54,6 +57,7 @@ class Schedule:
     group: int = 0
     vector_width: int = 1
     unroll: int = 0
+    split: int = 1
     row_cache: bool = False
     register_tile: tuple[int, int] | None = None
     matmul_tile: tuple[int, int, int, int, int] | None = None
@@ -73,9 +77,12 @@ class Schedule:
             raise ValueError("register_tile is a CPU ('threads') schedule")
         if self.row_cache and self.reduce != "group":
             raise ValueError("row_cache needs reduce 'group'")
-        if self.group < 0 or self.vector_width < 1 or self.unroll < 0:
+        if self.split > 1 and (self.mapping != "groups" or self.vector_width != 1 or self.group % self.split
+                               or self.split & (self.split - 1)):
+            raise ValueError("split needs mapping 'groups', no vector width and a power of two dividing group")
+        if self.group < 0 or self.vector_width < 1 or self.unroll < 0 or self.split < 1:
             raise ValueError(f"bad sizes in {self}")
-        if self.mapping == "threads" and (self.group or self.vector_width != 1 or self.unroll):
+        if self.mapping == "threads" and (self.group or self.vector_width != 1 or self.unroll or self.split != 1):
             raise ValueError("group, vector_width and unroll are GPU fields")
         if self.mapping != "threads" and (self.group < 1 or self.group & (self.group - 1)):
             raise ValueError(f"a GPU schedule needs a power-of-two group size, got {self.group}")
@@ -106,7 +113,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ValueError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll"):
+        for k in ("group", "vector_width", "unroll", "split"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
         try:
@@ -154,17 +161,20 @@ def shape_of(scan: KernelScan) -> Shape:
 
 
 def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
-    """One GLOBAL range x, and every load inside the kernel's reductions that depends on a reduced
-    range is contiguous in x (x's coefficient 1) and not in the reduced ranges: a sum over axis 0.
-    One work-item per output then reads rows in order and neighbouring items read neighbouring
-    addresses; a work-group per output would stride across rows."""
-    if len(globals_) != 1:
+    """The kernel's reductions read along columns: with x the GLOBAL range contiguous in the output,
+    every load inside a reduction that depends on a reduced range is either contiguous in x and not in
+    the reduced ranges (a sum over axis 0; W[k, j] of x @ W) or independent of x (x[b, k]: the same
+    address for a whole warp), and at least one is of the first kind. One output per work-item column
+    then reads rows in order, neighbouring items neighbouring addresses; a group per output would
+    stride across rows."""
+    if not globals_:
         return False
-    x = globals_[0]
+    from .strategies.split_reduce import merged_order
+    x = merged_order(ast, list(globals_))[0]
     reds = top_reduces(list(ast.src))
     if not reds:
         return False
-    seen = False
+    columns = 0
     for red in reds:
         for n in red.src[0].toposort():
             if n.op is not Ops.LOAD:
@@ -172,13 +182,16 @@ def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
             rs = [r for r in red.src[1:] if r in n.src[1].free_ranges]
             if not rs:
                 continue
+            if x not in n.src[1].free_ranges:
+                continue                                      # a broadcast along x
             if x_coefficient(n.src[1], x) != 1 or any(x_coefficient(n.src[1], r) == 1 for r in rs):
                 return False
-            seen = True
-    return seen
+            columns += 1
+    return columns > 0
 
 
-SERIAL_UNROLL = 8      # column reductions: rows in flight per work-item
+SPLIT_UNROLL = 8       # column reductions: rows in flight per work-item
+SPLIT = 8              # ... and work-items per output column
 
 
 def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule:
@@ -194,6 +207,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         if tile is not None:
             return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile)
     group = caps.default_group
+    if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
+            and split_applies(ast, scan)):
+        return Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT)
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
             from .strategies.grid_reduce import grid_plan
@@ -241,6 +257,8 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
             from .strategies.grid_reduce import grid_plan
             if grid_plan(ast, shape.globals_, schedule.group) is None:
                 raise ValueError(f"{schedule}: not a full reduction")
+    if schedule.split > 1 and (not gpu or not caps.has_shared or not split_applies(ast, scan)):
+        raise ValueError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
     if schedule.vector_width > 1:
         from .strategies.vectorize import vector_plan
         if schedule.mapping != "groups" or vector_plan(ast, shape.globals_, scan, schedule.vector_width) is None:
@@ -273,6 +291,9 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             for g in groups:
                 for u in (0, 4, 8, 16):
                     out.append(Schedule("groups", group=g, unroll=u))
+                    for sp in (2, 4, 8, 16, 32):
+                        if sp < g and u in (4, 8):
+                            out.append(Schedule("groups", group=g, unroll=u, split=sp))
                 if caps.has_shared:
                     out.append(Schedule("group_per_row", reduce="group", group=g))
                     if base.row_cache:
@@ -284,6 +305,8 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 out.append(replace(base, group=g))
                 if shape.has_reduce:
                     out.append(replace(base, group=g, unroll=8))
+                    for sp in (4, 8, 16):
+                        out.append(Schedule("groups", group=g, unroll=8, split=sp))
             if base.vector_width > 1:
                 out += [replace(base, vector_width=1), replace(base, vector_width=2)]
     seen, uniq = set(), []

@@ -1,0 +1,111 @@
+"""Split serial reduction (Schedule.split > 1): a column-like reduction keeps one output per work-item
+column but lets `split` work-items share it.
+
+The work-group is (group / split) outputs along x times `split` along y. Outputs are the GLOBAL ranges
+merged into x (the store's contiguous range innermost), so the x lanes of a warp read neighbouring
+addresses of each row: coalesced. Work-item y walks the reduced range from y in steps of `split`, so
+a column of 8192 rows runs as 8 interleaved runs of 1024 with `unroll` loads in flight each; the
+partials meet in shared memory and are added in y order (the same order for every launch). Items past
+the last output compute a clamped (in-range) output and store nothing: every item reaches the barriers.
+
+This gives a sum over axis 0 and a small-batch matrix-vector product (`x[b, k] * W[k, j]`, W rows
+contiguous in j) many more loads in flight than one work-item per output, without a second launch.
+"""
+from __future__ import annotations
+
+from ...dtypes import dtypes
+from ...ir import AxisType, Ops, UOp
+from ..linear import Instr, L
+from ..scan import KernelScan, top_reduces, x_coefficient
+from ..scope import Scope
+from ..symbolic import simplify
+
+
+def split_applies(ast: UOp, scan: KernelScan) -> bool:
+    """Every store is over all GLOBAL ranges and nothing else, and every REDUCE reachable from the
+    stores without passing another is free of LOOP ranges (it runs once per output, at the top)."""
+    globals_ = {r for r in scan.ranges.values() if r.axis_type is AxisType.GLOBAL}
+    if not globals_ or any(r.axis_type is AxisType.LOOP for r in scan.ranges.values()):
+        return False
+    stores = list(ast.src)
+    if any(st.free_ranges != globals_ for st in stores):
+        return False
+    reds = top_reduces(stores)
+    return bool(reds) and all(r.free_ranges <= globals_ for r in reds)
+
+
+def merged_order(ast: UOp, globals_: list[UOp]) -> list[UOp]:
+    """GLOBAL ranges innermost first: the range contiguous in the first store's index, then the others
+    from the last axis down."""
+    idx = ast.src[0].src[1]
+    unit = [r for r in globals_ if x_coefficient(idx, r) == 1]
+    inner = unit[-1] if unit else globals_[-1]
+    return [inner] + [r for r in reversed(globals_) if r is not inner]
+
+
+class SplitReduce:
+    def map_to_split_groups(self, ast: UOp, globals_: list[UOp], chain: list[Scope]):
+        """Launch dims and the clamped output coordinates of each work-item (see the module doc)."""
+        split = self.schedule.split
+        lx = self.schedule.group // split
+        idx = dtypes.index
+        top = chain[0]
+        order = merged_order(ast, globals_)
+        ext = order[0].src[0]
+        for r in order[1:]:
+            ext = ext * r.src[0]
+        ext = simplify(ext)
+        gid = self.new(L.SPECIAL, idx, (), ("group_id", 0))
+        lidx = self.new(L.SPECIAL, idx, (), ("local_id", 0))
+        self.lid = self.new(L.SPECIAL, idx, (), ("local_id", 1))
+        self.lid_x = lidx
+        self.group_size = split          # the distributed loops stride by the split
+        top.items.extend([gid, lidx, self.lid])
+        mul = self.new(L.ALU, idx, (gid, self.emit(UOp.const(lx, idx), chain)), Ops.MUL); mul.index_math = True
+        out = self.new(L.ALU, idx, (mul, lidx), Ops.ADD); out.index_math = True
+        end = self.emit(ext, chain)
+        in_range = self.new(L.ALU, dtypes.bool, (out, end), Ops.CMPLT)
+        last = self.new(L.ALU, idx, (end, self.emit(UOp.const(1, idx), chain)), Ops.SUB); last.index_math = True
+        clamped = self.new(L.ALU, idx, (out, last), Ops.MIN); clamped.index_math = True
+        first_y = self.new(L.ALU, dtypes.bool, (self.lid, self.emit(UOp.const(0, idx), chain)), Ops.CMPEQ)
+        writes = self.new(L.ALU, dtypes.bool, (in_range, first_y), Ops.AND)
+        top.items.extend([mul, out, in_range, last, clamped, first_y, writes])
+        self.store_guard = writes
+        rem = clamped
+        for j, r in enumerate(order):      # split the merged coordinate back into its ranges
+            if j == len(order) - 1:
+                self.global_instr[id(r)] = rem
+                break
+            e = self.emit(r.src[0], chain)
+            m = self.new(L.ALU, idx, (rem, e), Ops.MOD); m.index_math = True
+            q = self.new(L.ALU, idx, (rem, e), Ops.IDIV); q.index_math = True
+            top.items.extend([m, q])
+            self.global_instr[id(r)] = m
+            rem = q
+        for r in order:
+            top.memo[r] = self.global_instr[id(r)]
+        return chain, [ext, UOp.const(split, idx)], (lx, split, 1)
+
+    def combine_split(self, part: Instr, op: Ops, chain: list[Scope], depth: int) -> Instr:
+        """Every item stores its partial at [y][x]; after a barrier each adds the `split` partials of its
+        column in y order, so all items of the column hold the same total."""
+        split, lx = self.schedule.split, self.schedule.group // self.schedule.split
+        dt, idx = part.dtype, dtypes.index
+        put = lambda it: self.place(it, chain, depth)  # noqa: E731
+        smem = self.new(L.LOCAL, dt, (), split * lx)
+        row = self.new(L.ALU, idx, (self.lid, self.emit(UOp.const(lx, idx), chain)), Ops.MUL)
+        mine = self.new(L.ALU, idx, (row, self.lid_x), Ops.ADD)
+        for it in (smem, row, mine, self.new(L.STORE, None, (smem, mine, part)), self.new(L.BARRIER, None)):
+            put(it)
+        total = None
+        for y in range(split):
+            at = self.new(L.ALU, idx, (self.lid_x, self.emit(UOp.const(y * lx, idx), chain)), Ops.ADD)
+            v = self.new(L.LOAD, dt, (smem, at))
+            put(at), put(v)
+            if total is not None:
+                v = self.new(L.ALU, dt, (total, v), op)
+                v.reassoc = True
+                put(v)
+            total = v
+        put(self.new(L.BARRIER, None))   # everyone has read the partials before the array is reused
+        return total
