@@ -18,7 +18,7 @@ from morok_py.launch import Device
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
 from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, normalize_arch
-from .renderer import CUDARenderer, NVPTXRenderer, mlir_pair
+from .renderer import CUDARenderer, NVPTXRenderer
 
 
 
@@ -27,8 +27,7 @@ def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[t
     driver: [(CUDA C, NVRTC), (NVPTX LLVM IR, llvmlite + nvJitLink)], both producing CUBIN."""
     a = normalize_arch(arch)
     spec = DeviceSpec.parse(device)
-    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a)),
-            mlir_pair(spec, a)]
+    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a))]
 
 
 def driver_missing() -> str | None:

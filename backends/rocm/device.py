@@ -18,7 +18,7 @@ from morok_py.errors import DeviceUnavailableError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 
 from .compiler import AMDGPUCompiler, check_arch
-from .renderer import AMDGPURenderer, mlir_pair, parse_arch, wave_size
+from .renderer import AMDGPURenderer, parse_arch, wave_size
 from .runtime import HIPProgram, check, hip_module
 
 _current = threading.local()     # the HIP device each thread last made current
@@ -35,7 +35,6 @@ def compile_only_pairs(arch: str, device: DeviceSpec | None = None) -> list[tupl
     hip_pair = _hip_pair(spec, arch)
     if hip_pair is not None:
         pairs.append(hip_pair)
-    pairs.append(mlir_pair(spec, arch))
     return pairs
 
 
