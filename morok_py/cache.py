@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -31,6 +32,8 @@ from . import config
 from .codegen import launch_io   # here, not at the first hit: its import is part of `import morok_py`
 
 if TYPE_CHECKING:
+    from .codegen.schedule import Schedule
+    from .search import SearchResult
     from .device import CompiledSpec, Compiler, Device, Program, ProgramSpec, Renderer
     from .ir import UOp
 
@@ -45,6 +48,8 @@ class CacheStats:
     disk_corrupt: int = 0
     ast_hits: int = 0            # disk hits by AST (no lowering, no rendering); also counted in disk_hits
     renders: int = 0             # Renderer.render calls made by compile_through_caches
+    schedule_hits: int = 0       # compiles that used a stored searched schedule (no timing)
+    searches: int = 0            # schedule searches run (MOROK_BEAM or search.beam_search)
     loads: int = 0
     compile_seconds: float = 0.0
     by_key: dict = field(default_factory=dict)
@@ -264,7 +269,7 @@ def code_fingerprint(renderer: "Renderer", compiler: "Compiler") -> str:
     if hit is not None:
         return hit
     here = os.path.dirname(os.path.abspath(__file__))
-    folders = {here, os.path.join(here, "codegen")}
+    folders = {here, os.path.join(here, "codegen"), os.path.join(here, "codegen", "strategies")}
     for cls in classes:
         for k in cls.__mro__:
             if issubclass(k, (Renderer, Compiler)):
@@ -301,13 +306,65 @@ def disk_key(compiler: "Compiler", spec: "ProgramSpec") -> str:
                          compiler.arch, spec.name, spec.src)
 
 
-def ast_key(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str) -> str | None:
-    """The AST-level key (None: this renderer cannot have one, see `renderer_fingerprint`)."""
+def ast_key(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str,
+            schedule: "Schedule | None" = None) -> str | None:
+    """The AST-level key (None: this renderer cannot have one, see `renderer_fingerprint`). A kernel
+    rendered with a schedule other than its default (a searched one) has its own key."""
     fingerprint = renderer_fingerprint(renderer)
     if fingerprint is None:
         return None
+    extra = () if schedule is None else ("schedule", schedule.to_json())
     return DiskCache.key(f"morok_py-{__version__}", DISK_FORMAT, "ast", code_fingerprint(renderer, compiler),
-                         fingerprint, compiler_identity(compiler), compiler.arch, name, ast.key)
+                         fingerprint, compiler_identity(compiler), compiler.arch, name, ast.key, *extra)
+
+
+# ---- searched schedules (morok_py/search.py) -----------------------------------------------------
+
+SCHEDULE_FORMAT = "morok-schedule-1"
+
+
+def schedule_key(renderer: "Renderer", compiler: "Compiler", ast: "UOp") -> str | None:
+    """Where the searched schedule of a kernel lives: its AST (static sizes are part of it; a symbolic
+    kernel has one entry, tuned at the sizes its metadata names), the renderer and the target arch.
+    Not the code fingerprint: a choice outlives edits; one the lowering no longer accepts is dropped."""
+    fingerprint = renderer_fingerprint(renderer)
+    if fingerprint is None:
+        return None
+    return DiskCache.key(f"morok_py-{__version__}", SCHEDULE_FORMAT, fingerprint, compiler.cache_key, compiler.arch,
+                         ast.key)
+
+
+def store_schedule(renderer: "Renderer", compiler: "Compiler", ast: "UOp", schedule: "Schedule",
+                   meta: dict) -> None:
+    key = schedule_key(renderer, compiler, ast)
+    if key is not None and config.cache_enabled():
+        DiskCache().put(key, schedule.to_json().encode(), dict(meta, kind="schedule", format=SCHEDULE_FORMAT))
+
+
+def stored_schedule(renderer: "Renderer", compiler: "Compiler", ast: "UOp") -> "Schedule | None":
+    """The searched schedule stored for this kernel, or None. An entry that does not read back as a
+    schedule is removed with a warning (never an error): the kernel then gets its default."""
+    from .codegen.schedule import Schedule
+    key = schedule_key(renderer, compiler, ast) if config.cache_enabled() else None
+    if key is None:
+        return None
+    dc = DiskCache()
+    corrupt = stats.disk_corrupt
+    hit = dc.get(key)
+    if hit is None:
+        if stats.disk_corrupt > corrupt:
+            warnings.warn("morok_py: ignoring a corrupt stored schedule (checksum mismatch); using the default",
+                          RuntimeWarning, stacklevel=3)
+        return None
+    try:
+        if hit[1].get("format") != SCHEDULE_FORMAT:
+            raise ValueError(f"format {hit[1].get('format')!r}")
+        return Schedule.from_json(hit[0].decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        warnings.warn(f"morok_py: ignoring a corrupt stored schedule ({e}); using the default", RuntimeWarning,
+                      stacklevel=3)
+        dc.discard(key, f"not a schedule: {e}")
+        return None
 
 
 # ---- compiling through the disk cache ------------------------------------------------------------
@@ -400,14 +457,17 @@ def _from_ast_entry(data: bytes, dc: DiskCache, compiler: "Compiler", ast: "UOp"
                         compiler.cache_key, param_dtypes)
 
 
-def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str | None) -> "CompiledSpec":
-    """Render and compile through both disk-cache levels: a hit by AST skips lowering and rendering."""
+def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str | None,
+                schedule: "Schedule | None" = None) -> "CompiledSpec":
+    """Render and compile through both disk-cache levels: a hit by AST skips lowering and rendering.
+    `schedule`: render with it instead of the kernel's default (ValueError if the kernel refuses it)."""
+    from .codegen.schedule import using
     from .device import kernel_name
     nm = kernel_name(ast, name)
     use_disk = config.cache_enabled()
     debug = config.debug_level()
     dc = DiskCache()
-    akey = ast_key(renderer, compiler, ast, nm) if use_disk else None
+    akey = ast_key(renderer, compiler, ast, nm, schedule) if use_disk else None
     # MOROK_DEBUG >= 2 prints the rendered source: render even when the AST entry would hit
     if akey is not None and debug < 2:
         hit = dc.get(akey)
@@ -422,7 +482,8 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
                     stats.disk_hits += 1
                     stats.ast_hits += 1
                 return compiled
-    spec = renderer.render(ast, name)
+    with using(schedule):
+        spec = renderer.render(ast, name)
     with _lock:
         stats.renders += 1
     if debug >= 1 and spec.linear is not None and spec.linear.schedule is not None:
@@ -435,7 +496,7 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     if debug >= 3:
         config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
     if akey is not None and skey is not None and compiled.launch is not None:
-        akey = ast_key(renderer, compiler, ast, nm)     # after the compile, as the source-level key
+        akey = ast_key(renderer, compiler, ast, nm, schedule)     # after the compile, as the source-level key
         try:
             entry = _ast_entry(compiled, skey)
         except launch_io.LaunchIOError as e:     # launch information launch_io cannot store: source level only
@@ -470,7 +531,7 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
             return prog
         compiled = _method_cache.get(mkey)
         if compiled is None:
-            compiled = compile_ast(renderer, compiler, ast, name)
+            compiled = compile_scheduled(device, renderer, compiler, ast, name)
             with _lock:
                 _method_cache[mkey] = compiled
         else:
@@ -481,6 +542,58 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
             stats.loads += 1
             _programs[pkey] = prog
         return prog
+
+
+def beam_search(device: "Device", ast: "UOp", name: str | None = None, *, beam: int = 8,
+                values: "dict[str, int] | None" = None, compiler: str | None = None,
+                seconds: float | None = None, store: bool = True, seed: int = 0) -> "SearchResult":
+    """Time the default and up to `beam`-1 other candidate schedules of `ast` on `device` (search.py),
+    within `seconds` (MOROK_BEAM_SECONDS, default 60); store the fastest correct one for this kernel,
+    renderer and arch unless `store` is False. Later compiles of the kernel use it without timing."""
+    from .codegen.scan import scan_kernel
+    from .codegen.schedule import candidate_schedules
+    from .codegen.symbolic import rewrite, simplify
+    from .search import time_schedules
+    renderer, comp = device.pair(compiler) if compiler else (device.renderer, device.compiler)
+    budget = seconds if seconds is not None else float(config.getenv("MOROK_BEAM_SECONDS", "60"))
+    decompose = renderer.decompositor()
+    sast = rewrite(ast, decompose) if decompose is not None else simplify(ast)
+    cands = candidate_schedules(sast, renderer.caps, scan_kernel(sast))[:max(1, beam)]
+    with _lock:
+        stats.searches += 1
+    result = time_schedules(device, cands, lambda s: device.runtime(compile_ast(renderer, comp, ast, name, s)),
+                            values, budget, seed)
+    best, default = result.schedule, result.default
+    if config.debug_level() >= 1:
+        config.log(f"search {name or 'kernel'}: {len(result.times)} timed, {len(result.rejected)} rejected; "
+                   f"{best} {result.times[str(best)] * 1e6:.1f} us vs default {default} "
+                   f"{result.times[str(default)] * 1e6:.1f} us")
+    if store:
+        store_schedule(renderer, comp, ast, best, {
+            "values": result.values, "default": str(default), "speedup": result.speedup,
+            "times_us": {k: round(v * 1e6, 3) for k, v in result.times.items()}})
+    return result
+
+
+def compile_scheduled(device: "Device", renderer: "Renderer", compiler: "Compiler", ast: "UOp",
+                      name: str | None) -> "CompiledSpec":
+    """compile_ast with the kernel's stored searched schedule; without one, a search first when
+    MOROK_BEAM=N asks for it (N: candidates timed), else the default schedule."""
+    sched = stored_schedule(renderer, compiler, ast)
+    if sched is not None:
+        with _lock:
+            stats.schedule_hits += 1
+    else:
+        beam = config.getenv_int("MOROK_BEAM", 0)
+        if beam > 0:
+            sched = beam_search(device, ast, name, beam=beam, compiler=compiler.cache_key).schedule
+    if sched is not None:
+        try:
+            return compile_ast(renderer, compiler, ast, name, sched)
+        except ValueError as e:     # a stored choice the lowering no longer takes
+            warnings.warn(f"morok_py: stored schedule {sched} does not fit this kernel any more ({e}); "
+                          f"using the default", RuntimeWarning, stacklevel=2)
+    return compile_ast(renderer, compiler, ast, name)
 
 
 def _compiled_text(compiler: "Compiler", spec: "ProgramSpec", compiled: "CompiledSpec") -> str:

@@ -1,0 +1,122 @@
+"""Schedule search: time a kernel's candidate schedules on the device and keep the fastest.
+
+`cache.beam_search(device, ast, beam=N)` (or MOROK_BEAM=N on any `Device.compile`) takes the kernel's
+default schedule and the first N-1 alternatives of `codegen.schedule.candidate_schedules` (an ordered,
+bounded list: work-group sizes, reduction splits and unrolls, register and shared-memory tiles), and
+within a time budget (MOROK_BEAM_SECONDS, 60 s) compiles each, runs it on the same random inputs as
+the default schedule, drops any whose outputs differ from the default's, and times the rest (median of
+a few runs after a warm-up). The winner is stored beside the disk cache (`cache.store_schedule`, keyed
+by the AST, renderer and arch); a later compile of the same kernel, in any process, uses it without
+timing anything. Symbolic sizes are tuned at `values` (default: each variable at min(max, 1024)); the
+stored entry names them.
+
+Anchors: tinygrad's BEAM (time real candidates on the device, cache the winner by AST) and Triton's
+autotune (a small explicit config list, benchmarked, best kept per key).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .codegen.schedule import Schedule
+from .dtypes import to_numpy
+
+if TYPE_CHECKING:
+    from .device import Device, Program
+
+TUNE_SIZE = 1024        # a symbolic size with no value given is tuned here (within its bounds)
+REPEATS = 5             # timed runs per candidate (the median counts)
+
+
+@dataclass
+class SearchResult:
+    schedule: Schedule                      # the fastest correct candidate (the default if none beat it)
+    default: Schedule
+    values: dict[str, int]                  # the sizes it was timed at
+    times: dict[str, float] = field(default_factory=dict)      # str(schedule) -> median seconds
+    rejected: dict[str, str] = field(default_factory=dict)     # str(schedule) -> why (wrong output, error)
+
+    @property
+    def speedup(self) -> float:
+        return self.times[str(self.default)] / self.times[str(self.schedule)]
+
+
+def _inputs(info, values: Mapping[str, int], rng: np.random.Generator) -> list[np.ndarray]:
+    """Random contents for every buffer, sized from the launch check's index ranges at `values`."""
+    _, _, bounds, _ = info.prepare(dict(values))
+    sizes = [1] * info.buf_count
+    for b in bounds:
+        if b is not None:
+            sizes[b[0]] = max(sizes[b[0]], b[3] + 1)
+    out = []
+    for p, n in zip(info.params, sizes):
+        dt = np.dtype(np.bool_) if p.dtype.is_bool else to_numpy(p.dtype)
+        if dt.kind == "f":
+            a = rng.uniform(-1, 1, n).astype(dt)
+        elif dt.kind == "b":
+            a = rng.integers(0, 2, n).astype(dt)
+        else:       # small non-negative ints: index loads (gathers) stay near their tables
+            a = rng.integers(1, 4, n).astype(dt)
+        out.append(a)
+    return out
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    if got.dtype.kind == "f":
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        scale = float(np.nanmax(np.abs(w))) if w.size and np.isfinite(w).any() else 1.0
+        return bool(np.allclose(g, w, rtol=1e-3, atol=1e-4 * (1.0 + scale), equal_nan=True))
+    return bool(np.array_equal(got, want))
+
+
+def time_schedules(device: "Device", cands: Sequence[Schedule], load: Callable[[Schedule], "Program"],
+                   values: Mapping[str, int] | None = None, seconds: float = 60.0, seed: int = 0) -> SearchResult:
+    """Run and time `cands` (the default schedule first) on `device`; `load` compiles and loads one.
+    Every candidate runs on the same random inputs; one whose outputs differ from the first's, or that
+    fails to compile or launch, is rejected. Candidates after the first are skipped once `seconds`
+    have passed."""
+    from .buffer import Buffer
+    default = cands[0]
+    t_start = time.perf_counter()
+    prog = load(default)
+    info = prog.launch
+    want_vals = {k: v for k, v in (values or {}).items() if k in info.var_names}   # static kernels take none
+    for v in info.variables:
+        want_vals.setdefault(v.name, min(v.max, max(v.min, TUNE_SIZE)))
+    vals = info.values_from(want_vals)
+    host = _inputs(info, vals, np.random.default_rng(seed))
+    bufs = [Buffer.from_numpy(a, device) for a in host]
+    written = [p.slot for p in info.params if p.written]
+    result = SearchResult(default, default, vals)
+    reference: list[np.ndarray] = []
+    try:
+        for n, sched in enumerate(cands):
+            if n and time.perf_counter() - t_start > seconds:
+                result.rejected[str(sched)] = "over the time budget"
+                continue
+            try:
+                p = prog if n == 0 else load(sched)
+                for b, a in zip(bufs, host):
+                    b.copyin(a)
+                p(*bufs, wait=True, **vals)
+                outs = [bufs[s].numpy() for s in written]
+                if n == 0:
+                    reference = outs
+                elif not all(_same(g, w) for g, w in zip(outs, reference)):
+                    result.rejected[str(sched)] = "its outputs differ from the default schedule's"
+                    continue
+                p(*bufs, wait=True, **vals)
+                ts = [p(*bufs, wait=True, **vals) for _ in range(REPEATS)]
+                result.times[str(sched)] = float(np.median([t for t in ts if t is not None] or [np.inf]))
+            except Exception as e:     # a candidate that fails to compile or launch is skipped, not fatal
+                if n == 0:
+                    raise
+                result.rejected[str(sched)] = f"{type(e).__name__}: {e}"[:200]
+    finally:
+        for b in bufs:
+            b.free()
+    result.schedule = min((s for s in cands if str(s) in result.times), key=lambda s: result.times[str(s)])
+    return result

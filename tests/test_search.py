@@ -1,0 +1,139 @@
+"""Schedule search (morok_py/search.py, cache.beam_search, MOROK_BEAM): candidates are timed on the
+device and checked against the default schedule's outputs, the winner is stored, a later compile (in a
+fresh process too) uses it without timing, and a corrupt stored choice is ignored with a warning."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from morok_py import UOp, cache, dtypes, kernels as K
+from morok_py.codegen.schedule import Schedule
+from morok_py.search import time_schedules
+
+from conftest import ROOT, random_array
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "cache"
+    monkeypatch.setenv("MOROK_CACHE_DIR", str(d))
+    monkeypatch.delenv("MOROK_CACHE", raising=False)
+    monkeypatch.delenv("MOROK_BEAM", raising=False)
+    cache.clear_memory_caches()
+    return d
+
+
+def fresh_matmul(M=37, N=29, Kd=23) -> UOp:
+    """A matmul no cache has seen: out = (a @ b) * c with a unique c."""
+    c = 1.0 + (uuid.uuid4().int % 10**6) / 1e6
+    a, b, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32), UOp.param(2, dtypes.float32)
+    i, j = UOp.range(M, 0), UOp.range(N, 1)
+    from morok_py import AxisType
+    k = UOp.range(Kd, 2, AxisType.REDUCE)
+    return UOp.sink(out.store(i * N + j, (a.load(i * Kd + k) * b.load(k * N + j)).reduce(k) * c)), c
+
+
+def check_matmul(cpu, prog, rng, c, M=37, N=29, Kd=23):
+    a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    out = cpu.empty(M * N, dtypes.float32)
+    prog(cpu.buf(a), cpu.buf(b), out, wait=True)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), (a.astype(np.float64) @ b) * c, rtol=1e-5, atol=1e-3)
+
+
+def test_search_times_candidates_and_stores_the_fastest(cpu, cache_dir, rng):
+    ast, c = fresh_matmul()
+    res = cache.beam_search(cpu.dev, ast, "mm", beam=4, compiler="llvm")
+    assert len(res.times) >= 2 and str(res.default) in res.times
+    assert res.times[str(res.schedule)] == min(res.times.values())
+    renderer, compiler = cpu.pair()
+    assert cache.stored_schedule(renderer, compiler, ast) == res.schedule
+    # a later compile uses the stored choice: no search, the schedule counted as a hit
+    cache.clear_memory_caches()
+    searches, hits = cache.stats.searches, cache.stats.schedule_hits
+    prog = cpu.compile(ast, "mm")
+    assert cache.stats.searches == searches and cache.stats.schedule_hits == hits + 1
+    check_matmul(cpu, prog, rng, c)
+
+
+def test_morok_beam_searches_once_then_uses_the_stored_choice(cpu, cache_dir, rng, monkeypatch):
+    ast, c = fresh_matmul()
+    monkeypatch.setenv("MOROK_BEAM", "3")
+    searches = cache.stats.searches
+    check_matmul(cpu, cpu.compile(ast, "mm"), rng, c)
+    assert cache.stats.searches == searches + 1
+    cache.clear_memory_caches()
+    check_matmul(cpu, cpu.compile(ast, "mm"), rng, c)
+    assert cache.stats.searches == searches + 1
+
+
+def test_a_fresh_process_uses_the_stored_choice_without_timing(cpu, cache_dir):
+    ast, c = fresh_matmul()
+    res = cache.beam_search(cpu.dev, ast, "mm", beam=3, compiler="llvm")
+    forced = Schedule("threads", register_tile=(2, 8))       # store a choice no heuristic makes
+    renderer, compiler = cpu.pair()
+    cache.store_schedule(renderer, compiler, ast, forced, {"values": res.values})
+    script = f"""
+import json
+from morok_py import UOp, AxisType, dtypes, cache
+from morok_py.registry import get_device
+a, b, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32), UOp.param(2, dtypes.float32)
+i, j = UOp.range(37, 0), UOp.range(29, 1)
+k = UOp.range(23, 2, AxisType.REDUCE)
+ast = UOp.sink(out.store(i * 29 + j, (a.load(i * 23 + k) * b.load(k * 29 + j)).reduce(k) * {c!r}))
+get_device("CPU").compile(ast, "mm")
+print(json.dumps({{"searches": cache.stats.searches, "hits": cache.stats.schedule_hits}}))
+"""
+    env = dict(os.environ, MOROK_DEBUG="1", MOROK_BEAM="5", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"searches": 0, "hits": 1}
+    assert "mm schedule: Schedule(threads, register_tile=2x8)" in p.stderr
+
+
+def _stored_paths(cpu, ast) -> tuple[Path, Path]:
+    renderer, compiler = cpu.pair()
+    key = cache.schedule_key(renderer, compiler, ast)
+    root = Path(os.environ["MOROK_CACHE_DIR"])
+    return root / key[:2] / f"{key}.bin", root / key[:2] / f"{key}.json"
+
+
+@pytest.mark.parametrize("how", ["bytes", "text", "refused"])
+def test_a_corrupt_stored_schedule_is_ignored_with_a_warning(cpu, cache_dir, rng, how):
+    ast, c = fresh_matmul()
+    renderer, compiler = cpu.pair()
+    if how == "refused":    # a well-formed choice this kernel cannot take (a GPU schedule on the CPU)
+        cache.store_schedule(renderer, compiler, ast, Schedule("groups", group=64), {})
+    else:
+        cache.store_schedule(renderer, compiler, ast, Schedule("threads"), {})
+        bin_path, meta_path = _stored_paths(cpu, ast)
+        if how == "bytes":
+            bin_path.write_bytes(b"\x00garbage")
+        else:               # checksum right, content not a schedule
+            cache.DiskCache().put(meta_path.stem, b'{"mapping": 3}', {"kind": "schedule",
+                                                                      "format": cache.SCHEDULE_FORMAT})
+    with pytest.warns(RuntimeWarning, match="schedule"):
+        prog = cpu.compile(ast, "mm")
+    check_matmul(cpu, prog, rng, c)
+
+
+def test_a_candidate_whose_outputs_differ_is_rejected(cpu, rng):
+    right = cpu.compile(K.add(), "add")
+    wrong = cpu.compile(K.binary("mul"), "mul")
+    a, b = Schedule("threads"), Schedule("threads", register_tile=(1, 8))   # labels only
+    res = time_schedules(cpu.dev, [a, b], lambda s: right if s == a else wrong, {"n": 1001})
+    assert res.schedule == a and "differ" in res.rejected[str(b)]
+
+
+def test_the_time_budget_bounds_the_search(cpu):
+    prog = cpu.compile(K.add(), "add")
+    cands = [Schedule("threads"), Schedule("threads", register_tile=(1, 8)), Schedule("threads", register_tile=(2, 8))]
+    res = time_schedules(cpu.dev, cands, lambda s: prog, {"n": 1 << 12}, seconds=0.0)
+    assert list(res.times) == [str(cands[0])]
+    assert all(res.rejected[str(s)] == "over the time budget" for s in cands[1:])
