@@ -24,10 +24,17 @@ from typing import Any, Callable
 import harness as H
 from harness import np
 
-CPU_TARGETS = {("add", "numpy"): 1.3, ("sum", "numpy"): 1.0, ("softmax", "numpy"): 1.5, ("matmul", "numpy"): 0.3}
+CPU_TARGETS = {("add", "numpy"): 1.3, ("sum", "numpy"): 1.0, ("softmax", "numpy"): 1.5, ("matmul", "numpy"): 1.0,
+               ("mlp1", "numpy"): 0.8, ("mlp2", "numpy"): 0.5}
 GPU_TARGETS = {("add", "memcpy"): 0.95, ("sum", "memcpy"): 0.9, ("softmax", "memcpy"): 0.8,
-               ("matmul", "cupy"): 0.5, ("matmul", "torch"): 0.5}
+               ("matmul", "cupy"): 0.5, ("matmul", "torch"): 0.5,
+               ("sum_cols", "torch"): 0.9, ("gemv8", "torch"): 0.8, ("softmax_vocab", "torch"): 1.0,
+               ("matmul_odd", "torch"): 0.85}
+SYMBOLIC_TARGET = 0.95      # symbolic-size matmul time / static: within 5%
 ALL = ("add", "sum", "row_max", "softmax", "matmul")
+# issue 12's general suite: shapes one step off the tuned five (`--suite`)
+SUITE = ("sum_cols", "gemv8", "softmax_vocab", "matmul", "matmul_sym", "matmul_odd", "mlp1", "mlp2")
+KNOWN = ALL + tuple(n for n in SUITE if n not in ALL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +57,11 @@ class Case:
     rtol: float = 1e-4
     atol: float = 1e-5
     extra: dict = field(default_factory=dict)
+    op: str = ""                    # the peers' operation when it is not `name` (a matmul shape, ...)
+
+    @property
+    def peer_op(self) -> str:
+        return self.op or self.name
 
 
 def _rand(rng, shape) -> np.ndarray:
@@ -98,7 +110,35 @@ def make_case(name: str, args, gpu: bool, rng) -> Case:
                     K.matmul(*((None,) * 3 if sym else (m, m, m))), {"M": m, "N": m, "K": m},
                     lambda a, b: a.astype(np.float64) @ b.astype(np.float64), 3 * 4 * m * m, 2 * m * m * m,
                     rtol=1e-3, atol=1e-3 * math.sqrt(m))
-    raise ValueError(f"unknown kernel {name!r}; known: {', '.join(ALL)}")
+    if name == "sum_cols":
+        r = c = 512 if q else (8192 if gpu else 4096)
+        x = _rand(rng, (r, c))
+        return Case("sum_cols", f"{r}x{c}", r * c, [r, c], [x], (c,),
+                    K.reduce_axis("sum", [None if sym else r, None if sym else c], 0), {"d0": r, "d1": c},
+                    lambda x: x.astype(np.float64).sum(0), 4 * r * c + 4 * c, r * c, rtol=1e-4,
+                    atol=2e-6 * r, op="sum_cols")
+    if name == "softmax_vocab":
+        r, c = (64, 5000) if q else ((1000 if gpu else 256), 50257)
+        x = _rand(rng, (r, c))
+
+        def ref(x):
+            e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+            return e / e.sum(axis=1, keepdims=True)
+        return Case("softmax_vocab", f"{r}x{c}", r * c, [r, c], [x], (r, c),
+                    K.softmax(None if sym else r, None if sym else c), {"rows": r, "cols": c},
+                    ref, 2 * 4 * r * c, 5 * r * c, rtol=1e-4, atol=1e-7, op="softmax")
+    shapes = {"gemv8": (8, 4096, 4096), "matmul_sym": (4096, 4096, 4096) if gpu else (1024, 1024, 1024),
+              "matmul_odd": (4000, 3001, 1023) if gpu else (1000, 751, 333),
+              "mlp1": (256, 784, 512), "mlp2": (256, 512, 10)}
+    if name in shapes:
+        m, kd, n = (min(x, 256) for x in shapes[name]) if q else shapes[name]
+        a, b = _rand(rng, (m, kd)), _rand(rng, (kd, n))
+        static = not sym and name != "matmul_sym"
+        return Case(name, f"{m}x{kd}x{n}", m * kd * n, [m, kd, n], [a, b], (m, n),
+                    K.matmul(*((m, n, kd) if static else (None,) * 3)), {"M": m, "N": n, "K": kd},
+                    lambda a, b: a.astype(np.float64) @ b.astype(np.float64), 4 * (m * kd + kd * n + m * n),
+                    2 * m * n * kd, rtol=1e-3, atol=1e-3 * math.sqrt(kd), op="matmul")
+    raise ValueError(f"unknown kernel {name!r}; known: {', '.join(KNOWN)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +193,7 @@ def xp_ops(xp) -> dict[str, Callable]:
         "row_max": lambda x, o: xp.max(x, axis=1, out=o),
         "softmax": softmax,
         "matmul": lambda a, b, o: xp.matmul(a, b, out=o),
+        "sum_cols": lambda x, o: xp.sum(x, axis=0, out=o),
     }
 
 
@@ -163,6 +204,7 @@ def torch_ops(torch) -> dict[str, Callable]:
         "row_max": lambda x, o: torch.amax(x, dim=1, out=o),
         "softmax": lambda x, o: torch.softmax(x, dim=1),
         "matmul": lambda a, b, o: torch.matmul(a, b, out=o),
+        "sum_cols": lambda x, o: torch.sum(x, dim=0, out=o),
     }
 
 
@@ -218,8 +260,22 @@ def numba_ops() -> dict[str, Callable] | None:
                 o[r, j] *= inv
         return o
 
+    @njit(parallel=True, fastmath=True)
+    def sum_cols(x, o):
+        # columns split over the threads, rows in order: each thread streams its own column strip
+        n = x.shape[1]
+        strip = 256
+        for s in prange((n + strip - 1) // strip):
+            lo, hi = s * strip, min(n, s * strip + strip)
+            for j in range(lo, hi):
+                o[j] = 0
+            for r in range(x.shape[0]):
+                for j in range(lo, hi):
+                    o[j] += x[r, j]
+        return o
+
     # matmul: numba's np.dot calls the same BLAS as numpy, so it is no separate peer
-    _NUMBA = {"add": add, "sum": total, "row_max": row_max, "softmax": softmax}
+    _NUMBA = {"add": add, "sum": total, "row_max": row_max, "softmax": softmax, "sum_cols": sum_cols}
     return _NUMBA
 
 
@@ -227,7 +283,7 @@ def cpu_peers(case: Case, use_numba: bool) -> dict[str, tuple[Callable, Callable
     out_np = np.empty(case.out_shape, np.float32)
     ins = case.inputs
     peers: dict[str, tuple[Callable, Callable]] = {}
-    f = xp_ops(np)[case.name]
+    f = xp_ops(np)[case.peer_op]
     holder: dict[str, Any] = {}
 
     def run_np():
@@ -235,8 +291,8 @@ def cpu_peers(case: Case, use_numba: bool) -> dict[str, tuple[Callable, Callable
 
     peers["numpy"] = (run_np, lambda: holder.get("np"))
     nb = numba_ops() if use_numba else None
-    if nb and case.name in nb:
-        g = nb[case.name]
+    if nb and case.peer_op in nb:
+        g = nb[case.peer_op]
         out_nb = np.empty(case.out_shape, np.float32)
 
         def run_nb():
@@ -254,13 +310,13 @@ def gpu_peers(case: Case, libs: dict[str, Any]) -> dict[str, tuple[Callable, Cal
             cp = lib
             ins = [cp.asarray(x) for x in case.inputs]
             out = cp.empty(case.out_shape, cp.float32)
-            f = xp_ops(cp)[case.name]
+            f = xp_ops(cp)[case.peer_op]
             tonp = cp.asnumpy
         else:
             torch = lib
             ins = [torch.from_numpy(x).cuda() for x in case.inputs]
             out = torch.empty(case.out_shape, dtype=torch.float32, device="cuda")
-            f = torch_ops(torch)[case.name]
+            f = torch_ops(torch)[case.peer_op]
             tonp = lambda t: t.detach().cpu().numpy()   # noqa: E731
 
         def run(f=f, ins=ins, out=out, timer=timer, holder=holder):
@@ -322,10 +378,11 @@ def memcpy_bandwidth(dev, nbytes: int, args, libs: dict[str, Any]) -> tuple[floa
 # runs
 
 
-def run_case(case: Case, dev, args, res: H.Results, ceiling: float, libs, bar: H.Progress) -> None:
+def run_case(case: Case, dev, args, res: H.Results, ceiling: float, libs, bar: H.Progress) -> float:
+    """Ours (the default schedule; with --beam also the searched one) and every peer; returns our time."""
     gpu = H.is_gpu(dev)
     targets = GPU_TARGETS if gpu else CPU_TARGETS
-    common = {"label": case.label, "shape": case.shape, "symbolic": args.symbolic}
+    common = {"label": case.label, "shape": case.shape, "symbolic": args.symbolic or case.name == "matmul_sym"}
 
     bar.step(f"{case.name} {case.label}: ours")
     ours = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
@@ -333,12 +390,26 @@ def run_case(case: Case, dev, args, res: H.Results, ceiling: float, libs, bar: H
     # timed before the reference: numpy's matmul reference leaves OpenBLAS threads spinning for a
     # while, which took one of the two cores from ours (1024^3 measured 14 ms instead of 7.8)
     t_ours = H.measure(ours, args.warmup, args.repeats)
+    common["schedule"] = str(dev.renderer.render(case.ast, "schedule").linear.schedule)   # the default's
     want = case.reference(*case.inputs)
     H.check_close(f"{case.name} {case.label} (ours)", ours.result(), want, case.rtol, case.atol)
     bar.advance()
-    gbs = case.nbytes / t_ours / 1e9
-    flops = case.flops / t_ours / 1e9 if case.flops else None
     ours.free()
+    timed = {case.name: (t_ours, common)}
+    if args.beam:
+        from morok_py import cache
+        bar.step(f"{case.name} {case.label}: search (beam {args.beam})")
+        found = cache.beam_search(dev, case.ast, f"bench_{case.name}", beam=args.beam, values=case.vals,
+                                  seconds=args.beam_seconds)
+        cache.clear_memory_caches()
+        ours = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
+        ours()
+        t_beam = H.measure(ours, args.warmup, args.repeats)
+        H.check_close(f"{case.name} {case.label} (ours, searched)", ours.result(), want, case.rtol, case.atol)
+        ours.free()
+        timed[case.name + "+beam"] = (t_beam, dict(common, schedule=str(found.schedule),
+                                                   candidates_timed=len(found.times)))
+        bar.advance()
 
     peers = gpu_peers(case, libs) if gpu else cpu_peers(case, not args.no_numba)
     for pname, (run, result) in peers.items():
@@ -347,18 +418,24 @@ def run_case(case: Case, dev, args, res: H.Results, ceiling: float, libs, bar: H
         H.check_close(f"{case.name} {case.label} ({pname})", result(), want, case.rtol, case.atol)
         t = H.measure(run, args.warmup, args.repeats)
         bar.advance()
-        res.add(case.name, case.size, "s", t_ours, pname, t, gb_s=gbs, peer_gb_s=case.nbytes / t / 1e9,
-                gflop_s=flops, peer_gflop_s=case.flops / t / 1e9 if case.flops else None,
-                target=targets.get((case.name, pname)), **common)
+        for label, (t_mine, extra) in timed.items():
+            res.add(label, case.size, "s", t_mine, pname, t, gb_s=case.nbytes / t_mine / 1e9,
+                    peer_gb_s=case.nbytes / t / 1e9,
+                    gflop_s=case.flops / t_mine / 1e9 if case.flops else None,
+                    peer_gflop_s=case.flops / t / 1e9 if case.flops else None,
+                    target=targets.get((case.name, pname)), **extra)
     had_peers = bool(peers)
     del peers
     if gpu:
         free_gpu_peers(libs)
-    if case.name != "matmul":
-        res.add(case.name, case.size, "GB/s", gbs, "memcpy", ceiling / 1e9, higher_is_better=True,
-                target=targets.get((case.name, "memcpy")), bytes=case.nbytes, **common)
-    elif not had_peers:
-        res.add(case.name, case.size, "s", t_ours, None, None, gflop_s=flops, **common)
+    for label, (t_mine, extra) in timed.items():
+        if case.peer_op != "matmul":
+            res.add(label, case.size, "GB/s", case.nbytes / t_mine / 1e9, "memcpy", ceiling / 1e9,
+                    higher_is_better=True, target=targets.get((case.name, "memcpy")), bytes=case.nbytes, **extra)
+        elif not had_peers:
+            res.add(label, case.size, "s", t_mine, None, None,
+                    gflop_s=case.flops / t_mine / 1e9 if case.flops else None, **extra)
+    return t_ours
 
 
 def sweep(dev, args, res: H.Results, libs, bar: H.Progress, sizes: list[int], rng) -> None:
@@ -482,7 +559,11 @@ def chart(res: H.Results, dev) -> Callable[[Path], None]:
 
 def main() -> None:
     p = H.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    p.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(KNOWN)}")
+    p.add_argument("--suite", action="store_true", help=f"issue 12's general suite: {','.join(SUITE)}")
+    p.add_argument("--beam", type=int, default=0, help="also search N candidate schedules per kernel (MOROK_BEAM) "
+                   "and time the winner")
+    p.add_argument("--beam-seconds", type=float, default=60.0, help="time budget of one search")
     p.add_argument("--n", type=int, default=0, help="elements for add and sum (default 64M CPU, 256M GPU)")
     p.add_argument("--no-sweep", action="store_true", help="skip the add size sweep")
     p.add_argument("--sweep-max", type=int, default=0, help="largest sweep size in elements (default 256M = 1 GiB)")
@@ -499,10 +580,10 @@ def main() -> None:
     libs = H.gpu_peer_libs(dev)
     if gpu and not libs:
         H.note("neither cupy nor torch is usable: only the memcpy ceiling (the backend's transfer) is compared")
-    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    names = list(SUITE) if args.suite else [n.strip() for n in args.only.split(",") if n.strip()]
     for n in names:
-        if n not in ALL:
-            raise SystemExit(f"unknown kernel {n!r}; known: {', '.join(ALL)}")
+        if n not in KNOWN:
+            raise SystemExit(f"unknown kernel {n!r}; known: {', '.join(KNOWN)}")
     res = H.Results("kernels", dev, args)
     rng = np.random.default_rng(0)
     mach = H.machine(dev)
@@ -514,7 +595,7 @@ def main() -> None:
     top = args.sweep_max or ((1 << 20) if args.quick else (256 << 20))
     sizes = [1 << k for k in range(10, 64, 2) if (1 << k) <= top]
     npeers = len(libs) if gpu else 1 + (nb is not None)          # peers besides memcpy
-    steps = len(names) * (1 + npeers) + (0 if args.no_sweep else len(sizes) * (2 + npeers))
+    steps = len(names) * (1 + npeers + bool(args.beam)) + (0 if args.no_sweep else len(sizes) * (2 + npeers))
     bar = H.Progress(steps, "kernels")
 
     bar.step("memcpy ceiling")
@@ -522,11 +603,16 @@ def main() -> None:
     ceiling, who = memcpy_bandwidth(dev, ceil_bytes, args, libs)
     mach["memcpy_ceiling"] = {"gb_s": ceiling / 1e9, "bytes": ceil_bytes, "by": who}
 
+    ours_times: dict[str, float] = {}
     for name in names:
         case = make_case(name, args, gpu, rng)
-        run_case(case, dev, args, res, ceiling, libs, bar)
+        ours_times[name] = run_case(case, dev, args, res, ceiling, libs, bar)
         del case
         gc.collect()
+    if "matmul" in ours_times and "matmul_sym" in ours_times and not args.symbolic:
+        # the same shape with symbolic sizes against static ones (ratio = static / symbolic time)
+        res.add("matmul_sym_vs_static", 0, "s", ours_times["matmul_sym"], "static", ours_times["matmul"],
+                target=SYMBOLIC_TARGET)
     if not args.no_sweep:
         sweep(dev, args, res, libs, bar, sizes, rng)
     bar.close()

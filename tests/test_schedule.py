@@ -211,3 +211,41 @@ def test_split_reductions_compile_for_sm90(kernel, key):
     spec = r.render(kernel(), "split")
     assert spec.linear.schedule.split > 1
     assert c.compile(spec).payload
+
+
+# -- on a device (the CPU here; CUDA/ROCm where present) -------------------------------------------------
+
+@pytest.mark.parametrize("rows,cols", [(8192, 37), (1001, 3000), (3, 5)])
+def test_column_sum_on_the_device(device, rng, rows, cols):
+    x = random_array(rng, (rows, cols), np.float32)
+    out = device.empty(cols, dtypes.float32)
+    device.compile(K.reduce_axis("sum", [None, None], 0))(device.buf(x), out, d0=rows, d1=cols)
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64).sum(0), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("B,Kd,N", [(8, 4096, 4096), (3, 1001, 77)])
+def test_small_batch_gemv_on_the_device(device, rng, B, Kd, N):
+    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    out = device.empty(B * N, dtypes.float32)
+    device.compile(K.matmul(B, N, Kd))(device.buf(a), device.buf(w), out)
+    np.testing.assert_allclose(out.numpy().reshape(B, N), a.astype(np.float64) @ w, rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("kernel", ["sum_cols", "softmax", "matmul"])
+def test_search_on_the_device_keeps_outputs_right(device, rng, tmp_path, monkeypatch, kernel):
+    """A short search per kernel: the stored winner gives numpy's answer on odd sizes."""
+    from morok_py import cache
+    monkeypatch.setenv("MOROK_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.delenv("MOROK_CACHE", raising=False)
+    ast, ins, n_out, want, values = _cases(rng)[kernel]
+    res = cache.beam_search(device.dev, ast, "searched", beam=6, values=values, compiler=device.compiler,
+                            seconds=30)
+    assert str(res.schedule) in res.times and not [w for w in res.rejected.values() if "differ" in w]
+    cache.clear_memory_caches()
+    hits = cache.stats.schedule_hits
+    prog = device.compile(ast, "searched")
+    assert cache.stats.schedule_hits == hits + 1
+    out = device.empty(n_out, dtypes.float32)
+    prog(*[device.buf(i) for i in ins], out, **(values or {}))
+    got = out.numpy()
+    np.testing.assert_allclose(got.reshape(np.shape(want)) if np.ndim(want) else got[0], want, rtol=2e-5, atol=2e-5)
