@@ -818,20 +818,24 @@ def _narrow_cast(x: UOp, dt: DType, saturate: bool, round_mode: str) -> UOp:
         if dt.name == "float8_e8m0fnu":            # ONNX defines it on the float32 bits
             return _encode_e8m0(x.cast(dtypes.float32), saturate, round_mode)
         wide = src == dtypes.float64 or (src.is_int and src.itemsize >= 4)
-        return _encode_float(x.cast(dtypes.float64 if wide else dtypes.float32), dt, saturate)
+        # a NaN's sign from the source's own bits: GPUs' half -> float conversion makes NaNs canonical
+        sign = (x.bitcast(dtypes.uint16) >> 15).cast(dtypes.int32) if src.is_float and src.itemsize == 2 else None
+        return _encode_float(x.cast(dtypes.float64 if wide else dtypes.float32), dt, saturate, sign)
     # narrow integers: C semantics, the value's low bits
     v = x if src.is_int else x.cast(dtypes.int32)
     return (v & ((1 << dt.narrow) - 1)).cast(dtypes.uint8).bitcast(dt)
 
 
-def _encode_float(x: UOp, dt: DType, saturate: bool) -> UOp:
-    """float32/float64 -> the narrow float `dt`, rounded to nearest even (see UOp.cast)."""
+def _encode_float(x: UOp, dt: DType, saturate: bool, sign: UOp | None = None) -> UOp:
+    """float32/float64 -> the narrow float `dt`, rounded to nearest even (see UOp.cast); `sign`
+    (0/1, int32) overrides x's sign bit."""
     f = FLOAT_FORMATS[dt.name]
     wide = x.dtype == dtypes.float64
     ut, it = (dtypes.uint64, dtypes.int64) if wide else (dtypes.uint32, dtypes.int32)
     w, ms, bs = (64, 52, 1023) if wide else (32, 23, 127)
     u = x.bitcast(ut)
-    sign = (u >> (w - 1)).cast(dtypes.int32)
+    if sign is None:
+        sign = (u >> (w - 1)).cast(dtypes.int32)
     a = u & ((1 << (w - 1)) - 1)
     inf_bits = ((1 << (w - 1 - ms)) - 1) << ms
     is_nan, is_inf = a > inf_bits, a == inf_bits

@@ -1,0 +1,19 @@
+# Sourced by the GPU scripts: install the carried wheels (.whl: llvmlite >= 0.50, pyelftools) that the
+# GPU image lacks, set PYTHONPATH, and write the machine's description to $OUT/env.txt.
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD || { echo "wheel install failed"; exit 1; }
+else
+  export PYTHONPATH=$PWD
+fi
+{
+  date -u; nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv
+  lscpu | grep -E "Model name|^CPU\(s\)"; grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo "no avx512f"
+  python3 -c "import sys, llvmlite, numpy; print(sys.version); print('llvmlite', llvmlite.__version__, 'numpy', numpy.__version__)"
+  python3 -c "import onnx, onnxruntime as o; print('onnx', onnx.__version__, 'onnxruntime', o.__version__, o.get_available_providers())"
+  python3 -c "from morok_py import Device; d = Device['CUDA']; print(d, d.info())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
