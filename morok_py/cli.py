@@ -264,10 +264,11 @@ def compile_only_pairs(device: str, arch: str | None) -> list:
     """(renderer, compiler) pairs for `device` and `arch` that need no hardware."""
     spec = DeviceSpec.parse(device)
     if spec.type == "CPU":
-        from .backends.cpu.compiler import CPUCompiler, llvm
+        from .backends.cpu.compiler import CPUCompiler, llvm, mlir_pair
         from .backends.cpu.renderer import CPURenderer
         compiler = CPUCompiler(arch)      # the register tile follows the target's features, not the host's
-        return [(CPURenderer(spec, llvm().get_process_triple(), compiler.renderer_features), compiler)]
+        return [(CPURenderer(spec, llvm().get_process_triple(), compiler.renderer_features), compiler),
+                mlir_pair(spec, compiler)]
     import importlib
     try:
         mod = importlib.import_module(f"morok_py.backends.{spec.type.lower()}.device")

@@ -61,6 +61,9 @@ PAIRS = [
     pytest.param(("CUDA", "llvm-nvptx"), id="CUDA-llvm-nvptx", marks=pytest.mark.cuda),
     pytest.param(("ROCM", "llvm-amdgpu"), id="ROCM-llvm-amdgpu", marks=pytest.mark.rocm),
     pytest.param(("ROCM", "hiprtc"), id="ROCM-hiprtc", marks=pytest.mark.rocm),
+    pytest.param(("CPU", "mlir"), id="CPU-mlir"),
+    pytest.param(("CUDA", "mlir"), id="CUDA-mlir", marks=pytest.mark.cuda),
+    pytest.param(("ROCM", "mlir"), id="ROCM-mlir", marks=pytest.mark.rocm),
 ]
 
 
@@ -80,6 +83,8 @@ def open_target(kind: str, compiler: str) -> Target:
         pytest.skip(str(e))
     why = comp.available()
     if why is not None:
+        if compiler in os.environ.get("MOROK_TEST_REQUIRE", "").split(","):   # CI installed it: fail, not skip
+            pytest.fail(f"MOROK_TEST_REQUIRE names {compiler} but {kind} compiler {compiler} is unavailable: {why}")
         pytest.skip(f"{kind} compiler {compiler} is unavailable: {why}")
     return Target(dev, compiler)
 

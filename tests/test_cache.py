@@ -708,7 +708,7 @@ def test_cuda_cache_identities_load_no_library():
     if locate_library("nvrtc") is None or locate_library("nvJitLink") is None:
         pytest.skip("NVRTC / nvJitLink are not in the pip wheels here: their identity loads them")
     got = _identities_in_a_fresh_process("cuda", "sm_90")
-    assert set(got["idents"]) == {"nvrtc", "llvm-nvptx"}
+    assert set(got["idents"]) == {"nvrtc", "llvm-nvptx", "mlir"}   # mlir: its libraries by file, not imported
     assert not got["llvm_binding"] and got["libs"] == []
     assert "libnvrtc" in got["idents"]["nvrtc"] and "sm_90" in got["idents"]["nvrtc"]
     assert "libnvJitLink" in got["idents"]["llvm-nvptx"] and "libllvmlite" in got["idents"]["llvm-nvptx"]
@@ -846,6 +846,6 @@ def test_a_cuda_hit_in_a_fresh_process_loads_neither_nvrtc_nor_llvm(cache_dir):
     got, cold = populate_then_run_child(
         lambda: {c.cache_key: cache.compile_ast(r, c, K.named("softmax"), "cuda_hit").bytes for r, c in pairs},
         pairs, CUDA_HIT_CHILD, str(ROOT))
-    assert (got["renders"], got["compiles"], got["ast_hits"]) == (0, 0, 2), got["log"]
+    assert (got["renders"], got["compiles"], got["ast_hits"]) == (0, 0, len(pairs)), got["log"]
     assert got["libs"] == [] and not got["llvm_binding"]
     assert {k: bytes.fromhex(v) for k, v in got["bytes"].items()} == cold

@@ -349,7 +349,7 @@ def test_morok_compile_cli_needs_no_rocm(tmp_path):
 
 def hip_pair(arch):
     pairs = compile_only_pairs(arch)
-    assert [c.cache_key for _, c in pairs] == ["llvm-amdgpu", "hiprtc"]
+    assert [c.cache_key for _, c in pairs] == ["llvm-amdgpu", "hiprtc", "mlir"]
     return pairs[1]
 
 
@@ -435,3 +435,41 @@ def test_hiprtc_identity_names_the_library_and_arch():
     _, c = usable_hip_pair("gfx1030")
     ident = c.identity()
     assert ident.startswith("hiprtc-") and "gfx1030" in ident and "comgr" in ident
+
+
+# ---- pair 3: MLIR (gpu + rocdl) -> LLVM IR -> llvmlite -> ld.lld -----------------------------------
+
+def usable_mlir_pair(arch):
+    """The MLIR pair, or a skip with the reason (a failure where MOROK_TEST_REQUIRE names mlir)."""
+    r, c = compile_only_pairs(arch)[2]
+    assert c.cache_key == "mlir"
+    why = c.available()
+    if why is not None:
+        if "mlir" in os.environ.get("MOROK_TEST_REQUIRE", "").split(",") and _NO_LLD is None:
+            pytest.fail(f"MOROK_TEST_REQUIRE names mlir but it is unavailable: {why}")
+        pytest.skip(f"the MLIR pair is unavailable: {why}")
+    return r, c
+
+
+@pytest.mark.parametrize("kernel", list(K.NAMED))
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_mlir_code_object_is_a_valid_hsaco(arch, kernel):
+    r, c = usable_mlir_pair(arch)
+    spec = r.render(K.named(kernel), name=kernel)
+    assert f'#rocdl.target<chip = "{arch}">' in spec.src
+    out = c.compile(spec)
+    assert out.arch == arch and out.compiler == "mlir"
+    check_hsaco(spec, out.bytes, arch, kernel, ARCHS[arch], abi_version=3)
+    check_code_object(kernel, out.bytes, arch, "ROCM:0")
+
+
+def test_mlir_pair_links_the_double_helpers():
+    """sin/exp2/log2 on float64 have no AMDGPU instruction: the MLIR kernel calls the LLVM printer's
+    IR helpers, defined after translation (LLVM would abort the process on an unresolved one)."""
+    r, c = usable_mlir_pair("gfx90a")
+    for fn in ("sin", "exp2", "log2"):
+        spec = r.render(K.unary(fn, dtype=dtypes.float64), name=fn)
+        assert "llvm.call @__morok_" in spec.src
+        ir = c.llvm_ir(spec)
+        assert "define internal double @__morok_" in ir and "declare double @__morok_" not in ir
+        assert C.code_object_header(c.compile(spec).bytes)["arch"] == "gfx90a"

@@ -6,13 +6,14 @@ import functools
 import re
 import threading
 
-from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.codegen.mlir_binding import MLIRLowering
 from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError
 
 from .features import feature_string, target_features
-from .renderer import STREAM_SUFFIX
+from .renderer import STREAM_SUFFIX, MLIRCPURenderer
 
 # bumped when the object code for the same source changes (part of the disk-cache identity)
 CODEGEN_REVISION = "nt1"
@@ -124,3 +125,48 @@ def mark_streaming_stores(ir: str, fn: str) -> tuple[str, int]:
     if marked:
         lines.append(f"!{md} = !{{i32 1}}")
     return "\n".join(lines), marked
+
+
+# ---- MLIR: PassManager to the LLVM dialect, then the LLVM pair's back half ---------------------
+
+# what lowers the CPU printer's dialects to the LLVM dialect; memref arguments become bare pointers
+CPU_MLIR_PIPELINE = ("builtin.module(convert-scf-to-cf, convert-vector-to-llvm, convert-math-to-llvm, "
+                     "convert-arith-to-llvm, finalize-memref-to-llvm, "
+                     "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1}, convert-cf-to-llvm, "
+                     "reconcile-unrealized-casts)")
+
+
+class MLIRCPUCompiler(Compiler):
+    """MLIR -> (PassManager) LLVM dialect -> LLVM IR -> the llvm pair's O3 and object emission, for
+    the same target machine: the MLIR pair differs in the front half only, and its objects load
+    like the llvm pair's."""
+
+    cache_key = "mlir"
+
+    def __init__(self, backend: CPUCompiler) -> None:
+        self.backend = backend
+        self.arch = backend.arch
+        self._lowering = MLIRLowering("CPU", CPU_MLIR_PIPELINE)
+
+    def available(self) -> str | None:
+        return self._lowering.available()
+
+    def identity(self) -> str:
+        return f"{self._lowering.identity()}/{self.backend.identity()}"
+
+    def llvm_ir(self, spec: ProgramSpec) -> str:
+        """The kernel as LLVM IR, after the MLIR pipeline and translation (before LLVM's O3)."""
+        return self._lowering.llvm_ir(spec)
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        ir = self.llvm_ir(spec)
+        with self.backend._lock:
+            mod = self.backend.optimize_ir(ir, spec.name, spec.symbol)
+            obj = self.backend.target_machine.emit_object(mod)
+        return CompiledSpec.from_bytes(spec, obj, arch=self.arch, compiler=self.cache_key)
+
+
+def mlir_pair(spec: DeviceSpec, compiler: CPUCompiler) -> tuple[MLIRCPURenderer, MLIRCPUCompiler]:
+    """The MLIR pair beside the llvm pair's `compiler` (its target machine and features); its
+    `available()` says whether the `mlir` extra is installed."""
+    return MLIRCPURenderer(spec, compiler.triple, compiler.renderer_features), MLIRCPUCompiler(compiler)

@@ -6,7 +6,7 @@ from morok_py.device import CompiledSpec, DeviceSpec
 from morok_py.launch import Device
 
 from .allocator import HostAllocator
-from .compiler import CPUCompiler, host_cpu, llvm
+from .compiler import CPUCompiler, host_cpu, llvm, mlir_pair
 from .renderer import CPURenderer
 from .runtime import CPUProgram
 
@@ -19,7 +19,8 @@ class CPUDevice(Device):
         host, _ = host_cpu()
         self._tm = compiler.target_machine if compiler.arch == host else CPUCompiler(None).target_machine
         renderer = CPURenderer(spec, llvm().get_process_triple(), compiler.renderer_features)
-        super().__init__(spec, HostAllocator(str(spec)), [(renderer, compiler)], self._load, arch=host)
+        pairs = [(renderer, compiler), mlir_pair(spec, compiler)]
+        super().__init__(spec, HostAllocator(str(spec)), pairs, self._load, arch=host)
 
     def _load(self, compiled: CompiledSpec) -> CPUProgram:
         # an MCJIT engine takes ownership of its TargetMachine and destroys it when collected, so each
@@ -29,7 +30,9 @@ class CPUDevice(Device):
     def info(self) -> dict:
         import os
         return {"arch": self.arch, "name": cpu_model(), "cores": os.cpu_count(),
-                "threads": config.cpu_threads(), "compilers": [c.cache_key for _, c in self.compilers]}
+                "threads": config.cpu_threads(),
+                "compilers": [c.cache_key + ("" if c.available() is None else f" (unavailable: {c.available()})")
+                              for _, c in self.compilers]}
 
 
 def _host_target_machine():

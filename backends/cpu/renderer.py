@@ -92,3 +92,12 @@ class CPURenderer(Renderer):
         p = CPULLVMPrinter(kernel)
         p.triple = self.triple
         return p.render()
+
+
+class MLIRCPURenderer(CPURenderer):
+    """MLIR (func/scf/arith/math/memref/vector) for the MLIR pair; the same lowering and register
+    tile as the LLVM IR renderer, only the printer differs."""
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        from morok_py.codegen.mlir import MLIRPrinter
+        return MLIRPrinter(kernel).render()

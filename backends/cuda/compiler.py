@@ -14,10 +14,14 @@ import re
 import threading
 
 from morok_py.cache import file_identity, llvmlite_identity, remembered_path
-from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.codegen.mlir import link_llvm_helpers
+from morok_py.codegen.mlir_binding import MLIRLowering
 from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError, DeviceUnavailableError
+
+from .renderer import MLIRNVVMRenderer
 
 INSTALL = "pip install morok-py[cuda]"
 _ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d)(\d{1,2})([af]?)$")
@@ -313,3 +317,51 @@ def _jitlink_log(nvjitlink, handle) -> str:
         return log.rstrip(b"\0").decode(errors="replace")
     except Exception:
         return ""
+
+
+# ---- MLIR (gpu + nvvm) -> LLVM IR -> the llvm-nvptx pair's PTX and nvJitLink -------------------
+
+def mlir_pipeline(index_bits: int = 64) -> str:
+    """The gpu.module lowered to the LLVM and NVVM dialects; memref arguments become bare pointers."""
+    return ("builtin.module(gpu.module(convert-scf-to-cf, "
+            f"convert-gpu-to-nvvm{{use-bare-ptr-memref-call-conv=1 index-bitwidth={index_bits}}}), "
+            "reconcile-unrealized-casts)")
+
+
+class MLIRCUDACompiler(Compiler):
+    """MLIR (gpu + nvvm) -> (PassManager) LLVM/NVVM dialects -> LLVM IR -> PTX (llvmlite, O3) ->
+    CUBIN (nvJitLink): the llvm-nvptx pair's back half behind MLIR's GPU lowering."""
+
+    cache_key = "mlir"
+
+    def __init__(self, arch: str, opt: int = 3) -> None:
+        self.backend = NVPTXCompiler(arch, opt)
+        self.arch = self.backend.arch
+        self._lowering = MLIRLowering("CUDA", mlir_pipeline(), gpu=True)
+
+    def available(self) -> str | None:
+        return self._lowering.available() or self.backend.available()
+
+    def identity(self) -> str:
+        return f"{self._lowering.identity()}/{self.backend.identity()}"
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key, told by files: a hit neither imports MLIR nor
+        initializes LLVM."""
+        return f"{self._lowering.identity()}/{self.backend.cache_identity()}"
+
+    def llvm_ir(self, spec: ProgramSpec) -> str:
+        return link_llvm_helpers(self._lowering.llvm_ir(spec), "nvptx64-nvidia-cuda")
+
+    def ptx(self, spec: ProgramSpec) -> str:
+        import dataclasses
+        return self.backend.ptx(dataclasses.replace(spec, src=self.llvm_ir(spec)))
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        cubin = self.backend.link(self.ptx(spec), spec.name, spec.src)
+        return CompiledSpec.from_bytes(spec, cubin, arch=self.arch, compiler=self.cache_key)
+
+
+def mlir_pair(spec: DeviceSpec, arch: str) -> tuple[MLIRNVVMRenderer, MLIRCUDACompiler]:
+    """The MLIR pair for `arch`; its `available()` says whether the `mlir` extra is installed."""
+    return MLIRNVVMRenderer(spec, arch), MLIRCUDACompiler(arch)

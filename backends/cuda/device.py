@@ -17,7 +17,7 @@ from morok_py.device import Allocator, CompiledSpec, Compiler, DeviceSpec, Rende
 from morok_py.launch import Device
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
-from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, normalize_arch
+from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, mlir_pair, normalize_arch
 from .renderer import CUDARenderer, NVPTXRenderer
 
 
@@ -27,7 +27,8 @@ def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[t
     driver: [(CUDA C, NVRTC), (NVPTX LLVM IR, llvmlite + nvJitLink)], both producing CUBIN."""
     a = normalize_arch(arch)
     spec = DeviceSpec.parse(device)
-    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a))]
+    return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a)),
+            mlir_pair(spec, a)]
 
 
 def driver_missing() -> str | None:

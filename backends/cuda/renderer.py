@@ -143,3 +143,42 @@ class NVPTXRenderer(Renderer):
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return NVPTXPrinter(kernel).render()
+
+
+# ---- MLIR (gpu + nvvm) -------------------------------------------------------------------------
+
+from morok_py.codegen.mlir import MLIRGPUPrinter  # noqa: E402
+
+
+class MLIRNVVMPrinter(MLIRGPUPrinter):
+    """A gpu.module for `#nvvm.target`; math as the NVPTX LLVM printer does it (no libdevice)."""
+
+    def __init__(self, kernel: LinearKernel, arch: str) -> None:
+        super().__init__(kernel)
+        self.target = f'#nvvm.target<chip = "{arch}">'
+
+    def unary_float(self, op: Ops, t: str, a: str, r: str) -> None:
+        if t == "f64" and op in (Ops.SIN, Ops.EXP2, Ops.LOG2):
+            return self.f64_helper(op, a, r)
+        if t == "f32" and op is Ops.LOG2:
+            # llvm.log2.f32 has no NVPTX lowering; lg2.approx is within 2^-22 absolute
+            return self.emit(f'{r} = llvm.call_intrinsic "llvm.nvvm.lg2.approx.f"({a}) : (f32) -> f32')
+        if t == "f32" and op is Ops.SIN:
+            # sin.approx loses accuracy outside [-pi, pi]: the double helper, rounded once
+            self.emit(f"{r}.d = arith.extf {a} : f32 to f64")
+            self.f64_helper(op, f"{r}.d", f"{r}.r")
+            return self.emit(f"{r} = arith.truncf {r}.r : f64 to f32")
+        super().unary_float(op, t, a, r)
+
+
+class MLIRNVVMRenderer(Renderer):
+    """MLIR (gpu dialect, NVVM target) for the MLIR pair."""
+
+    caps = CUDA_CAPS
+
+    def __init__(self, device: DeviceSpec, arch: str = "sm_90") -> None:
+        super().__init__(device)
+        self.arch = arch
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        return MLIRNVVMPrinter(kernel, self.arch).render()

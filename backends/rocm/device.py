@@ -17,7 +17,7 @@ from morok_py.launch import Device
 from morok_py.errors import DeviceUnavailableError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 
-from .compiler import AMDGPUCompiler, check_arch
+from .compiler import AMDGPUCompiler, check_arch, mlir_pair
 from .renderer import AMDGPURenderer, parse_arch, wave_size
 from .runtime import HIPProgram, check, hip_module
 
@@ -35,6 +35,7 @@ def compile_only_pairs(arch: str, device: DeviceSpec | None = None) -> list[tupl
     hip_pair = _hip_pair(spec, arch)
     if hip_pair is not None:
         pairs.append(hip_pair)
+    pairs.append(mlir_pair(spec, arch))
     return pairs
 
 

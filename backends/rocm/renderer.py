@@ -172,3 +172,38 @@ class HIPRenderer(Renderer):
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return HIPCPrinter(kernel).render()
+
+
+# ---- MLIR (gpu + rocdl) ------------------------------------------------------------------------
+
+from morok_py.codegen.mlir import MLIRGPUPrinter  # noqa: E402
+
+
+class MLIRROCDLPrinter(MLIRGPUPrinter):
+    """A gpu.module for `#rocdl.target`, code object v5 like the LLVM printer; double sin/exp2/log2
+    through the same IR helpers (AMDGPU has neither instructions nor a libm for them)."""
+
+    sync_scope = "agent"   # the device: fences of a grid reduction
+
+    def __init__(self, kernel: LinearKernel, arch: str) -> None:
+        super().__init__(kernel)
+        self.target = f'#rocdl.target<chip = "{arch}">'
+        self.module_ops.append('llvm.module_flags [#llvm.mlir.module_flag<error, "amdhsa_code_object_version", '
+                               f'{CODE_OBJECT_VERSION} : i32>]')
+
+    def unary_float(self, op: Ops, t: str, a: str, r: str) -> None:
+        if t == "f64" and op in F64_HELPERS:
+            return self.f64_helper(op, a, r)
+        super().unary_float(op, t, a, r)
+
+
+class MLIRROCDLRenderer(Renderer):
+    """MLIR (gpu dialect, ROCDL target) for the MLIR pair; the arch sets the wave size."""
+
+    def __init__(self, device: DeviceSpec, arch: str) -> None:
+        super().__init__(device)
+        self.arch = parse_arch(arch)[0]
+        self.caps = capabilities(self.arch)
+
+    def render_kernel(self, kernel: LinearKernel) -> str:
+        return MLIRROCDLPrinter(kernel, self.arch).render()
