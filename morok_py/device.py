@@ -14,7 +14,7 @@ from .codegen.linear import LinearKernel
 from .codegen.lower import Capabilities, LaunchInfo, Variable, lower
 from .codegen.symbols import check_kernel_name, symbol_for
 from .dtypes import DType
-from .errors import DeviceUnavailableError, OutOfMemoryError
+from .errors import DeviceError, DeviceUnavailableError, OutOfMemoryError
 from .ir import UOp
 
 if TYPE_CHECKING:
@@ -224,8 +224,15 @@ class Program(abc.ABC):
     def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
                 local_size: Sequence[int]) -> Callable[[], Any]:
         """A callable that repeats exactly this launch (not waiting), for a caller that replays one
-        checked launch many times; runtimes override it to bind their arguments once."""
+        checked launch many times; runtimes override it to bind their arguments once. It returns
+        None, or a tuple whose first item is a driver status, nonzero when the launch failed: then
+        the caller hands both to `prepared_failed`."""
         return functools.partial(self.execute, list(buffers), list(vals), tuple(global_size), tuple(local_size))
+
+    def prepared_failed(self, result: tuple, launch: Callable[[], Any]) -> None:
+        """A prepared launch returned a nonzero status: raise it as a DeviceError (runtimes may first
+        retry, e.g. after making their context current)."""
+        raise DeviceError(f"{self.name} launch", int(result[0]), getattr(result[0], "name", str(result[0])))
 
 
 class Allocator(abc.ABC):

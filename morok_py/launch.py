@@ -60,33 +60,40 @@ def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tu
 class Program(contracts.Program):
     """A loaded kernel with the checked call. `prog(*buffers, **vars)` checks every argument before
     the launch; a call with the same Buffer objects and the same int values as one that passed skips
-    the checks and replays the launch the runtime prepared for it. A Buffer's device, dtype and size
-    never change and its memory only goes when it is freed or collected, which drops every remembered
-    launch that used it."""
+    the checks and replays the launch the runtime prepared for it (`Program.prepare`).
+
+    What a repeat re-checks is what can change: which buffers (their tuple's hash, made of their
+    identities), the values and their types (True and 16.0 equal 1 and 16). A Buffer's device, dtype
+    and size never change and its memory goes only when it is freed or collected, which drops every
+    remembered launch that used it. Two different tuples of live buffers with one 64-bit hash would
+    replay the other tuple's launch: buffers that passed every check, so even then nothing unchecked
+    reaches the device. MOROK_VALIDATE_WITH_CPU is read when a launch is checked: with it set,
+    launches on a non-CPU device are not remembered (each is checked and validated)."""
 
     _CHECKED_MAX = 64
 
     def __init__(self, device: contracts.Device, compiled: contracts.CompiledSpec) -> None:
         super().__init__(device, compiled)
-        # a passed check, by (buffer ids, values, value types): the prepared launch, weak references to
-        # the buffers, then check_launch's result; created on the first call
-        self._checked: dict[tuple, tuple] | None = None
+        # a passed check, by hash(buffers) (and the values and their types, if any): the prepared launch,
+        # weak references to the buffers, then check_launch's result; created on the first call
+        self._checked: dict[Any, tuple] | None = None
         self._on_cpu = device.spec.type == "CPU"     # validation with the CPU applies elsewhere only
 
     def __call__(self, *buffers: Buffer, wait: bool = False, **values: int) -> float | None:
         checked = self._checked
         if checked is not None:
             try:
-                # value types are part of the key: True and 16.0 equal and hash like 1 and 16
-                hit = checked.get((*map(id, buffers), *values.items(), *map(type, values.values())))
-            except TypeError:       # an unhashable value: the full check reports it
+                hit = checked.get((hash(buffers), *values.items(), *map(type, values.values()))
+                                  if values else hash(buffers))
+            except TypeError:       # an unhashable argument: the full check reports it
                 hit = None
-            # an entry lives only while its buffers do (a weakref callback drops it) and hold their memory
-            # (Buffer.free drops it), so equal ids are the same objects, with the same memory
             if hit is not None:
-                if not wait and (self._on_cpu or not config.validate_with_cpu()):
-                    return hit[0]()
-                return self._launch_checked(buffers, *hit[2:], wait)
+                if wait:
+                    return self._launch_checked(buffers, *hit[2:], wait)
+                r = hit[0]()
+                if r is None or not r[0]:
+                    return None
+                return self.prepared_failed(r, hit[0])
         result = self._check(buffers, values)
         self._remember(buffers, values, result)
         return self._launch_checked(buffers, *result, wait)
@@ -98,7 +105,9 @@ class Program(contracts.Program):
         """Keep a passed check for plain Buffers and int values, until one of the buffers is collected."""
         if any(type(b) is not Buffer for b in buffers) or any(type(v) is not int for v in values.values()):
             return
-        key = (*map(id, buffers), *values.items(), *map(type, values.values()))
+        if not self._on_cpu and config.validate_with_cpu():
+            return
+        key = (hash(buffers), *values.items(), *map(type, values.values())) if values else hash(buffers)
         checked = self._checked
         if checked is None:
             checked = self._checked = {}

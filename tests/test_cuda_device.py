@@ -287,3 +287,27 @@ def test_two_gpus_share_compiled_bytes_and_compile_once(gpu, rng, key, monkeypat
     # peer transfer CUDA:0 -> CUDA:1
     moved = fbuf(gpu, a).to(g1)
     np.testing.assert_array_equal(moved.numpy(), a)
+
+
+def test_a_remembered_launch_from_a_new_thread_makes_the_context_current(gpu, rng):
+    import threading
+    n = 1003
+    add = gpu.compile(K.add())
+    a, b = fbuf(gpu, rng.standard_normal(n).astype(np.float32)), fbuf(gpu, rng.standard_normal(n).astype(np.float32))
+    out = gpu.buffer(n, dtypes.float32)
+    add(a, b, out, n=n)                      # checked and remembered on this thread
+    errors = []
+
+    def other():
+        try:
+            add(a, b, out, n=n)              # no context is current on a new thread
+            gpu.synchronize()
+        except Exception as e:               # noqa: BLE001 - reported below
+            errors.append(e)
+
+    out.copyin(np.zeros(n, np.float32))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert not errors, errors
+    np.testing.assert_array_equal(out.numpy(), a.numpy() + b.numpy())

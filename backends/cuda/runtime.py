@@ -150,7 +150,9 @@ class CUDAProgram(Program):
     def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
                 local_size: Sequence[int]) -> Callable[[], Any]:
         """This launch with its own packed arguments, for the checked call's replay of a passed check:
-        one `cuLaunchKernel` with every argument bound (the program's shared slots are left alone)."""
+        `cuLaunchKernel` bound to every argument (the program's shared slots are left alone). It
+        returns the driver's `(CUresult,)`; it does not make the context current first (a launch
+        from a thread where it is not fails, and `prepared_failed` makes it current and retries)."""
         if len(buffers) != self._nbufs or len(vals) != self._nvars:
             raise LaunchError(f"{self.name} takes {self._nbufs} buffers and {self._nvars} values, "
                               f"got {len(buffers)} and {len(vals)}")
@@ -163,16 +165,16 @@ class CUDAProgram(Program):
         base = ctypes.addressof(slots)
         argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
         launch = functools.partial(self._launch, self._fn, *gs, *ls, 0, self._stream, ctypes.addressof(argv), 0)
-        tls, dev = self._tls, self.device
+        launch.keep = (slots, argv)     # the argument memory lives as long as the launch
+        return launch
 
-        def run() -> None:
-            if getattr(tls, "device", None) is not dev:
-                dev.make_current()
-            (err,) = launch()
-            if err:
-                self._launch_failed(err, gs, ls)
-        run.keep = (slots, argv)     # the argument memory lives as long as the launch
-        return run
+    def prepared_failed(self, result: tuple, launch: Callable[[], Any]) -> None:
+        dev = self.device
+        self._tls.device = None
+        dev.make_current()
+        (err,) = launch()
+        if err:
+            self._launch_failed(err, launch.args[1:4], launch.args[4:7])
 
     def _patch(self, buffers: Sequence[int], vals: Sequence[int]) -> None:
         if len(buffers) != self._nbufs or len(vals) != self._nvars:
