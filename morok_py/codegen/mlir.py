@@ -187,7 +187,14 @@ class MLIRPrinter:
         self.depth += 1
         self.items(lp.body)
         self.depth -= 1
-        self.emit("}")
+        # the LLVM printer's loop hints, carried to the back edge by scf-to-cf: a loop carrying many
+        # accumulators is a register tile, vectorized across its lanes (SLP), not along the loop
+        if sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4:
+            self.emit("} {loop_annotation = #llvm.loop_annotation<vectorize = <disable = true>>}")
+        elif lp.unroll > 1:
+            self.emit(f"}} {{loop_annotation = #llvm.loop_annotation<unroll = <count = {lp.unroll}>>}}")
+        else:
+            self.emit("}")
 
     def branch(self, br: If) -> None:
         self.emit(f"scf.if {self.ref(br.cond)} {{")
