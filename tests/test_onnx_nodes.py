@@ -148,6 +148,19 @@ def test_onnx_node(case, request):
         request.applymarker(pytest.mark.xfail(reason=ROUNDING[case.name], strict=False))
     dev = _device()
     ex = OnnxExecutor(case.model, dev)
+    try:
+        _run_case(case, ex)
+    finally:
+        TOTALS["cases"] += 1
+        TOTALS["compile_s"] += ex.k.compile_s
+        TOTALS["programs"] += len(ex.k.programs)
+
+
+# what the conformance run spent compiling (a program found in the disk cache costs its load only)
+TOTALS = {"cases": 0, "compile_s": 0.0, "programs": 0}
+
+
+def _run_case(case, ex):
     for inputs, outputs in case.data_sets:
         feeds = {i.name: v for i, v in zip(case.model.graph.input, inputs)}
         got = ex.run(feeds)
@@ -162,4 +175,9 @@ def test_case_count_printed(capsys):
     with capsys.disabled():
         print(f"\nONNX {onnx.__version__} node cases: {len(CASES)} qualify, {len(skipped)} skip for a dtype/type "
               f"morok_py lacks, {len(CASES) - len(skipped)} run on {DEVICE}")
+        if TOTALS["cases"]:
+            print(f"compiling (or loading from the disk cache) {TOTALS['programs']} programs for "
+                  f"{TOTALS['cases']} cases took {TOTALS['compile_s']:.1f} s")
     assert len(CASES) >= 1000
+    # issue 11's bar: at least 1150 cases run and are expected to pass (skips and xfails excluded)
+    assert len(CASES) - len(skipped) - len(KNOWN_FAILURES) - len(ROUNDING) >= 1150
