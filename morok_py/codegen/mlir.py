@@ -63,9 +63,9 @@ class MLIRPrinter:
         self.lines: list[str] = []
         self.depth = 1
         self.consts: dict[tuple[str, str], str] = {}   # (type, literal) -> SSA name, hoisted to the entry
-        self.entry: list[str] = []                     # allocas and other entry-block ops
         self.alias: dict[int, str] = {}                # instructions that print as another value
         self.decls: dict[str, str] = {}                # module-level declarations (llvm.func)
+        self.acc: dict[int, str] = {}                  # accumulator id -> the SSA value it holds now
 
     # ---- target hooks ---------------------------------------------------------------------
     def memref(self, dt: DType, count: int = MAX_ELEMENTS, space: str | None = None) -> str:
@@ -96,13 +96,6 @@ class MLIRPrinter:
 
     def local(self, ins: Instr) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no shared memory")
-
-    def accumulator(self, ins: Instr) -> None:
-        """A one-element stack slot at the entry (LLVM's SROA turns it into a register)."""
-        self.entry.append(f"%acc{ins.id} = memref.alloca() : {self.acc_type(ins)}")
-
-    def acc_type(self, ins: Instr) -> str:
-        return f"memref<1x{mlir_type(ins.dtype)}>"
 
     def fence(self) -> None:
         self.emit("llvm.fence seq_cst")
@@ -169,7 +162,7 @@ class MLIRPrinter:
         self.items(self.k.body)
         # `true`/`false` carry their type (i1); other literals are typed
         body = [f"    {n} = arith.constant {lit}{'' if t == 'i1' else f' : {t}'}" for (t, lit), n in self.consts.items()]
-        body += ["    " + e for e in self.entry] + self.lines
+        body += self.lines
         return "\n".join(self.wrap(body)) + "\n"
 
     def items(self, items) -> None:
@@ -181,12 +174,67 @@ class MLIRPrinter:
             else:
                 self.instr(it)
 
+    def carried(self, body) -> list[Instr]:
+        """Accumulators that `body` updates and that live on after it (defined before it): the
+        values a loop carries (iter_args) or an if yields. An accumulator is an SSA value here, not
+        memory: every load is the value of its last store."""
+        stored: dict[int, Instr] = {}
+        defined: set[int] = set()
+
+        def go(items):
+            for it in items:
+                if isinstance(it, Loop):
+                    go(it.body)
+                elif isinstance(it, If):
+                    go(it.body)
+                elif it.kind is L.ACC:
+                    defined.add(it.id)
+                elif it.kind is L.ACC_STORE:
+                    stored.setdefault(it.src[0].id, it.src[0])
+        go(body)
+        return [a for i, a in stored.items() if i not in defined and i in self.acc]
+
+    def results(self, name: str, accs: list[Instr]) -> None:
+        """After a loop or if named `name`: each carried accumulator holds its result."""
+        for i, a in enumerate(accs):
+            self.acc[a.id] = name if len(accs) == 1 else f"{name}#{i}"
+
+    def forget_inner(self, body) -> None:
+        """Accumulators defined inside a region are out of scope after it."""
+        inner = [it for it in self.k_walk(body) if it.kind is L.ACC]
+        for a in inner:
+            self.acc.pop(a.id, None)
+
+    @staticmethod
+    def k_walk(items):
+        for it in items:
+            if isinstance(it, (Loop, If)):
+                yield from MLIRPrinter.k_walk(it.body)
+            else:
+                yield it
+
     def loop(self, lp: Loop) -> None:
         step = self.ref(lp.step) if lp.step is not None else self.const(1, dtypes.int32)
-        self.emit(f"scf.for {self.ref(lp.var)} = {self.ref(lp.start)} to {self.ref(lp.end)} step {step} : i32 {{")
+        head = f"scf.for {self.ref(lp.var)} = {self.ref(lp.start)} to {self.ref(lp.end)} step {step}"
+        accs = self.carried(lp.body)
+        name = f"%l{lp.var.id}"
+        if accs:
+            init = ", ".join(f"{name}.a{i} = {self.acc[a.id]}" for i, a in enumerate(accs))
+            types = ", ".join(mlir_type(a.dtype) for a in accs)
+            self.emit(f"{name}{'' if len(accs) == 1 else f':{len(accs)}'} = {head} iter_args({init}) "
+                      f"-> ({types}) : i32 {{")
+            for i, a in enumerate(accs):
+                self.acc[a.id] = f"{name}.a{i}"
+        else:
+            self.emit(f"{head} : i32 {{")
         self.depth += 1
         self.items(lp.body)
+        if accs:
+            self.emit(f"scf.yield {', '.join(self.acc[a.id] for a in accs)} : "
+                      f"{', '.join(mlir_type(a.dtype) for a in accs)}")
         self.depth -= 1
+        self.forget_inner(lp.body)
+        self.results(name, accs)
         # the LLVM printer's loop hints, carried to the back edge by scf-to-cf: a loop carrying many
         # accumulators is a register tile, vectorized across its lanes (SLP), not along the loop
         if sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4:
@@ -197,11 +245,30 @@ class MLIRPrinter:
             self.emit("}")
 
     def branch(self, br: If) -> None:
-        self.emit(f"scf.if {self.ref(br.cond)} {{")
+        accs = self.carried(br.body)
+        if not accs:
+            self.emit(f"scf.if {self.ref(br.cond)} {{")
+            self.depth += 1
+            self.items(br.body)
+            self.depth -= 1
+            self.forget_inner(br.body)
+            self.emit("}")
+            return
+        name = f"%i{br.cond.id}_{len(self.lines)}"
+        before = [self.acc[a.id] for a in accs]
+        types = ", ".join(mlir_type(a.dtype) for a in accs)
+        self.emit(f"{name}{'' if len(accs) == 1 else f':{len(accs)}'} = scf.if {self.ref(br.cond)} -> ({types}) {{")
         self.depth += 1
         self.items(br.body)
+        self.emit(f"scf.yield {', '.join(self.acc[a.id] for a in accs)} : {types}")
+        self.depth -= 1
+        self.emit("} else {")
+        self.depth += 1
+        self.emit(f"scf.yield {', '.join(before)} : {types}")
         self.depth -= 1
         self.emit("}")
+        self.forget_inner(br.body)
+        self.results(name, accs)
 
     def instr(self, ins: Instr) -> None:
         k = ins.kind
@@ -264,16 +331,15 @@ class MLIRPrinter:
         elif k is L.SHUFFLE_XOR:
             self.shuffle_xor(ins)
         elif k is L.ACC:
-            self.accumulator(ins)
-            zero = self.const(0, None)
-            self.emit(f"memref.store {self.const(ins.arg, ins.dtype)}, %acc{ins.id}[{zero}] : {self.acc_type(ins)}")
+            self.acc[ins.id] = self.const(ins.arg, ins.dtype)
         elif k is L.ACC_LOAD:
             (acc,) = ins.src
-            self.emit(f"{r} = memref.load %acc{acc.id}[{self.const(0, None)}] : {self.acc_type(acc)}")
+            if acc.id not in self.acc:
+                raise NotImplementedError(f"accumulator %{acc.id} read outside the region that defines it")
+            self.alias[ins.id] = self.acc[acc.id]
         elif k is L.ACC_STORE:
             acc, val = ins.src
-            self.emit(f"memref.store {self.ref(val)}, %acc{acc.id}[{self.const(0, None)}] : "
-                      f"{self.acc_type(acc)}")
+            self.acc[acc.id] = self.ref(val)
         elif k is L.ALU:
             self.alu(ins)
         else:
@@ -405,7 +471,7 @@ def ins_id(name: str) -> int:
 
 class MLIRGPUPrinter(MLIRPrinter):
     """A `gpu.module` with one `gpu.func` kernel: buffers in the global address space, shared arrays
-    as workgroup attributions, accumulators as private attributions, ids from `gpu.block_id` and
+    as workgroup attributions, ids from `gpu.block_id` and
     `gpu.thread_id`. Subclasses give the module's target attribute and the target's math."""
 
     memory_space = ", #gpu.address_space<global>"
@@ -414,7 +480,6 @@ class MLIRGPUPrinter(MLIRPrinter):
     def __init__(self, kernel: LinearKernel) -> None:
         super().__init__(kernel)
         self.workgroup: list[str] = []
-        self.private: list[str] = []
         self.module_ops: list[str] = []     # ops beside the kernel in the gpu.module
 
     def arguments(self) -> list[tuple[str, str, str]]:
@@ -430,8 +495,6 @@ class MLIRGPUPrinter(MLIRPrinter):
         attribs = ""
         if self.workgroup:
             attribs += f" workgroup({', '.join(self.workgroup)})"
-        if self.private:
-            attribs += f" private({', '.join(self.private)})"
         target = f" [{self.target}]" if self.target else ""
         return ["module attributes {gpu.container_module} {",
                 f"  gpu.module @morok{target} {{", *["    " + d for d in self.decls.values()],
@@ -451,12 +514,6 @@ class MLIRGPUPrinter(MLIRPrinter):
 
     def local(self, ins: Instr) -> None:
         self.workgroup.append(f"%smem{ins.id} : {self.local_type(ins)}")
-
-    def accumulator(self, ins: Instr) -> None:
-        self.private.append(f"%acc{ins.id} : {self.acc_type(ins)}")
-
-    def acc_type(self, ins: Instr) -> str:
-        return f"memref<1x{mlir_type(ins.dtype)}, #gpu.address_space<private>>"
 
     def shuffle_xor(self, ins: Instr) -> None:
         value, _lid = ins.src
