@@ -309,3 +309,21 @@ def test_a_cache_key_neither_imports_mlir_nor_loads_its_libraries(mlir):
     ident, imported, loaded, llvm = json.loads(res.stdout.strip().splitlines()[-1])
     assert not imported and not loaded and not llvm
     assert "libMLIRPythonCAPI.so" in ident and "libLLVM.so" in ident and "gfx90a" in ident
+
+
+def test_morok_cpu_compiler_mlir_makes_it_the_default(mlir):
+    code = ("import numpy as np\n"
+            "from morok_py import kernels as K, dtypes\n"
+            "from morok_py.registry import get_device\n"
+            "dev = get_device('CPU')\n"
+            "a = np.arange(1003, dtype=np.float32); b = np.linspace(-1, 1, 1003, dtype=np.float32)\n"
+            "prog = dev.compile(K.add(), 'add')\n"
+            "out = dev.buffer(1003, dtypes.float32)\n"
+            "from morok_py import Buffer\n"
+            "prog(Buffer.from_numpy(a, dev), Buffer.from_numpy(b, dev), out, n=1003)\n"
+            "print(dev.compiler.cache_key, prog.compiled.compiler, bool((out.numpy() == a + b).all()))\n")
+    env = dict(os.environ, MOROK_CPU_COMPILER="mlir", MOROK_CACHE="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["mlir", "mlir", "True"]
