@@ -274,9 +274,11 @@ def test_double_buffering_where_every_tile_has_vector_fills():
     """One barrier per full tile (after storing the prefetched next tile), one after the first fill and
     one in the tail; the buffer read alternates through an index accumulator, not a division."""
     kernel, _ = lowered(K.matmul(4096, 4096, 4100))
-    assert [i.arg for i in kernel.walk() if i.kind is L.LOCAL] == [2 * 8 * 132] * 2
+    # the default schedule doubles BK (8 -> 16) where both double-buffered tiles fit (gpu_tile.deeper_tile)
+    assert kernel.schedule.matmul_tile == (128, 128, 16, 8, 8)
+    assert [i.arg for i in kernel.walk() if i.kind is L.LOCAL] == [2 * 16 * 132] * 2
     assert _barriers(kernel) == [(1, 1), (2, 0), (2, 0)]
-    assert [i.arg for i in lowered(K.matmul(64, 48, 9))[0].walk() if i.kind is L.LOCAL] == [8 * 68] * 2
+    assert [i.arg for i in lowered(K.matmul(64, 48, 9))[0].walk() if i.kind is L.LOCAL] == [16 * 68] * 2
 
 
 @pytest.mark.parametrize("double_buffer", [0, 2])
@@ -411,7 +413,8 @@ def test_lowering_with_the_kk_loop_unrolled_in_the_kernel(rng, monkeypatch):
     M, N, Kd = 50, 70, 37
     a, b, _, _ = operands(rng, M, N, Kd)
     kernel, _ = lowered(K.matmul())
-    assert sum(1 for i in kernel.walk() if i.kind is L.LOAD and i.arg == 4) == 4 * 8 + 4   # 8 steps + the tail
+    bk = kernel.schedule.matmul_tile[2]      # 16: the default schedule doubles the caps' BK of 8
+    assert sum(1 for i in kernel.walk() if i.kind is L.LOAD and i.arg == 4) == 4 * bk + 4   # BK steps + the tail
     got, w = interpret(K.matmul(), [a, b], (M, N), {"M": M, "N": N, "K": Kd}, tile=SMALL)
     check(got, a @ b, w)
 

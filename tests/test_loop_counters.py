@@ -19,7 +19,7 @@ from morok_py import AxisType, LaunchError, Ops, UOp, dtypes, kernels as K
 from morok_py.codegen import launch_io
 from morok_py.ir import uops_from_json
 from morok_py.codegen.linear import Loop
-from morok_py.codegen.lower import GRID_REDUCE_GROUPS, Capabilities, SteppedLoop, lower
+from morok_py.codegen.lower import GRID_REDUCE_GROUPS, Capabilities, Schedule, SteppedLoop, lower
 from morok_py.codegen.symbolic import evaluate
 from morok_py.device import DeviceSpec
 
@@ -170,7 +170,7 @@ def test_row_reduction_refuses_a_row_length_that_would_wrap_its_counter(rid, ren
 @pytest.mark.parametrize("rid,renderer", GPU, ids=GPU_IDS)
 def test_tiled_matmul_k_loop_cannot_wrap_and_launches_at_the_largest_k(rid, renderer):
     spec = renderer.render(K.matmul(), "mm")
-    BK = renderer.caps.matmul_tile[2]
+    BK = spec.linear.schedule.matmul_tile[2]     # the caps' BK, doubled on CUDA by the default schedule
     (lp,) = spec.launch.stepped_loops
     assert lp.start is not None and lp.step.arg == BK          # every item starts at 0; full tiles only
     (loop,) = stepped(spec.linear.body)
@@ -189,7 +189,7 @@ def test_tiled_matmul_with_a_tile_depth_that_does_not_divide_2_31():
     caps = Capabilities(has_local=True, has_shared=True, local_max=(1024, 1024, 64), default_group=256,
                         grid_max=(2**31 - 1, 65535, 65535), warp_size=32, group_reduce=True,
                         matmul_tile=(48, 32, 12, 3, 2))
-    kernel, info = lower(K.matmul(), caps, "mm")
+    kernel, info = lower(K.matmul(), caps, "mm", schedule=Schedule("tiled", group=256, matmul_tile=(48, 32, 12, 3, 2)))
     (lp,) = info.stepped_loops
     assert lp.step.arg == 12 and len(stepped(kernel.body)) == 1
     for k in (2**31 - 8, INT_MAX - 1, INT_MAX):

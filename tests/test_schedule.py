@@ -37,7 +37,8 @@ def default_for(ast, caps) -> Schedule:
     ("softmax", True, "Schedule(group_per_row, reduce=group, group=256)"),     # symbolic row: no row cache
     (lambda: K.softmax(64, 1000), True, "Schedule(group_per_row, reduce=group, group=256, row_cache=True)"),
     ("row_max", True, "Schedule(group_per_row, reduce=group, group=256)"),
-    ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
+    ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x16x8x8)"),   # BK doubled: fits
+    (lambda: K.matmul(dtype=dtypes.float64), True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
     ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
     ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8)"),     # a column reduction
     (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8)"),   # batch-8 GEMV
@@ -45,6 +46,7 @@ def default_for(ast, caps) -> Schedule:
     (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
     ("softmax", False, "Schedule(threads)"),
+    ("sum_cols", False, "Schedule(threads, reduce=stream, stream_block=1024)"),   # rows streamed into the output
 ])
 def test_default_schedule_names_the_heuristics(cpu, kernel, gpu, want):
     ast = K.named(kernel) if isinstance(kernel, str) else kernel()
@@ -249,3 +251,34 @@ def test_search_on_the_device_keeps_outputs_right(device, rng, tmp_path, monkeyp
     prog(*[device.buf(i) for i in ins], out, **(values or {}))
     got = out.numpy()
     np.testing.assert_allclose(got.reshape(np.shape(want)) if np.ndim(want) else got[0], want, rtol=2e-5, atol=2e-5)
+
+
+# -- CPU column reductions that stream rows (opt.stream_columns) ----------------------------------------
+
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("dt", ["float32", "int32"])
+@pytest.mark.parametrize("rows,cols,block", [(37, 2 * 128 + 37, 128), (5, 3, 1024), (300, 256, 128)])
+def test_streamed_column_reduction_matches_numpy(cpu, rng, op, dt, rows, cols, block):
+    """Full blocks split over the threads, the tail once; symbolic sizes."""
+    renderer, compiler = cpu.pair()
+    ast = K.reduce_axis(op, [None, None], 0, dtype=getattr(dtypes, dt))
+    with S.using(Schedule("threads", reduce="stream", stream_block=block)):
+        spec = renderer.render(ast, "cols")
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    x = random_array(rng, (rows, cols), np.dtype(dt))
+    out = cpu.empty(cols, getattr(dtypes, dt))
+    prog(cpu.buf(x), out, wait=True, d0=rows, d1=cols)
+    want = x.astype(np.float64).sum(0) if op == "sum" else x.max(0)
+    np.testing.assert_allclose(out.numpy(), want.astype(out.numpy().dtype) if dt == "int32" else want,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_a_column_mean_is_not_streamed(cpu):
+    """The output holds the running value, so an epilogue (x / n) keeps the register tile."""
+    caps = cpu_caps(cpu)
+    assert default_for(K.reduce_axis("sum", [None, None], 0), caps).reduce == "stream"
+    mean = default_for(K.reduce_axis("mean", [None, None], 0), caps)
+    assert mean.reduce == "serial" and mean.register_tile == (1, 2 * caps.register_tile[1])   # one row of columns
+    with pytest.raises(ValueError, match="column reduction"):
+        lower(K.reduce_axis("mean", [None, None], 0), caps, "m", schedule=Schedule("threads", reduce="stream",
+                                                                                     stream_block=64))

@@ -715,6 +715,24 @@ def plan_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None = None,
     return None if plan is None else plan.tile
 
 
+def deeper_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
+                tile: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
+    """`tile` with BK doubled when its A and B tiles, double-buffered, still fit the static shared
+    memory (half the barriers per k step: measured on an H100, 4096^3 float32 0.91x -> 0.94x torch,
+    256x784x512 0.46x -> 0.77x with 64x64 blocks); else `tile`. CUDA targets only (32-lane warps and
+    CUDA's 65535 grid limit in y and z tell them apart among the caps): AMD's tiles keep their local
+    data share under 16 KiB for occupancy, and no AMD timing backs a deeper tile."""
+    BM, BN, BK, TM, TN = tile
+    if caps.warp_size != 32 or caps.grid_max[1:] != (65535, 65535):
+        return tile
+    plan = _plan(ast, caps, scan, (BM, BN, 2 * BK, TM, TN))
+    if plan is None:
+        return tile
+    size = {"A": BM + PAD, "B": BN + PAD, "K": 1}
+    smem = sum(2 * BK * size[kind] * u.dtype.itemsize for u, kind in plan.units.items() if kind in size)
+    return plan.tile if 2 * smem <= SMEM_LIMIT else tile
+
+
 def tile_contraction(ast: "UOp", caps: "Capabilities", name: str, scan: "KernelScan | None" = None,
                      tile: tuple[int, int, int, int, int] | None = None) -> "tuple[LinearKernel, LaunchInfo] | None":
     """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).

@@ -469,9 +469,17 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         from .opt import register_tile
         ast = simplify(register_tile(ast, schedule.register_tile))
         scan = scan_kernel(ast)
+    elif schedule.reduce == "stream":
+        from .opt import stream_columns
+        ast = simplify(stream_columns(ast, schedule.stream_block))
+        scan = scan_kernel(ast)
     if schedule.mapping == "tiled":
         from .gpu_tile import tile_contraction
-        tiled = tile_contraction(ast, caps, name, scan, schedule.matmul_tile)
+        if schedule.tensor_core is not None:
+            from .strategies.tensor_core import tile_mma
+            tiled = tile_mma(ast, caps, name, scan, schedule.matmul_tile, schedule.tensor_core)
+        else:
+            tiled = tile_contraction(ast, caps, name, scan, schedule.matmul_tile)
         if tiled is not None:
             tiled[0].schedule = schedule
             return tiled

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..dtypes import dtypes
 from ..ir import AxisType, Ops, UOp, substitute
+from .scan import is_column_reduction
 from .symbolic import simplify
 
 
@@ -54,8 +55,9 @@ class _Axes:
         return r
 
 
-def _tile_roles(ast: UOp) -> "tuple[UOp, UOp, UOp] | None":
-    """(store, i, j) of a kernel register_tile takes, else None."""
+def _tile_roles(ast: UOp) -> "tuple[UOp, UOp | None, UOp] | None":
+    """(store, i, j) of a kernel register_tile takes, else None. i is None for a column reduction over
+    one GLOBAL range (a sum over axis 0): its tiles are one row of tj neighbouring columns."""
     stores = list(ast.src)
     if len(stores) != 1:
         return None     # one GLOBAL loop nest holds every store: tiles for one would repeat the others
@@ -63,13 +65,15 @@ def _tile_roles(ast: UOp) -> "tuple[UOp, UOp, UOp] | None":
     _, idx, val = st.src
     free = st.free_ranges
     globals_ = sorted((r for r in free if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
-    if len(globals_) < 2 or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
+    if not globals_ or any(r.axis_type is AxisType.LOOP for r in free) or not _has_reduce(val):
         return None
     adds = _addends(idx)
     unit = [r for r in globals_ if any(a is r for a in adds)]
     if not unit:
         return None
     j = unit[-1]
+    if len(globals_) == 1:
+        return (st, None, j) if is_column_reduction(ast, tuple(globals_)) else None
     return st, [r for r in globals_ if r is not j][-1], j
 
 
@@ -97,6 +101,9 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     if roles is None:
         return ast
     st, i, j = roles
+    axes = _Axes(ast)
+    if i is None:       # a column reduction: one row of outputs, a stand-in row range of one
+        i = axes.range(1, AxisType.GLOBAL)
     M, N = i.src[0], j.src[0]
     ti, tj = tile
     m_static, n_static = _const(M), _const(N)
@@ -105,7 +112,6 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     rem = 0
     if n_static is not None:
         tj, rem = _tile_width(n_static, tj)
-    axes = _Axes(ast)
 
     # the tile walk: the outer (thread-split) range takes column tiles, each cut into P partitions of
     # its full row tiles when there are few column tiles (a narrow matrix still splits); an inner
@@ -205,3 +211,64 @@ def _partitions(full: int | None, col_tiles: int | None) -> int:
         return 1
     want = max(1, SPLIT_UNITS // max(col_tiles, 1))
     return max(d for d in range(1, min(want, full) + 1) if full % d == 0 and (full // d >= 4 or d == 1))
+
+
+# ---- CPU column reductions that stream rows ------------------------------------------------------
+
+STREAM_BLOCK = 1024     # columns of the output a thread accumulates while streaming the rows
+
+
+def stream_applies(ast: UOp) -> bool:
+    """One store over one GLOBAL range j of `REDUCE_r f(r, j)` itself (no cast or epilogue: the output
+    holds the running value), f read along columns (a sum over axis 0), the output not read."""
+    stores = list(ast.src)
+    if len(stores) != 1:
+        return False
+    st = stores[0]
+    buf, idx, val = st.src
+    free = st.free_ranges
+    if len(free) != 1 or next(iter(free)).axis_type is not AxisType.GLOBAL:
+        return False
+    j = next(iter(free))
+    if val.op is not Ops.REDUCE or len(val.src) != 2 or val.arg not in (Ops.ADD, Ops.MAX, Ops.MIN):
+        return False
+    if val.dtype != buf.dtype or val.src[1].src[0].free_ranges:
+        return False
+    if any(n.op is Ops.LOAD and n.src[0].arg == buf.arg for n in ast.toposort()):
+        return False
+    from .scan import x_coefficient
+    return x_coefficient(idx, j) == 1 and is_column_reduction(ast, (j,))
+
+
+def stream_columns(ast: UOp, block: int) -> UOp:
+    """out[j] = REDUCE_r f(r, j) as numpy sums over axis 0: the thread split takes blocks of `block`
+    columns; a block's outputs start at the reduction's identity and each row r, in order, is added
+    (maxed, mined) into them: contiguous loads of `block` columns per row, vectorized along j, instead
+    of a column walk whose every step lands on another page. Columns past the last full block (fewer
+    than `block`) are streamed the same way once, in the first worker."""
+    from .scan import reduce_identity
+    st = ast.src[0]
+    buf, idx, val = st.src
+    j = next(iter(st.free_ranges))
+    r = val.src[1]
+    N = j.src[0]
+    axes = _Axes(ast)
+    jb = axes.range(N // block, AxisType.GLOBAL)
+    rr = axes.range(r.src[0])            # rows: LOOP, outside the columns (a smaller axis)
+    jj = axes.range(block)
+    col = jb * block + jj
+    at = substitute(idx, {j: col})
+    ident = UOp.const(reduce_identity(val.dtype, val.arg), val.dtype)
+    step = substitute(val.src[0], {j: col, r: rr})
+    running = buf.load(at)
+    new = running + step if val.arg is Ops.ADD else running.maximum(step) if val.arg is Ops.MAX else running.minimum(step)
+    # the last N % block columns the same way, run once (no GLOBAL range: the first worker)
+    rt, jt = axes.range(r.src[0]), axes.range(N % block)
+    tcol = (N // block) * block + jt
+    t_at = substitute(idx, {j: tcol})
+    t_step = substitute(val.src[0], {j: tcol, r: rt})
+    t_run = buf.load(t_at)
+    t_new = (t_run + t_step if val.arg is Ops.ADD else t_run.maximum(t_step) if val.arg is Ops.MAX
+             else t_run.minimum(t_step))
+    return UOp.sink(buf.store(at, ident), buf.store(at, new), buf.store(t_at, ident), buf.store(t_at, t_new))
+

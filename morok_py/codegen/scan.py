@@ -147,3 +147,40 @@ def store_groups(stores: list[UOp], loads_from: dict[int, frozenset[int]]) -> li
         written, read = {st.src[0].arg}, set(st_reads)
     return groups
 
+
+def merged_order(ast: UOp, globals_: list[UOp]) -> list[UOp]:
+    """GLOBAL ranges innermost first: the range contiguous in the first store's index, then the others
+    from the last axis down."""
+    idx = ast.src[0].src[1]
+    unit = [r for r in globals_ if x_coefficient(idx, r) == 1]
+    inner = unit[-1] if unit else globals_[-1]
+    return [inner] + [r for r in reversed(globals_) if r is not inner]
+
+
+def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
+    """The kernel's reductions read along columns: with x the GLOBAL range contiguous in the output,
+    every load inside a reduction that depends on a reduced range is either contiguous in x and not in
+    the reduced ranges (a sum over axis 0; W[k, j] of x @ W) or independent of x (x[b, k]: the same
+    address for a whole warp), and at least one is of the first kind. One output per work-item column
+    then reads rows in order, neighbouring items neighbouring addresses; a group per output would
+    stride across rows."""
+    if not globals_:
+        return False
+    x = merged_order(ast, list(globals_))[0]
+    reds = top_reduces(list(ast.src))
+    if not reds:
+        return False
+    columns = 0
+    for red in reds:
+        for n in red.src[0].toposort():
+            if n.op is not Ops.LOAD:
+                continue
+            rs = [r for r in red.src[1:] if r in n.src[1].free_ranges]
+            if not rs:
+                continue
+            if x not in n.src[1].free_ranges:
+                continue                                      # a broadcast along x
+            if x_coefficient(n.src[1], x) != 1 or any(x_coefficient(n.src[1], r) == 1 for r in rs):
+                return False
+            columns += 1
+    return columns > 0

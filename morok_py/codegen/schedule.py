@@ -21,13 +21,13 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator
 
-from ..ir import AxisType, Ops, UOp
+from ..ir import AxisType, UOp
 from .capabilities import Capabilities
-from .scan import KernelScan, top_reduces, x_coefficient
+from .scan import KernelScan, is_column_reduction
 from .strategies.split_reduce import split_applies
 
 MAPPINGS = ("threads", "groups", "group_per_row", "tiled")
-REDUCES = ("serial", "group", "grid")
+REDUCES = ("serial", "group", "grid", "stream")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class Schedule:
     reduce         "serial": each output's reduction runs in order inside one work-item (a column
                    reduction: neighbouring work-items read neighbouring columns, coalesced).
                    "group": across the work-group (group_per_row). "grid": a full reduction in two
-                   stages over many work-groups (group_per_row, no GLOBAL range).
+                   stages over many work-groups (group_per_row, no GLOBAL range). "stream" (CPU): a
+                   column reduction accumulated into the output row by row, `stream_block` columns
+                   per thread-split unit (opt.stream_columns).
     group          work-items per work-group (GPU; 0 on the CPU).
     vector_width   elementwise GPU kernels: contiguous elements per work-item (w-wide loads/stores).
     unroll         GPU: unroll count of a work-item's serial reduction loops (loads in flight).
@@ -50,6 +52,9 @@ class Schedule:
     row_cache      group_per_row: rows read by several passes are kept in shared memory.
     register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
+    tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
+                   "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
+    stream_block   reduce "stream": output columns per block.
     """
 
     mapping: str
@@ -61,18 +66,27 @@ class Schedule:
     row_cache: bool = False
     register_tile: tuple[int, int] | None = None
     matmul_tile: tuple[int, int, int, int, int] | None = None
+    tensor_core: str | None = None
+    stream_block: int = 0
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
             raise ValueError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
         if self.reduce not in REDUCES:
             raise ValueError(f"schedule reduce {self.reduce!r}: one of {', '.join(REDUCES)}")
-        if self.reduce != "serial" and self.mapping != "group_per_row":
+        if self.reduce == "stream":
+            if self.mapping != "threads" or self.stream_block < 1 or self.register_tile is not None:
+                raise ValueError("reduce 'stream' is a CPU ('threads') schedule with a stream_block, no register tile")
+        elif self.stream_block:
+            raise ValueError("stream_block needs reduce 'stream'")
+        elif self.reduce != "serial" and self.mapping != "group_per_row":
             raise ValueError(f"reduce={self.reduce!r} needs mapping 'group_per_row'")
         if self.mapping == "group_per_row" and self.reduce == "serial":
             raise ValueError("mapping 'group_per_row' reduces across the group: reduce 'group' or 'grid'")
         if (self.mapping == "tiled") != (self.matmul_tile is not None):
             raise ValueError("mapping 'tiled' and matmul_tile go together")
+        if self.tensor_core is not None and self.mapping != "tiled":
+            raise ValueError("tensor_core needs mapping 'tiled'")
         if self.register_tile is not None and self.mapping != "threads":
             raise ValueError("register_tile is a CPU ('threads') schedule")
         if self.row_cache and self.reduce != "group":
@@ -113,9 +127,11 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ValueError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
+        if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
+            raise ValueError(f"bad tensor_core {d['tensor_core']!r}")
         try:
             return Schedule(**d)
         except TypeError as e:
@@ -160,36 +176,6 @@ def shape_of(scan: KernelScan) -> Shape:
                  all(r.axis_type is AxisType.GLOBAL for r in rs))
 
 
-def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
-    """The kernel's reductions read along columns: with x the GLOBAL range contiguous in the output,
-    every load inside a reduction that depends on a reduced range is either contiguous in x and not in
-    the reduced ranges (a sum over axis 0; W[k, j] of x @ W) or independent of x (x[b, k]: the same
-    address for a whole warp), and at least one is of the first kind. One output per work-item column
-    then reads rows in order, neighbouring items neighbouring addresses; a group per output would
-    stride across rows."""
-    if not globals_:
-        return False
-    from .strategies.split_reduce import merged_order
-    x = merged_order(ast, list(globals_))[0]
-    reds = top_reduces(list(ast.src))
-    if not reds:
-        return False
-    columns = 0
-    for red in reds:
-        for n in red.src[0].toposort():
-            if n.op is not Ops.LOAD:
-                continue
-            rs = [r for r in red.src[1:] if r in n.src[1].free_ranges]
-            if not rs:
-                continue
-            if x not in n.src[1].free_ranges:
-                continue                                      # a broadcast along x
-            if x_coefficient(n.src[1], x) != 1 or any(x_coefficient(n.src[1], r) == 1 for r in rs):
-                return False
-            columns += 1
-    return columns > 0
-
-
 SPLIT_UNROLL = 8       # column reductions: rows in flight per work-item
 SPLIT = 8              # ... and work-items per output column
 
@@ -198,13 +184,23 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     """The heuristic schedule of a (simplified, decomposed) kernel for a target."""
     shape = shape_of(scan)
     if not caps.has_local:
-        from .opt import register_tile_applies
+        from .opt import STREAM_BLOCK, register_tile_applies, stream_applies
+        if stream_applies(ast):
+            return Schedule("threads", reduce="stream", stream_block=STREAM_BLOCK)
         tile = caps.register_tile if caps.register_tile is not None and register_tile_applies(ast) else None
+        if tile is not None and len(shape.globals_) == 1:
+            tile = (1, 2 * tile[1])        # a column reduction: one row of 2x the vector tile's columns
         return Schedule("threads", register_tile=tile)
+    if caps.tensor_cores and caps.has_shared:
+        from .strategies.tensor_core import choose_tc_tile, tc_threads
+        tc = choose_tc_tile(ast, caps, scan)
+        if tc is not None:
+            return Schedule("tiled", group=tc_threads(tc), matmul_tile=tc, tensor_core=caps.tensor_cores[0])
     if caps.matmul_tile is not None and caps.has_shared:
-        from .gpu_tile import plan_tile
+        from .gpu_tile import deeper_tile, plan_tile
         tile = plan_tile(ast, caps, scan)
         if tile is not None:
+            tile = deeper_tile(ast, caps, scan, tile)
             return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile)
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
@@ -240,11 +236,20 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         raise ValueError(f"{schedule} is not a schedule for a {'GPU' if gpu else 'CPU'} target")
     if gpu and schedule.group > min(caps.max_threads_per_group, caps.local_max[0]):
         raise ValueError(f"{schedule}: group of {schedule.group} is over the target's limit")
+    if schedule.reduce == "stream":
+        from .opt import stream_applies
+        if not stream_applies(ast):
+            raise ValueError(f"{schedule}: the kernel is no plain column reduction")
     if schedule.register_tile is not None:
         from .opt import register_tile_applies
         if not register_tile_applies(ast):
             raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
-    if schedule.mapping == "tiled":
+    if schedule.tensor_core is not None:
+        from .strategies.tensor_core import tc_plan, tc_threads
+        if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile) != schedule.group
+                or tc_plan(ast, caps, scan, schedule.matmul_tile) is None):
+            raise ValueError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
+    elif schedule.mapping == "tiled":
         from .gpu_tile import plan_tile
         if not caps.has_shared or plan_tile(ast, caps, scan, schedule.matmul_tile) is None:
             raise ValueError(f"{schedule}: the kernel is not a contraction these tiles fit")
@@ -271,19 +276,31 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
     shape = shape_of(scan)
     out = [base]
     if not caps.has_local:
+        if base.reduce == "stream":
+            out += [replace(base, stream_block=b) for b in (128, 256, 512, 1024, 2048)]
+            base = replace(base, reduce="serial", stream_block=0, register_tile=caps.register_tile)
+            out.append(Schedule("threads"))
         if base.register_tile is not None:
             rows, cols = base.register_tile
-            for t in [(rows, cols), (4, cols), (2, cols), (rows, cols // 2), (8, cols // 2), (1, cols)]:
+            tiles = [(rows, cols), (4, cols), (2, cols), (rows, cols // 2), (8, cols // 2), (1, cols)]
+            if len(shape.globals_) == 1:
+                tiles = [(1, cols // 4), (1, cols // 2), (1, 2 * cols)]
+            for t in tiles:
                 if t[0] >= 1 and t[1] >= 1:
                     out.append(replace(base, register_tile=t))
             out.append(replace(base, register_tile=None))
     else:
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
-        if base.mapping == "tiled":
+        if base.tensor_core is not None:
+            from .strategies.tensor_core import TC_TILE_CANDIDATES, tc_threads
+            out += [replace(base, group=tc_threads(t), matmul_tile=t) for t in TC_TILE_CANDIDATES]
+            out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
+        elif base.mapping == "tiled":
             BM, BN, BK, TM, TN = base.matmul_tile
-            for t in [(BM, BN, BK * 2, TM, TN), (BM // 2, BN, BK, TM // 2, TN), (BM, BN // 2, BK, TM, TN // 2),
-                      (BM // 2, BN // 2, BK, TM // 2, TN // 2), (64, 64, 8, 4, 4), (128, 64, 8, 8, 4)]:
+            for t in [(BM, BN, BK // 2, TM, TN), (BM // 2, BN // 2, BK, TM // 2, TN // 2), (BM // 2, BN, BK, TM // 2, TN),
+                      (BM, BN // 2, BK, TM, TN // 2), (32, 32, 16, 2, 2), (64, 64, 16, 4, 4), (128, 64, 16, 8, 4),
+                      (64, 128, 16, 4, 8), (32, 64, 16, 2, 4), (128, 128, 32, 8, 8)]:
                 if min(t) >= 1 and t[0] % t[3] == 0 and t[1] % t[4] == 0 and _tile_threads(t) <= limit:
                     out.append(Schedule("tiled", group=_tile_threads(t), matmul_tile=t))
             out.append(Schedule("groups", group=caps.default_group))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..linear import Instr, L
-from ..scan import KernelScan, top_reduces, x_coefficient
+from ..scan import KernelScan, merged_order, top_reduces
 from ..scope import Scope
 from ..symbolic import simplify
 
@@ -32,15 +32,6 @@ def split_applies(ast: UOp, scan: KernelScan) -> bool:
         return False
     reds = top_reduces(stores)
     return bool(reds) and all(r.free_ranges <= globals_ for r in reds)
-
-
-def merged_order(ast: UOp, globals_: list[UOp]) -> list[UOp]:
-    """GLOBAL ranges innermost first: the range contiguous in the first store's index, then the others
-    from the last axis down."""
-    idx = ast.src[0].src[1]
-    unit = [r for r in globals_ if x_coefficient(idx, r) == 1]
-    inner = unit[-1] if unit else globals_[-1]
-    return [inner] + [r for r in reversed(globals_) if r is not inner]
 
 
 class SplitReduce:
