@@ -140,6 +140,10 @@ class _Group:
             if self.n % w or not all(mask[i:i + w].all() or not mask[i:i + w].any() for i in range(0, self.n, w)):
                 raise InterpError("a warp shuffle that only part of a warp reaches")
             self.vals[ins.id] = v[np.arange(self.n) ^ m]
+        elif k is L.LDMATRIX:
+            self.vals[ins.id] = self.ldmatrix(ins, mask)
+        elif k is L.MMA:
+            self.mma(ins, mask)
         elif k is L.ATOMIC_ADD:
             buf, idx, v = ins.src
             data = self.bufs[buf.arg]
@@ -154,6 +158,67 @@ class _Group:
             self.vals[ins.id] = alu(ins.arg, ins.dtype, [self.val(s) for s in ins.src], [s.dtype for s in ins.src])
         else:
             raise InterpError(f"the interpreter has no rule for {k}")
+
+    def whole_warps(self, mask: np.ndarray, what: str) -> None:
+        if self.n % 32 or not all(mask[i:i + 32].all() or not mask[i:i + 32].any() for i in range(0, self.n, 32)):
+            raise InterpError(f"{what} that only part of a warp reaches")
+
+    def ldmatrix(self, ins: Instr, mask: np.ndarray) -> np.ndarray:
+        """PTX ldmatrix.m8n8.x<count>[.trans].b16: lane 8q + r gives row r of matrix q (8 elements);
+        lane t gets, per matrix, the pair (row t/4, columns 2(t%4) + {0, 1}), transposed with .trans.
+        The value: (lanes, count, 2) elements."""
+        self.whole_warps(mask, f"ldmatrix %{ins.id}")
+        (buf, idx), (count, trans) = ins.src, ins.arg
+        sh = self.shared[buf.id]
+        ix = self.val(idx).astype(np.int64)
+        lanes = np.flatnonzero(mask)
+        if (ix[lanes] % 8).any():
+            raise InterpError(f"ldmatrix %{ins.id}: a row address that is not 16-byte aligned")
+        span = (ix[lanes, None] + np.arange(8)).reshape(-1)
+        self.check_bounds(-1, span, sh.data.size, f"ldmatrix %{ins.id} from shared")
+        if not sh.init[span].all():
+            raise InterpError(f"ldmatrix %{ins.id} reads shared memory that nothing wrote")
+        if (sh.writer[span] != -1).any():
+            raise InterpError(f"race: ldmatrix %{ins.id} reads shared memory written with no barrier in between")
+        sh.reader[span] = -2          # read by the warp: any write before the next barrier is a race
+        out = np.zeros((self.n, count, 2), sh.data.dtype)
+        t = np.arange(32)
+        for w0 in range(0, self.n, 32):
+            if not mask[w0]:
+                continue
+            rows = sh.data[ix[w0:w0 + 32, None] + np.arange(8)]          # [lane providing the row, 8]
+            for q in range(count):
+                m = rows[8 * q:8 * q + 8]
+                for e in (0, 1):
+                    out[w0:w0 + 32, q, e] = m[2 * (t % 4) + e, t // 4] if trans else m[t // 4, 2 * (t % 4) + e]
+        return out
+
+    def mma(self, ins: Instr, mask: np.ndarray) -> None:
+        """PTX mma.sync.m16n8k16.row.col.f32: D = A (16x16) @ B (16x8) + C in float32, fragments as PTX
+        lays them out (g = lane / 4, c = 2 (lane % 4)): a: (g, c), (g+8, c), (g, c+8), (g+8, c+8);
+        b: (k c, n g), (k c+8, n g); c/d: (g, c), (g+8, c), two columns each."""
+        self.whole_warps(mask, f"mma %{ins.id}")
+        a, b, *accs = ins.src
+        shape, pair = ins.arg
+        if shape != "m16n8k16":
+            raise InterpError(f"the interpreter has no mma shape {shape}")
+        av, bv = self.val(a).astype(np.float32), self.val(b).astype(np.float32)
+        t = np.arange(32)
+        g, c = t // 4, 2 * (t % 4)
+        for w0 in range(0, self.n, 32):
+            if not mask[w0]:
+                continue
+            A, B, C = np.zeros((16, 16), np.float32), np.zeros((16, 8), np.float32), np.zeros((16, 8), np.float32)
+            fa, fb = av[w0:w0 + 32], bv[w0:w0 + 32]
+            for e in (0, 1):
+                A[g, c + e], A[g + 8, c + e], A[g, c + 8 + e], A[g + 8, c + 8 + e] = (fa[:, r, e] for r in range(4))
+                B[c + e, g], B[c + 8 + e, g] = fb[:, 2 * pair, e], fb[:, 2 * pair + 1, e]
+                C[g, c + e] = self.accs[accs[e].id][w0:w0 + 32]
+                C[g + 8, c + e] = self.accs[accs[2 + e].id][w0:w0 + 32]
+            D = A @ B + C
+            for e in (0, 1):
+                self.accs[accs[e].id][w0:w0 + 32] = D[g, c + e]
+                self.accs[accs[2 + e].id][w0:w0 + 32] = D[g + 8, c + e]
 
     def check_bounds(self, slot: int, ix: np.ndarray, size: int, what: str) -> None:
         if ix.size and (ix.min() < 0 or ix.max() >= size):

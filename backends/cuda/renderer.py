@@ -28,6 +28,17 @@ CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=
                          matmul_tile=MATMUL_TILE)
 
 
+def cuda_caps(arch: str) -> Capabilities:
+    """CUDA_CAPS plus the tensor cores of `arch` ('sm_80' and later: mma.sync m16n8k16 for float16 and
+    bfloat16, see codegen/strategies/tensor_core.py); an unknown arch gets none."""
+    from dataclasses import replace
+    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16
+    digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if digits and int(digits) >= 80:
+        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16,))
+    return CUDA_CAPS
+
+
 # ---- CUDA C ----------------------------------------------------------------------------------
 
 _CUDA_HALF_HELPERS = {
@@ -43,9 +54,32 @@ _CUDA_HALF_HELPERS = {
 
 
 class CUDACPrinter(GPUCPrinter):
-    """CUDA C: `extern "C" __global__`, `__launch_bounds__`, `__restrict__`, blockIdx/threadIdx."""
+    """CUDA C: `extern "C" __global__`, `__launch_bounds__`, `__restrict__`, blockIdx/threadIdx; tensor
+    cores as inline PTX (ldmatrix, mma.sync)."""
 
     half_helpers = _CUDA_HALF_HELPERS
+
+    def ldmatrix(self, ins: Instr) -> None:
+        (buf, idx), (count, trans) = ins.src, ins.arg
+        r = self.ref(ins)
+        regs = [f"{r}_{n}" for n in range(count)]
+        self.emit(f"unsigned {', '.join(regs)};")
+        outs = ", ".join(f'"=r"({x})' for x in regs)
+        dst = ", ".join(f"%{n}" for n in range(count))
+        # the shared-window address of the lane's row (cvta: generic -> .shared)
+        self.emit(f'asm volatile("{{ .reg .u64 sa; cvta.to.shared.u64 sa, %{count}; '
+                  f'ldmatrix.sync.aligned.m8n8.x{count}{".trans" if trans else ""}.shared.b16 {{{dst}}}, [sa]; }}" '
+                  f': {outs} : "l"({self.ref(buf)} + {self.ref(idx)}) : "memory");')
+
+    def mma(self, ins: Instr) -> None:
+        a, b, *accs = ins.src
+        shape, pair = ins.arg
+        ab = "f16" if a.dtype.name == "float16" else "bf16"
+        ra, rb = self.ref(a), self.ref(b)
+        outs = ", ".join(f'"+f"(acc{c.id})' for c in accs)
+        ins_ = ", ".join([f'"r"({ra}_{n})' for n in range(4)] + [f'"r"({rb}_{2 * pair + n})' for n in range(2)])
+        self.emit(f'asm("mma.sync.aligned.{shape}.row.col.f32.{ab}.{ab}.f32 {{%0, %1, %2, %3}}, '
+                  f'{{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};" : {outs} : {ins_});')
 
     def kernel_decl(self) -> str:
         decl = super().kernel_decl()
@@ -64,6 +98,7 @@ class CUDARenderer(Renderer):
     def __init__(self, device: DeviceSpec, arch: str = "") -> None:
         super().__init__(device)
         self.arch = arch
+        self.caps = cuda_caps(arch)
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return CUDACPrinter(kernel).render()
@@ -103,6 +138,43 @@ class NVPTXPrinter(LLVMIRPrinter):
         self.declare(name, t, "i32", t, "i32", "i32")
         self.emit(f"{self.ref(ins)} = call {t} @{name}(i32 -1, {t} {self.ref(ins.src[0])}, i32 {ins.arg[0]}, i32 31)")
 
+    _FRAG = "{i32, i32, i32, i32}"
+
+    def ldmatrix(self, ins: Instr) -> None:
+        (buf, idx), (count, trans) = ins.src, ins.arg
+        assert count == 4, "ldmatrix .x4 only"
+        r = self.ref(ins)
+        name = f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.b16"
+        self.declare(name, self._FRAG, self.local_ptr)
+        self.emit(f"{r}.p = getelementptr inbounds {self.mem_ty(ins.dtype)}, {self.local_ptr} @smem{buf.id}, "
+                  f"i32 {self.ref(idx)}")
+        self.emit(f"{r} = call {self._FRAG} @{name}({self.local_ptr} {r}.p)")
+
+    def mma(self, ins: Instr) -> None:
+        a, b, *accs = ins.src
+        shape, pair = ins.arg
+        m = f"%mma{ins.id}"
+        # f16 inputs: llvm.nvvm.mma.<shape>.row.col.<d>.<c> with <2 x half> registers; bf16: i32 registers
+        half = a.dtype.name == "float16"
+        name = f"llvm.nvvm.mma.{shape}.row.col.{'f32.f32' if half else 'bf16'}"
+        rt = "<2 x half>" if half else "i32"
+        args = []
+        for tag, frag, regs in (("a", a, range(4)), ("b", b, (2 * pair, 2 * pair + 1))):
+            for n in regs:
+                self.emit(f"{m}.{tag}{n} = extractvalue {self._FRAG} {self.ref(frag)}, {n}")
+                if half:
+                    self.emit(f"{m}.{tag}{n}.h = bitcast i32 {m}.{tag}{n} to <2 x half>")
+                args.append(f"{rt} {m}.{tag}{n}{'.h' if half else ''}")
+        for n, c in enumerate(accs):
+            self.emit(f"{m}.c{n} = load float, ptr %acc{c.id}")
+            args.append(f"float {m}.c{n}")
+        ret = "{float, float, float, float}"
+        self.declare(name, ret, *(x.split(" %")[0] for x in args))
+        self.emit(f"{m} = call {ret} @{name}({', '.join(args)})")
+        for n, c in enumerate(accs):
+            self.emit(f"{m}.d{n} = extractvalue {ret} {m}, {n}")
+            self.emit(f"store float {m}.d{n}, ptr %acc{c.id}")
+
     def special(self, ins: Instr) -> str:
         kind, dim = ins.arg
         reg = {"group_id": "ctaid", "local_id": "tid"}[kind]
@@ -140,6 +212,7 @@ class NVPTXRenderer(Renderer):
     def __init__(self, device: DeviceSpec, arch: str = "") -> None:
         super().__init__(device)
         self.arch = arch
+        self.caps = cuda_caps(arch)
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return NVPTXPrinter(kernel).render()

@@ -134,6 +134,8 @@ class CStylePrinter:
 
     def vector_type(self, dt: DType, width: int) -> str:
         """The built-in vector type of `width` elements of dt (float4, int4, uint4)."""
+        if dt.name in _HALF and width == 8:
+            return "uint4"          # 8 16-bit elements as 16 bytes (tensor-core tile fills)
         base = self._VECTOR_BASE.get(dt.name)
         if base is None or width not in (2, 4):
             raise NotImplementedError(f"{type(self).__name__} has no {width}-wide vector of {dt.name}")
@@ -263,6 +265,10 @@ class CStylePrinter:
             vt = self.vector_type(ins.dtype, len(ins.src))
             self.emit(f"{vt} v{ins.id} = make_{vt}({', '.join(self.ref(x) for x in ins.src)});")
         elif k is L.EXTRACT:
+            if ins.dtype.name in _HALF:    # a lane of 16-bit elements packed into a uint4
+                word = f"(&{self.ref(ins.src[0])}.x)[{ins.arg // 2}]"
+                self.define(ins, f"({self.ctype(ins.dtype)})({word} >> {16 * (ins.arg % 2)})")
+                return
             self.define(ins, f"{self.ref(ins.src[0])}.{'xyzw'[ins.arg]}")
         elif k is L.ATOMIC_ADD:
             buf, idx, val = ins.src
@@ -281,8 +287,19 @@ class CStylePrinter:
             self.emit(f"acc{acc.id} = {self.ref(val)};")
         elif k is L.ALU:
             self.alu(ins)
+        elif k is L.LDMATRIX:
+            self.ldmatrix(ins)
+        elif k is L.MMA:
+            self.mma(ins)
         else:
             raise NotImplementedError(k)
+
+    def ldmatrix(self, ins: Instr) -> None:
+        """Tensor-core fragment load (codegen/strategies/tensor_core.py); dialects with tensor cores print it."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragment loads")
+
+    def mma(self, ins: Instr) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")
 
     # ---- ALU --------------------------------------------------------------------------------
     def alu(self, ins: Instr) -> None:

@@ -37,6 +37,13 @@ class L(enum.Enum):
     LOCAL = "local"          # work-group shared array; arg: element count; dtype: element dtype
     BARRIER = "barrier"      # work-group barrier (after shared-memory stores)
     ALU = "alu"              # arg: Ops; src: operands
+    # tensor cores (codegen/strategies/tensor_core.py); every lane of the warp takes part
+    LDMATRIX = "ldmatrix"    # src: (local, index): this lane's row address (16 contiguous bytes of 16-bit
+                             # elements) of 8x8 matrix lane // 8; arg: (count, trans); dtype: the element
+                             # dtype; the value: `count` 32-bit registers, two elements each (PTX ldmatrix)
+    MMA = "mma"              # src: (a, b, c0, c1, c2, c3): a, b LDMATRIX fragments, c* float32 ACCs updated
+                             # in place; arg: (shape, b_pair): c += A @ B on the warp (b's registers
+                             # 2*b_pair, 2*b_pair+1), e.g. "m16n8k16" (PTX mma.sync ... .row.col.f32)
 
 
 @dataclass(eq=False)

@@ -281,8 +281,19 @@ class LLVMIRPrinter:
             self.emit(f"store {self.ty(acc.dtype)} {self.ref(val)}, ptr %acc{acc.id}")
         elif k is L.ALU:
             self.alu(ins)
+        elif k is L.LDMATRIX:
+            self.ldmatrix(ins)
+        elif k is L.MMA:
+            self.mma(ins)
         else:
             raise NotImplementedError(k)
+
+    def ldmatrix(self, ins: Instr) -> None:
+        """Tensor-core fragment load (codegen/strategies/tensor_core.py); targets with tensor cores print it."""
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragment loads")
+
+    def mma(self, ins: Instr) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")
 
     # ---- ALU --------------------------------------------------------------------------------
     def fmf(self, ins: Instr) -> str:

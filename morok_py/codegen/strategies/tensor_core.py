@@ -1,0 +1,334 @@
+"""Tensor cores: float16/bfloat16 contractions accumulated in float32 on the GPU's matrix units.
+
+A contraction `out[i, j] = g(SUM_k float32(a[i, k]) * float32(b[k, j]))` whose a and b are float16 or
+bfloat16 (the library widens such products to float32, see ir._widen) takes the shared-memory tiling of
+codegen/gpu_tile.py with the inner product replaced by warp-wide matrix instructions:
+
+- the block is BM x BN outputs, k walked BK at a time; its (BM / WM) x (BN / WN) warps own WM x WN
+  outputs each, as (WM / 16) x (WN / 8) m16n8 float32 accumulator fragments;
+- the A and B tiles hold the raw 16-bit inputs, laid out like the operand in global memory: an operand
+  contiguous along k (row-major A, B^T) as [m][k] (k contiguous: a 16-byte global load is one 16-byte
+  shared store), one contiguous along its rows or columns as [k][m] (gpu_tile's k-major tiles). Rows are
+  padded by 8 elements (16 bytes) so that the 8 rows an `ldmatrix` reads hit distinct banks and every row
+  address stays 16-byte aligned;
+- per 16 k: one `ldmatrix.x4` per 16 rows of A (the m16k16 A fragment), one per 16 columns of B (two
+  k16n8 B fragments) -- `.trans` for the k-major tiles -- then one `mma.sync.m16n8k16.row.col.f32` per
+  accumulator fragment;
+- sizes stay arbitrary (symbolic too): rows and columns past the end are clamped like gpu_tile's, and the
+  k tail is filled with zeros past K (an mma step cannot skip single k; 0 * 0 adds nothing). Double
+  buffering and 16-byte global loads (8 elements) where the strides prove alignment come from gpu_tile.
+
+`MMA_M16N8K16` is the NVIDIA shape (sm_80 and later: PTX mma.sync, in CUDA C as inline PTX and in NVPTX
+LLVM IR as llvm.nvvm.ldmatrix / llvm.nvvm.mma intrinsics). The epilogue (g, guarded stores) and the
+launch check are gpu_tile's.
+"""
+from __future__ import annotations
+
+from ...dtypes import dtypes
+from ...ir import AxisType, Ops, UOp
+from ..capabilities import Capabilities
+from ..gpu_tile import SMEM_LIMIT, _Builder, _Pass, _plan, _Tile, _vector_aligned
+from ..linear import If, Instr, Item, L, Loop
+from ..scan import KernelScan
+
+MMA_M16N8K16 = "mma_m16n8k16"          # NVIDIA sm_80+: mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}
+TC_PAD = 8                             # elements added to each tile row: 16 bytes (see the module doc)
+TC_TILE = (128, 128, 32, 64, 32)       # (BM, BN, BK, WM, WN): 8 warps of 64x32 outputs
+TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small problems
+TC_TILE_CANDIDATES = [TC_TILE, TC_SMALL_TILE, (128, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
+                      (64, 64, 64, 32, 32), (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
+TC_DTYPES = ("float16", "bfloat16")
+WARP = 32
+
+
+def _raw_load(unit: UOp) -> UOp | None:
+    """The 16-bit load under a staged unit float32(load) (or the load itself)."""
+    if unit.op is Ops.CAST and unit.dtype == dtypes.float32:
+        unit = unit.src[0]
+    return unit if unit.op is Ops.LOAD and unit.dtype.name in TC_DTYPES else None
+
+
+def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities) -> bool:
+    BM, BN, BK, WM, WN = tile
+    if min(tile) < 1 or BM % WM or BN % WN or WM % 16 or WN % 16 or BK % 16:
+        return False
+    tiles = sum(max(BK * (W + TC_PAD), W * (BK + TC_PAD)) for W in (BM, BN))   # either layout
+    if 2 * tiles * 2 > SMEM_LIMIT:                  # double-buffered, 2 bytes an element
+        return False
+    return tc_threads(tile) <= min(caps.max_threads_per_group, caps.local_max[0])
+
+
+def tc_threads(tile: tuple[int, int, int, int, int]) -> int:
+    BM, BN, _, WM, WN = tile
+    return (BM // WM) * (BN // WN) * WARP
+
+
+def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int]):
+    """gpu_tile's plan, its units narrowed to the raw 16-bit loads, when the kernel is a plain float32 sum of
+    products of two float16 (or two bfloat16) operands; else None."""
+    if MMA_M16N8K16 not in caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps):
+        return None
+    BM, BN, BK, WM, WN = tile
+    # gpu_tile's recognition with a tile it accepts (one work-item per warp: same block, same k depth)
+    plan = _plan(ast, caps, scan, (BM, BN, BK, WM, WN))
+    if plan is None:
+        return None
+    red, f = plan.red, plan.red.src[0]
+    if red.arg is not Ops.ADD or red.dtype != dtypes.float32 or f.op is not Ops.MUL:
+        return None
+    if sorted(plan.units.get(s) or "" for s in f.src) != ["A", "B"] or len(plan.units) != 2:
+        return None
+    loads = {plan.units[s]: _raw_load(s) for s in f.src}
+    if any(v is None for v in loads.values()) or loads["A"].dtype != loads["B"].dtype:
+        return None
+    plan.tile = tile
+    plan.units = {loads["A"]: "A", loads["B"]: "B"}
+    plan.fast = {u: plan.fast.get(s, "k") for s in f.src for u in (_raw_load(s),)}
+    plan.mma_operands = tuple(f.src)      # the float32(...) units the product is formed of
+    return plan
+
+
+def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int, int, int, int] | None:
+    """The heuristic tensor-core tile: 128x128 blocks, 64x64 where that leaves fewer than 2 blocks per SM
+    (about 264 blocks on an H100) and the extents are constant; None when the kernel cannot take one."""
+    plan = tc_plan(ast, caps, scan, TC_TILE)
+    if plan is None:
+        return None
+    M, N = plan.i.src[0], plan.j.src[0]
+    if M.op is Ops.CONST and N.op is Ops.CONST:
+        if min(M.arg, N.arg) < 16:
+            return None          # too small for a 16-row fragment to pay: the general path
+        if -(-M.arg // 128) * -(-N.arg // 128) < 264 and tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None:
+            return TC_SMALL_TILE
+    return TC_TILE
+
+
+class _MMABuilder(_Builder):
+    """gpu_tile's kernel skeleton (clamped fills, double buffering, epilogue, launch check) around warp
+    matrix instructions. Accumulator (r, c) of a work-item is fragment (r // 2, c // 2)'s register
+    2 * (r % 2) + c % 2: row first_A + offs_A[r], column first_B + offs_B[c] (PTX's m16n8 C layout)."""
+
+    def build(self):
+        p = self.p
+        BM, BN, BK, WM, WN = p.tile
+        self.WM, self.WN = WM, WN
+        warps_n = BN // WN
+        self.T, self.BK = tc_threads(p.tile), BK
+        self.plain = True
+        body: list[Item] = []
+        top = body
+        gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
+        gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
+        tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
+        top += [gx, gy, tid]
+        self.bind: dict[UOp, Instr] = {}
+        if p.b is not None:
+            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
+            top.append(gz)
+            self.bind[p.b] = gz
+        memo: dict[UOp, Instr] = {}
+        M = self.expr(p.i.src[0], {}, top, memo)
+        N = self.expr(p.j.src[0], {}, top, memo)
+        K = self.expr(p.k.src[0], {}, top, memo)
+        warp = self.op(top, Ops.IDIV, tid, self.c(WARP))
+        lane = self.op(top, Ops.MOD, tid, self.c(WARP))
+        wm0 = self.op(top, Ops.MUL, self.op(top, Ops.IDIV, warp, self.c(warps_n)), self.c(WM))
+        wn0 = self.op(top, Ops.MUL, self.op(top, Ops.MOD, warp, self.c(warps_n)), self.c(WN))
+        row0 = self.op(top, Ops.MUL, gy, self.c(BM))
+        col0 = self.op(top, Ops.MUL, gx, self.c(BN))
+        rem_m = self.op(top, Ops.SUB, M, row0)
+        rem_n = self.op(top, Ops.SUB, N, col0)
+        self.side = {"A": (row0, rem_m, self.op(top, Ops.SUB, rem_m, self.c(1))),
+                     "B": (col0, rem_n, self.op(top, Ops.SUB, rem_n, self.c(1)))}
+        self.tiles = [self.tile(u, kind, BM if kind == "A" else BN, tid, top) for u, kind in p.units.items()]
+        self.tiles.sort(key=lambda t: t.kind)
+        self.db = True
+        for t in self.tiles:
+            t.smem.arg = 2 * t.size
+        # the lane's row address of each ldmatrix.x4.trans (matrix q = lane // 8, its row r = lane % 8):
+        # A (m16 x k16): q -> (k + 8 * (q // 2), m + 8 * (q % 2)); B (k16 x n16): q -> (k + 8 * (q % 2), n + 8 * (q // 2))
+        q, r = self.op(top, Ops.IDIV, lane, self.c(8)), self.op(top, Ops.MOD, lane, self.c(8))
+        q_lo, q_hi = self.op(top, Ops.MOD, q, self.c(2)), self.op(top, Ops.IDIV, q, self.c(2))
+        # [w][k] tiles (no .trans): A q -> (m + 8 * (q % 2), k + 8 * (q // 2)); B q -> (n + 8 * (q // 2), k + 8 * (q % 2))
+        self.lm_base = {}
+        for t in self.tiles:
+            k_sel, w_sel, w0 = (q_hi, q_lo, wm0) if t.kind == "A" else (q_lo, q_hi, wn0)
+            k8 = self.op(top, Ops.MUL, k_sel, self.c(8))
+            w8 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, w_sel, self.c(8)), w0)
+            row, col = (self.op(top, Ops.ADD, k8, r), w8) if t.kmajor else (self.op(top, Ops.ADD, w8, r), k8)
+            self.lm_base[t.kind] = self.op(top, Ops.ADD, self.op(top, Ops.MUL, row, self.c(t.ld)), col)
+        # accumulators and the epilogue's view of them (PTX m16n8 C fragment: row lane / 4 (+8),
+        # columns 2 * (lane % 4) + {0, 1})
+        TM, TN = 2 * (WM // 16), 2 * (WN // 8)
+        self.accs = [[self.new(L.ACC, dtypes.float32, (), 0.0) for _ in range(TN)] for _ in range(TM)]
+        top.extend(a for row in self.accs for a in row)
+        self.offs = {"A": [16 * (rr // 2) + 8 * (rr % 2) for rr in range(TM)],
+                     "B": [8 * (cc // 2) + cc % 2 for cc in range(TN)]}
+        self.first = {"A": self.op(top, Ops.ADD, wm0, self.op(top, Ops.IDIV, lane, self.c(4))),
+                      "B": self.op(top, Ops.ADD, wn0, self.op(top, Ops.MUL, self.op(top, Ops.MOD, lane, self.c(4)),
+                                                                   self.c(2)))}
+
+        zero = self.c(0)
+        has_k = If(self.op(top, Ops.CMPLT, zero, K))
+        top.append(has_k)
+        work = has_k.body
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        from ..launch_check import SteppedLoop
+        Ke = p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
+        # double-buffered full tiles, as gpu_tile: buffer (k0 / BK) % 2 is read while the next tile loads
+        first = If(self.op(work, Ops.CMPLT, zero, k_full))
+        work.append(first)
+        par = self.new(L.ACC, dtypes.index, (), 0)
+        work.append(par)
+        for t in self.tiles:
+            self.fill(t, t.vpasses or t.passes, zero, None, None, first.body, first.body)
+        first.body.append(self.new(L.BARRIER, None))
+        work.append(main)
+        lb = main.body
+        kn = self.op(lb, Ops.MIN, self.op(lb, Ops.ADD, main.var, self.c(BK)), self.op(lb, Ops.SUB, k_full, self.c(BK)))
+        now = self.new(L.ACC_LOAD, dtypes.index, (par,))
+        lb.append(now)
+        later: list[Item] = []
+        rd: dict[str, Instr] = {}
+        for t in self.tiles:
+            rd[t.kind] = self.op(lb, Ops.MUL, now, self.c(t.size))
+            wr = self.op(later, Ops.SUB, self.c(t.size), rd[t.kind])
+            self.fill(t, t.vpasses or t.passes, kn, None, wr, lb, later)
+        self.mma_steps(lb, rd, BK // 16)
+        lb.extend(later)
+        lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
+        lb.append(self.new(L.BARRIER, None))
+        # the k tail: k_rem < BK valid rows, the rest of the tile zero; ceil(k_rem / 16) mma steps
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+        for t in self.tiles:
+            self.fill_zero_padded(t, k_full, k_rem, tail.body)
+        tail.body.append(self.new(L.BARRIER, None))
+        steps = self.op(tail.body, Ops.IDIV, self.op(tail.body, Ops.ADD, k_rem, self.c(15)), self.c(16))
+        inner = Loop(self.new(L.LOOPVAR, dtypes.index), zero, steps, AxisType.REDUCE)
+        tail.body.append(inner)
+        self.mma_step(inner.body, {t.kind: None for t in self.tiles}, inner.var)
+        self.epilogue(top)
+        return self.finish(body)
+
+    def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
+        """A shared tile of the raw 16-bit inputs, [width][BK + TC_PAD] for an operand contiguous along k,
+        else [BK][width + TC_PAD], and its fill passes."""
+        fast = self.p.fast.get(unit, "k")
+        kmajor = fast != "k"
+        ld = (width if kmajor else self.BK) + TC_PAD
+        size = (self.BK if kmajor else width) * ld
+        smem = self.new(L.LOCAL, unit.dtype, (), size)
+        top.append(smem)
+        t = _Tile(unit, kind, smem, ld, size)
+        t.kmajor = kmajor
+        fill = self.fill_passes if kmajor else self.fill_passes_along_k
+        t.passes = fill(t, width, fast, 1, tid, top)
+        if self.fill_vector(t, width, fast) > 1:
+            t.vpasses = fill(t, width, fast, 8, tid, top)
+        return t
+
+    def fill_passes_along_k(self, t: _Tile, width: int, fast: str, vec: int, tid: Instr, top: list[Item]) -> list[_Pass]:
+        """Fill passes of a [w][k] tile: consecutive work-items take consecutive `vec`-element runs of one
+        row along k, so a run is one global load and one shared store (`along` 'w': contiguous in the tile
+        row). Items of a last, partial pass load a clamped element and skip the store."""
+        BK, T = self.BK, self.T
+        per = BK // vec
+        units = per * width
+        out: list[_Pass] = []
+        lw0: Instr | None = None
+        for pas in range(-(-units // T)):
+            if pas and T % per == 0 and (pas + 1) * T <= units:
+                # pass 0 moved down by whole rows: same lk, constant offsets from one base register
+                p0, step = out[0], pas * T // per
+                sidx = self.op(top, Ops.ADD, p0.sidx, self.c(step * t.ld))
+                w = self.clamped(top, t.kind, self.op(top, Ops.ADD, lw0, self.c(step)))
+                out.append(_Pass(None, sidx, p0.lk, w, vec, "w"))
+                continue
+            e = self.op(top, Ops.ADD, tid, self.c(pas * T)) if pas else tid
+            guard = None
+            if (pas + 1) * T > units:
+                guard = self.op(top, Ops.CMPLT, e, self.c(units))
+                e = self.op(top, Ops.MIN, e, self.c(units - 1))
+            lk = self.op(top, Ops.MOD, e, self.c(per))
+            lk = self.op(top, Ops.MUL, lk, self.c(vec)) if vec > 1 else lk
+            lw = self.op(top, Ops.IDIV, e, self.c(per))
+            lw0 = lw if not pas else lw0
+            sidx = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lw, self.c(t.ld)), lk)
+            out.append(_Pass(guard, sidx, lk, self.clamped(top, t.kind, lw), vec, "w"))
+        return out
+
+    def fill_vector(self, t: _Tile, width: int, fast: str) -> int:
+        """8 (16-byte loads) where gpu_tile would allow 4-wide ones of a 4-byte type: aligned constant strides."""
+        p, vec = self.p, 8
+        rng = p.k if fast == "k" else p.i if t.kind == "A" else p.j
+        if fast == "k":
+            if self.BK % vec:
+                return 1
+        elif width % vec or rng.src[0].op is not Ops.CONST or rng.src[0].arg % vec:
+            return 1
+        return vec if _vector_aligned(t.unit.src[1], rng, vec) else 1
+
+    def fill_zero_padded(self, t: _Tile, k0: Instr, k_rem: Instr, out: list[Item]) -> None:
+        """The tail tile into buffer 0: rows k0 + lk for lk < k_rem, zeros below them (clamped loads)."""
+        p = self.p
+        k_last = self.op(out, Ops.SUB, k_rem, self.c(1))
+        for ps in t.passes:
+            blk = out
+            if ps.guard is not None:
+                g = If(ps.guard)
+                out.append(g)
+                blk = g.body
+            kc = self.op(blk, Ops.ADD, k0, self.op(blk, Ops.MIN, ps.lk, k_last))
+            env = {**self.bind, p.k: kc, (p.i if t.kind == "A" else p.j): ps.w}
+            v = self.expr(t.unit, env, blk, {})
+            ok = self.op(blk, Ops.CMPLT, ps.lk, k_rem)
+            z = self.leaf(L.CONST, t.unit.dtype, 0.0)
+            vz = self.new(L.ALU, t.unit.dtype, (ok, v, z), Ops.WHERE)
+            blk += [vz, self.new(L.STORE, None, (t.smem, ps.sidx, vz))]
+
+    def mma_steps(self, out: list[Item], rd: dict[str, Instr], steps: int) -> None:
+        for s in range(steps):
+            self.mma_step(out, rd, self.c(s))
+
+    def mma_step(self, out: list[Item], rd: dict[str, Instr | None], step: Instr) -> None:
+        """16 k of the tiles (k rows 16 * step ...) into every accumulator fragment of the warp."""
+        frags: dict[str, list[Instr]] = {}
+        for t in self.tiles:
+            base = self.lm_base[t.kind]
+            if rd.get(t.kind) is not None:
+                base = self.op(out, Ops.ADD, base, rd[t.kind])
+            kstride, wstride = (16 * t.ld, 16) if t.kmajor else (16, 16 * t.ld)   # 16 k, 16 rows (columns)
+            if step.kind is L.CONST:
+                kofs = self.c(kstride * step.arg) if step.arg else None
+            else:
+                kofs = self.op(out, Ops.MUL, step, self.c(kstride))
+            if kofs is not None:
+                base = self.op(out, Ops.ADD, base, kofs)
+            frags[t.kind] = []
+            for n16 in range((self.WM if t.kind == "A" else self.WN) // 16):
+                idx = self.op(out, Ops.ADD, base, self.c(wstride * n16)) if n16 else base
+                fr = self.new(L.LDMATRIX, t.smem.dtype, (t.smem, idx), (4, t.kmajor))
+                out.append(fr)
+                frags[t.kind].append(fr)
+        for mi, a in enumerate(frags["A"]):
+            for ni in range(self.WN // 8):
+                b = frags["B"][ni // 2]
+                accs = [self.accs[2 * mi + h][2 * ni + e] for h in (0, 1) for e in (0, 1)]
+                out.append(self.new(L.MMA, None, (a, b, *accs), ("m16n8k16", ni % 2)))
+
+
+def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, tile, mma: str):
+    """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), or None."""
+    if mma != MMA_M16N8K16:
+        return None
+    plan = tc_plan(ast, caps, scan, tile)
+    if plan is None:
+        return None
+    return _MMABuilder(ast, caps, name, plan).build()
+
+
+__all__ = ["MMA_M16N8K16", "TC_TILE", "TC_TILE_CANDIDATES", "choose_tc_tile", "tc_plan", "tc_threads", "tile_mma", "valid_tc_tile"]

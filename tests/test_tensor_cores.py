@@ -1,0 +1,274 @@
+"""Tensor cores (codegen/strategies/tensor_core.py): float16/bfloat16 contractions accumulated in float32
+through warp matrix instructions (NVIDIA mma.sync m16n8k16 with ldmatrix fragment loads).
+
+- which kernels take it (the schedule's `tensor_core` field) and which keep the CUDA-core paths;
+- the lowering's logic, run in the test-only interpreter (tests/linear_interp.py emulates ldmatrix and
+  mma.sync lane by lane as PTX defines them): odd, symbolic, tiny, transposed, batched and fused sizes;
+- both CUDA pairs compile it for sm_80 and sm_90 without a GPU (no spills, the instructions present);
+- `cuda`-marked runs on a real GPU against PyTorch (or numpy) with float32 accumulation.
+
+Tolerances: the reference is the float32 product of the same 16-bit inputs, rounded once to the output
+dtype; ours sums in another order, so a result may be one output ulp off: rtol 2^-9 (float16) / 2^-6
+(bfloat16), atol 1e-3 (float16) / 1e-2 (bfloat16) for values near 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from morok_py import AxisType, UOp, dtypes, kernels as K
+from morok_py.codegen.linear import L
+from morok_py.codegen.lower import lower, scan_kernel
+from morok_py.codegen.schedule import Schedule, candidate_schedules, check_schedule, default_schedule
+from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_TILE
+from morok_py.codegen.symbolic import simplify
+from morok_py.dtypes import to_numpy
+from morok_py.errors import LaunchError
+
+import linear_interp as LI
+from conftest import open_target
+
+CAPS = dataclasses.replace(
+    __import__("morok_py.backends.cuda.renderer", fromlist=["CUDA_CAPS"]).CUDA_CAPS, tensor_cores=(MMA_M16N8K16,))
+HALVES = [dtypes.float16, dtypes.bfloat16]
+TOL = {"float16": (2**-9, 1e-3), "bfloat16": (2**-6, 1e-2)}
+
+
+def _sched(ast, caps=CAPS) -> Schedule:
+    ast = simplify(ast)
+    return default_schedule(ast, caps, scan_kernel(ast))
+
+
+def var(n, lo=1, hi=1 << 20):
+    return UOp.variable(n, lo, hi)
+
+
+def contraction(dtype, M=None, N=None, Kd=None, a_t=False, b_t=False, batch=None, bias=False):
+    """out[i, j] = SUM_k a[i, k] * b[k, j] (+ bias[j], relu), a/b row-major or transposed, 16-bit."""
+    M, N, Kd = (x if x is not None else var(n) for x, n in ((M, "M"), (N, "N"), (Kd, "K")))
+    e = lambda x: x if isinstance(x, UOp) else UOp.const(int(x))  # noqa: E731
+    a, b = UOp.param(0, dtype), UOp.param(1, dtype)
+    out = UOp.param(3 if bias else 2, dtype)
+    i, j, k = UOp.range(M, 1), UOp.range(N, 2), UOp.range(Kd, 3, AxisType.REDUCE)
+    ba = bb = bo = UOp.const(0)
+    if batch is not None:
+        z = UOp.range(batch, 0)
+        ba, bb, bo = z * (e(M) * e(Kd)), z * (e(Kd) * e(N)), z * (e(M) * e(N))
+    av = a.load(ba + (k * e(M) + i if a_t else i * e(Kd) + k))
+    bv = b.load(bb + (j * e(Kd) + k if b_t else k * e(N) + j))
+    v = (av * bv).reduce(k)
+    if bias:
+        v = (v + UOp.param(2, dtype).load(j)).relu()
+    return UOp.sink(out.store(bo + i * e(N) + j, v))
+
+
+def check(got, want, dt):
+    rtol, atol = TOL[dt.name]
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=rtol, atol=atol)
+
+
+def interpret(ast, bufs, out_count, dt, values=None):
+    kernel, info = lower(ast, CAPS, "mm")
+    assert kernel.schedule.tensor_core == MMA_M16N8K16
+    out = np.zeros(out_count, to_numpy(dt))
+    w = LI.run(kernel, info, [x.reshape(-1) for x in bufs] + [out], values or {})
+    assert (w[-1] == 1).all(), "every output is stored exactly once"
+    return out
+
+
+def operands(rng, dt, *shapes):
+    return [rng.standard_normal(s).astype(np.float32).astype(to_numpy(dt)) for s in shapes]
+
+
+def f32(x):
+    return np.asarray(x, np.float32)
+
+
+# ---- the schedule ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+def test_default_schedule_uses_tensor_cores_for_16_bit_contractions(dt):
+    s = _sched(K.matmul(4096, 4096, 4096, dtype=dt))
+    assert s == Schedule("tiled", group=256, matmul_tile=TC_TILE, tensor_core=MMA_M16N8K16)
+    assert "tensor_core=mma_m16n8k16" in str(s)
+    assert Schedule.from_json(s.to_json()) == s
+    assert _sched(K.matmul(dtype=dt)).tensor_core == MMA_M16N8K16                      # symbolic
+    assert _sched(K.matmul_bias_relu(4000, 3001, 1023, dtype=dt)).tensor_core == MMA_M16N8K16
+    assert _sched(K.matmul(256, 256, 64, dtype=dt)).matmul_tile == TC_SMALL_TILE       # few blocks: smaller
+
+
+def test_tensor_cores_only_where_they_apply():
+    assert _sched(K.matmul(4096, 4096, 4096)).tensor_core is None                     # float32
+    no_tc = dataclasses.replace(CAPS, tensor_cores=())
+    assert _sched(K.matmul(4096, 4096, 4096, dtype=dtypes.float16), no_tc).tensor_core is None   # sm_75 and older
+    assert _sched(K.matmul(8, 8, 8, dtype=dtypes.float16)).tensor_core is None         # too small to tile
+    # a mixed f16 x bf16 product is not one mma
+    a, b = UOp.param(0, dtypes.float16), UOp.param(1, dtypes.bfloat16)
+    i, j, k = UOp.range(64, 0), UOp.range(64, 1), UOp.range(64, 2, AxisType.REDUCE)
+    f = (a.load(i * 64 + k).cast(dtypes.float32) * b.load(k * 64 + j).cast(dtypes.float32)).reduce(k)
+    assert _sched(UOp.sink(UOp.param(2, dtypes.float32).store(i * 64 + j, f))).tensor_core is None
+
+
+def test_check_schedule_refuses_tensor_cores_the_kernel_or_target_cannot_take():
+    tc = Schedule("tiled", group=256, matmul_tile=TC_TILE, tensor_core=MMA_M16N8K16)
+    for ast, caps in [(K.matmul(256, 256, 256), CAPS),
+                      (K.matmul(256, 256, 256, dtype=dtypes.float16), dataclasses.replace(CAPS, tensor_cores=()))]:
+        ast = simplify(ast)
+        with pytest.raises(ValueError):
+            check_schedule(tc, ast, caps, scan_kernel(ast))
+    ast = simplify(K.matmul(256, 256, 256, dtype=dtypes.float16))
+    with pytest.raises(ValueError):   # the group must be the tile's warps
+        check_schedule(dataclasses.replace(tc, group=128), ast, CAPS, scan_kernel(ast))
+    with pytest.raises(ValueError):
+        Schedule("groups", group=256, tensor_core=MMA_M16N8K16)
+
+
+def test_candidates_hold_tensor_core_tiles_and_the_cuda_core_path():
+    ast = simplify(K.matmul(512, 512, 512, dtype=dtypes.float16))
+    cands = candidate_schedules(ast, CAPS, scan_kernel(ast))
+    assert cands[0].tensor_core == MMA_M16N8K16
+    assert len({c.matmul_tile for c in cands if c.tensor_core}) >= 4
+    assert any(c.mapping == "tiled" and c.tensor_core is None for c in cands)
+
+
+# ---- the lowering, interpreted --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("M,N,Kd,static", [(40, 72, 50, False), (33, 48, 17, True), (64, 64, 64, True),
+                                           (130, 24, 45, False), (16, 16, 16, True), (1, 130, 3, False)])
+def test_lowering_matmul(rng, dt, M, N, Kd, static):
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    ast = K.matmul(M, N, Kd, dtype=dt) if static else K.matmul(dtype=dt)
+    got = interpret(ast, [a, b], M * N, dt, None if static else {"M": M, "N": N, "K": Kd})
+    check(got.reshape(M, N), (f32(a) @ f32(b)).astype(to_numpy(dt)), dt)
+
+
+def test_lowering_is_ldmatrix_and_mma():
+    kernel, _ = lower(K.matmul(256, 256, 256, dtype=dtypes.float16), CAPS, "mm")
+    kinds = [i.kind for i in kernel.walk()]
+    assert kinds.count(L.MMA) >= 16 and kinds.count(L.LDMATRIX) >= 4
+    # aligned static strides: the full tiles are filled by 16-byte (8-element) global loads
+    assert any(i.kind is L.LOAD and i.arg == 8 and i.src[0].kind is L.PARAM for i in kernel.walk())
+    sym, _ = lower(K.matmul(dtype=dtypes.float16), CAPS, "mm")
+    assert not any(i.kind is L.LOAD and i.arg for i in sym.walk())    # symbolic strides: scalar fills
+
+
+@pytest.mark.parametrize("a_t,b_t", [(False, True), (True, False), (True, True)])
+def test_lowering_transposed_operands(rng, a_t, b_t):
+    dt, M, N, Kd = dtypes.float16, 48, 40, 72
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    ga, gb = (a.T.copy() if a_t else a), (b.T.copy() if b_t else b)
+    got = interpret(contraction(dt, M, N, Kd, a_t, b_t), [ga, gb], M * N, dt)
+    check(got.reshape(M, N), (f32(a) @ f32(b)).astype(np.float16), dt)
+
+
+def test_lowering_batched_symbolic(rng):
+    dt, B, M, N, Kd = dtypes.bfloat16, 2, 20, 36, 40
+    a, b = operands(rng, dt, (B, M, Kd), (B, Kd, N))
+    got = interpret(contraction(dt, batch=var("B")), [a, b], B * M * N, dt, {"B": B, "M": M, "N": N, "K": Kd})
+    check(got.reshape(B, M, N), (f32(a) @ f32(b)).astype(to_numpy(dt)), dt)
+
+
+@pytest.mark.parametrize("Kd", [0, 37])
+def test_lowering_fused_dense_layer(rng, Kd):
+    """bias + relu epilogue; K = 0: every output is relu(bias) (no fragment is read)."""
+    dt, M, N = dtypes.float16, 50, 33
+    x, w, bias = operands(rng, dt, (M, Kd), (Kd, N), (N,))
+    got = interpret(contraction(dt, Kd=var("K", 0), bias=True), [x, w, bias], M * N, dt, {"M": M, "N": N, "K": Kd})
+    check(got.reshape(M, N), _reference(x, w, bias), dt)
+
+
+def test_launch_check_still_guards_the_buffers(rng):
+    dt = dtypes.float16
+    kernel, info = lower(K.matmul(dtype=dt), CAPS, "mm")
+    a, b = operands(rng, dt, (40, 50), (50, 72))
+    out = np.zeros(40 * 72, np.float16)
+    with pytest.raises(LaunchError):
+        LI.run(kernel, info, [a.reshape(-1)[:-1], b.reshape(-1), out], {"M": 40, "N": 72, "K": 50})
+
+
+# ---- compiled for CUDA without a GPU ---------------------------------------------------------------
+
+def _pair(key, arch):
+    pytest.importorskip("cuda.bindings", reason="the cuda extra is not installed (pip install morok-py[cuda])")
+    from morok_py.backends.cuda import compile_only_pairs
+    r, c = next(rc for rc in compile_only_pairs(arch) if rc[1].cache_key == key)
+    if c.available() is not None:
+        pytest.fail(f"{key} unavailable: {c.available()}")
+    return r, c
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("which", ["static", "symbolic", "dense"])
+def test_cuda_compiles_mma(key, arch, dt, which):
+    from test_gpu_tile import cubin_resources
+    r, c = _pair(key, arch)
+    ast = {"static": K.matmul(4096, 4096, 4096, dtype=dt), "symbolic": K.matmul(dtype=dt),
+           "dense": K.matmul_bias_relu(4000, 3001, 1023, dtype=dt)}[which]
+    spec = r.render(ast, "mm")
+    assert spec.linear.schedule.tensor_core == MMA_M16N8K16
+    ab = "f16" if dt.name == "float16" else "bf16"
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32"
+    if key == "nvrtc":
+        assert mma in spec.src and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in spec.src
+    else:
+        ptx = c.ptx(spec)
+        assert mma in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and ".local" not in ptx
+    res = cubin_resources(c.compile(spec).bytes)
+    assert res.get("frame", 0) == 0 and res.get("stack", 0) == 0 and res["regs"] <= 128, res
+
+
+def test_cuda_before_sm_80_keeps_the_cuda_core_path():
+    r, c = _pair("nvrtc", "sm_75")
+    spec = r.render(K.matmul(512, 512, 512, dtype=dtypes.float16), "mm")
+    assert spec.linear.schedule.tensor_core is None and "mma.sync" not in spec.src
+
+
+# ---- on a GPU --------------------------------------------------------------------------------------
+
+GPU_PAIRS = [pytest.param(("CUDA", "nvrtc"), id="nvrtc", marks=pytest.mark.cuda),
+             pytest.param(("CUDA", "llvm-nvptx"), id="llvm-nvptx", marks=pytest.mark.cuda)]
+
+
+@pytest.fixture(params=GPU_PAIRS)
+def gpu(request):
+    return open_target(*request.param)
+
+
+def _reference(a, b, bias=None):
+    """float32 accumulation of the 16-bit inputs (torch on the GPU when present, else numpy), rounded to
+    their dtype; with a bias, the kernel's own epilogue: relu(dtype(dtype(a @ b) + bias)) (the fused
+    layer adds the bias to the rounded sum: K.matmul_bias_relu in 16-bit is two roundings)."""
+    dt = a.dtype
+    try:
+        import torch
+        r = (torch.from_numpy(f32(a)).cuda() @ torch.from_numpy(f32(b)).cuda()).cpu().numpy() \
+            if torch.cuda.is_available() else f32(a) @ f32(b)
+    except ImportError:
+        r = f32(a) @ f32(b)
+    r = r.astype(dt)
+    return r if bias is None else np.maximum(f32(f32(r) + f32(bias)).astype(dt), 0)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("M,N,Kd,static", [(512, 512, 512, True), (7, 5, 3, True), (257, 129, 40, False),
+                                           (1000, 1030, 515, False)])
+def test_device_matmul(gpu, rng, dt, M, N, Kd, static):
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    out = gpu.empty(M * N, dt)
+    prog = gpu.compile(K.matmul(M, N, Kd, dtype=dt) if static else K.matmul(dtype=dt))
+    prog(gpu.buf(a), gpu.buf(b), out, **({} if static else {"M": M, "N": N, "K": Kd}))
+    check(out.numpy().reshape(M, N), _reference(a, b), dt)
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+def test_device_fused_dense_layer_odd(gpu, rng, dt):
+    M, N, Kd = 4000, 3001, 1023
+    x, w, bias = operands(rng, dt, (M, Kd), (Kd, N), (N,))
+    out = gpu.empty(M * N, dt)
+    gpu.compile(K.matmul_bias_relu(M, N, Kd, dtype=dt))(gpu.buf(x), gpu.buf(w), gpu.buf(bias), out)
+    check(out.numpy().reshape(M, N), _reference(x, w, bias), dt)
