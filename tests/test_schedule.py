@@ -282,3 +282,16 @@ def test_a_column_mean_is_not_streamed(cpu):
     with pytest.raises(ValueError, match="column reduction"):
         lower(K.reduce_axis("mean", [None, None], 0), caps, "m", schedule=Schedule("threads", reduce="stream",
                                                                                      stream_block=64))
+
+
+@pytest.mark.parametrize("N", [10, 5, 13])
+def test_a_narrow_static_matmul_gets_a_power_of_two_tile_and_a_remainder(cpu, rng, N):
+    """N below the target's tile width: the largest power-of-two width <= N plus remainder columns."""
+    caps = cpu_caps(cpu)
+    M, Kd = 37, 23
+    sched = default_for(K.matmul(M, N, Kd), caps)
+    assert sched.register_tile == (caps.register_tile[0], 1 << (N.bit_length() - 1))
+    a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    out = cpu.empty(M * N, dtypes.float32)
+    cpu.compile(K.matmul(M, N, Kd))(cpu.buf(a), cpu.buf(b), out, wait=True)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)

@@ -190,6 +190,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         tile = caps.register_tile if caps.register_tile is not None and register_tile_applies(ast) else None
         if tile is not None and len(shape.globals_) == 1:
             tile = (1, 2 * tile[1])        # a column reduction: one row of 2x the vector tile's columns
+        elif tile is not None:
+            from .opt import tile_for
+            tile = tile_for(ast, tile)
         return Schedule("threads", register_tile=tile)
     if caps.tensor_cores and caps.has_shared:
         from .strategies.tensor_core import choose_tc_tile, tc_threads
