@@ -9,10 +9,10 @@ set -o pipefail
 MOROK_CACHE_DIR=/tmp/morok-tc-tests timeout ${TEST_TIMEOUT:-110} python3 -m pytest -q -rs -m cuda -p no:cacheprovider \
   tests/test_tensor_cores.py 2>&1 | tee "$OUT/pytest_cuda_issue13.log" | tail -15
 echo "pytest -m cuda exit: ${PIPESTATUS[0]}" | tee -a "$OUT/pytest_cuda_issue13.log"
-for run in "nvrtc:" "llvm-nvptx:" "nvrtc:--no-tensor-cores"; do
+for run in "nvrtc:--beam 10" "llvm-nvptx:" "nvrtc:--no-tensor-cores"; do
   pair=${run%%:*}; flag=${run#*:}
-  tag=$pair${flag:+-cuda-cores}
-  MOROK_CUDA_COMPILER=$pair MOROK_CACHE_DIR=/tmp/morok-tc-$tag timeout ${BENCH_TIMEOUT:-55} python3 \
+  tag=$pair; [[ $flag == *no-tensor* ]] && tag=$pair-cuda-cores
+  MOROK_CUDA_COMPILER=$pair MOROK_CACHE_DIR=/tmp/morok-tc-$tag timeout ${BENCH_TIMEOUT:-75} python3 \
     benchmarks/tensor_cores.py $flag --results "$OUT/issue13-$tag" 2>&1 | tee "$OUT/bench-$tag.log" | tail -8
 done
 ls -la "$OUT"

@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--no-tensor-cores", action="store_true",
                     help="the CUDA-core tiles (the schedule before issue 13), for comparison")
+    ap.add_argument("--beam", type=int, default=0, help="also search this many schedules of float16 4096^3")
+    ap.add_argument("--beam-seconds", type=float, default=25.0)
     args = ap.parse_args()
     import torch
     dev = Device["CUDA"]
@@ -98,10 +100,23 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
             del bufs, out
+    search = None
+    if args.beam and not args.no_tensor_cores:
+        # the search over tensor-core tiles and the CUDA-core tiles (float16 only: search.py compares
+        # candidates' outputs at rtol 1e-3, under one bfloat16 ulp)
+        from morok_py.cache import beam_search
+        t0 = time.perf_counter()
+        res = beam_search(dev, K.matmul(4096, 4096, 4096, dtype=dtypes.float16), "mm_search", beam=args.beam,
+                          seconds=args.beam_seconds, store=False)
+        flops = 2.0 * 4096 ** 3
+        search = {"kernel": "matmul 4096^3 float16", "seconds": time.perf_counter() - t0, "best": str(res.schedule),
+                  "default": str(res.default), "speedup_over_default": res.speedup,
+                  "tflops": {k: flops / v / 1e12 for k, v in res.times.items()}, "rejected": res.rejected}
+        print(json.dumps(search), flush=True)
     info = {"device": str(dev.info()) if hasattr(dev, "info") else str(dev), "torch": torch.__version__,
             "compiler": dev.compiler.cache_key, "tensor_cores": not args.no_tensor_cores, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     with open(args.results + ".json", "w") as f:
-        json.dump({"machine": info, "rows": rows}, f, indent=1)
+        json.dump({"machine": info, "rows": rows, "search": search}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -159,9 +159,41 @@ class _Group:
         else:
             raise InterpError(f"the interpreter has no rule for {k}")
 
-    def whole_warps(self, mask: np.ndarray, what: str) -> None:
-        if self.n % 32 or not all(mask[i:i + 32].all() or not mask[i:i + 32].any() for i in range(0, self.n, 32)):
+    def whole_warps(self, mask: np.ndarray, what: str, w: int = 32) -> None:
+        if self.n % w or not all(mask[i:i + w].all() or not mask[i:i + w].any() for i in range(0, self.n, w)):
             raise InterpError(f"{what} that only part of a warp reaches")
+
+    def amd_matrix(self, ins: Instr, mask: np.ndarray) -> None:
+        """AMD v_mfma_f32_32x32x8 (wave64) and v_wmma_f32_16x16x16 (gfx11, wave32): D = A @ B + C in
+        float32 with the ISA's lane layouts (see codegen/strategies/tensor_core.py)."""
+        a, b, *accs = ins.src
+        mfma = ins.arg[0] == "mfma_32x32x8"
+        w, F, KS = (64, 32, 8) if mfma else (32, 16, 16)
+        self.whole_warps(mask, f"{ins.arg[0]} %{ins.id}", w)
+        av, bv = self.val(a).astype(np.float32), self.val(b).astype(np.float32)
+        t = np.arange(w)
+        for w0 in range(0, self.n, w):
+            if not mask[w0]:
+                continue
+            A, B, C = np.zeros((F, KS), np.float32), np.zeros((KS, F), np.float32), np.zeros((F, F), np.float32)
+            fa, fb = av[w0:w0 + w], bv[w0:w0 + w]
+            if mfma:
+                for e in range(4):
+                    A[t % 32, 4 * (t // 32) + e] = fa[:, e]
+                    B[4 * (t // 32) + e, t % 32] = fb[:, e]
+                rows = [8 * (r // 4) + 4 * (t // 32) + r % 4 for r in range(16)]
+            else:
+                if (fa[:16] != fa[16:]).any() or (fb[:16] != fb[16:]).any():
+                    raise InterpError(f"wmma %{ins.id}: lanes 16-31 must repeat the fragments of lanes 0-15")
+                A[:, :] = fa[:16]
+                B[:, :] = fb[:16].T
+                rows = [2 * r + t // 16 for r in range(8)]
+            cols = t % F
+            for r, acc in enumerate(accs):
+                C[rows[r], cols] = self.accs[acc.id][w0:w0 + w]
+            D = A @ B + C
+            for r, acc in enumerate(accs):
+                self.accs[acc.id][w0:w0 + w] = D[rows[r], cols]
 
     def ldmatrix(self, ins: Instr, mask: np.ndarray) -> np.ndarray:
         """PTX ldmatrix.m8n8.x<count>[.trans].b16: lane 8q + r gives row r of matrix q (8 elements);
@@ -197,9 +229,11 @@ class _Group:
         """PTX mma.sync.m16n8k16.row.col.f32: D = A (16x16) @ B (16x8) + C in float32, fragments as PTX
         lays them out (g = lane / 4, c = 2 (lane % 4)): a: (g, c), (g+8, c), (g, c+8), (g+8, c+8);
         b: (k c, n g), (k c+8, n g); c/d: (g, c), (g+8, c), two columns each."""
-        self.whole_warps(mask, f"mma %{ins.id}")
         a, b, *accs = ins.src
         shape, pair = ins.arg
+        if shape in ("mfma_32x32x8", "wmma_16x16x16"):
+            return self.amd_matrix(ins, mask)
+        self.whole_warps(mask, f"mma %{ins.id}")
         if shape != "m16n8k16":
             raise InterpError(f"the interpreter has no mma shape {shape}")
         av, bv = self.val(a).astype(np.float32), self.val(b).astype(np.float32)

@@ -1,5 +1,6 @@
 """Tensor cores (codegen/strategies/tensor_core.py): float16/bfloat16 contractions accumulated in float32
-through warp matrix instructions (NVIDIA mma.sync m16n8k16 with ldmatrix fragment loads).
+through warp matrix instructions (NVIDIA mma.sync m16n8k16 with ldmatrix fragment loads; AMD MFMA 32x32x8 on gfx90a/gfx942 and WMMA 16x16x16
+on gfx11, compiled and interpreted only: no AMD GPU here).
 
 - which kernels take it (the schedule's `tensor_core` field) and which keep the CUDA-core paths;
 - the lowering's logic, run in the test-only interpreter (tests/linear_interp.py emulates ldmatrix and
@@ -187,6 +188,59 @@ def test_launch_check_still_guards_the_buffers(rng):
     out = np.zeros(40 * 72, np.float16)
     with pytest.raises(LaunchError):
         LI.run(kernel, info, [a.reshape(-1)[:-1], b.reshape(-1), out], {"M": 40, "N": 72, "K": 50})
+
+
+# ---- AMD matrix cores, interpreted (the ISA's lane layouts as tensor_core.py models them) -----------
+
+def _amd_caps(arch):
+    from morok_py.backends.rocm.renderer import capabilities, matrix_cores
+    return dataclasses.replace(capabilities(arch), tensor_cores=matrix_cores(arch))
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx1100"])
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("M,N,Kd,static,a_t", [(40, 72, 50, False, False), (64, 64, 64, True, False),
+                                               (33, 48, 17, True, True), (130, 70, 41, False, True)])
+def test_lowering_amd_matrix_cores(rng, arch, dt, M, N, Kd, static, a_t):
+    caps = _amd_caps(arch)
+    ast = contraction(dt, *((M, N, Kd) if static else (None, None, None)), a_t=a_t)
+    kernel, info = lower(ast, caps, "mm")
+    assert kernel.schedule.tensor_core == caps.tensor_cores[0]
+    assert kernel.local_size[0] % caps.warp_size == 0
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    out = np.zeros(M * N, to_numpy(dt))
+    w = LI.run(kernel, info, [(a.T.copy() if a_t else a).reshape(-1), b.reshape(-1), out],
+               {} if static else {"M": M, "N": N, "K": Kd})
+    assert (w[2] == 1).all()
+    check(out.reshape(M, N), (f32(a) @ f32(b)).astype(to_numpy(dt)), dt)
+
+
+def test_amd_matrix_cores_by_arch():
+    from morok_py.backends.rocm.renderer import matrix_cores
+    assert matrix_cores("gfx90a") == matrix_cores("gfx942") == ("mfma_32x32x8",)
+    assert matrix_cores("gfx1100") == ("wmma_16x16x16",)
+    assert matrix_cores("gfx1030") == () and matrix_cores("gfx906") == ()
+
+
+@pytest.mark.parametrize("arch,want", [("gfx90a", {"float16": "v_mfma_f32_32x32x8f16", "bfloat16": "v_mfma_f32_32x32x8bf16_1k"}),
+                                       ("gfx942", {"float16": "v_mfma_f32_32x32x8_f16", "bfloat16": "v_mfma_f32_32x32x8_bf16"}),
+                                       ("gfx1100", {"float16": "v_wmma_f32_16x16x16_f16", "bfloat16": "v_wmma_f32_16x16x16_bf16"})])
+@pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
+@pytest.mark.parametrize("which", ["static", "symbolic", "dense"])
+def test_amdgpu_compiles_matrix_instructions(arch, want, dt, which):
+    """The code object links; its assembly holds the matrix instruction; no spills (metadata)."""
+    from test_gpu_tile import _amdgpu_pair
+    from morok_py.backends.rocm import compiler as C
+    r, c = _amdgpu_pair(arch)
+    ast = {"static": K.matmul(4096, 4096, 4096, dtype=dt), "symbolic": K.matmul(dtype=dt),
+           "dense": K.matmul_bias_relu(4000, 3001, 1023, dtype=dt)}[which]
+    spec = r.render(ast, "mm")
+    assert spec.linear.schedule.tensor_core == r.caps.tensor_cores[0]
+    asm = c.assembly(spec.src)
+    assert want[dt.name] in asm
+    (meta,) = C.code_object_metadata(c.compile(spec).bytes)["amdhsa.kernels"]
+    assert meta[".vgpr_spill_count"] == 0 and meta[".sgpr_spill_count"] == 0, meta
+    assert meta[".private_segment_fixed_size"] == 0 and meta[".group_segment_fixed_size"] <= 48 << 10, meta
 
 
 # ---- compiled for CUDA without a GPU ---------------------------------------------------------------

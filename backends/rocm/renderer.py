@@ -128,13 +128,59 @@ class AMDGPULLVMPrinter(LLVMIRPrinter):
             return self.f64_helper(op, a)
         return super().unary_float(op, dt, a)
 
+    # matrix cores (codegen/strategies/tensor_core.py): fragments are vectors of 16-bit values, the
+    # accumulators one <n x float>; bfloat16 goes in as i16 bits
+    _MATRIX = {("mfma_32x32x8", "float16"): ("llvm.amdgcn.mfma.f32.32x32x8f16", 4, 16, True),
+               ("mfma_32x32x8", "bfloat16"): ("llvm.amdgcn.mfma.f32.32x32x8bf16.1k", 4, 16, True),
+               ("wmma_16x16x16", "float16"): ("llvm.amdgcn.wmma.f32.16x16x16.f16.v8f32.v16f16", 16, 8, False),
+               ("wmma_16x16x16", "bfloat16"): ("llvm.amdgcn.wmma.f32.16x16x16.bf16.v8f32.v16i16", 16, 8, False)}
+
+    def mma(self, ins: Instr) -> None:
+        a, b, *accs = ins.src
+        name, n, nacc, mfma = self._MATRIX[(ins.arg[0], a.dtype.name)]
+        m = f"%mx{ins.id}"
+        et = "half" if a.dtype.name == "float16" else "i16"
+        ops = []
+        for tag, frag in (("a", a), ("b", b)):
+            v = self.ref(frag)
+            if a.dtype.name == "bfloat16":
+                self.emit(f"{m}.{tag} = bitcast <{n} x bfloat> {v} to <{n} x i16>")
+                v = f"{m}.{tag}"
+            ops.append(f"<{n} x {et}> {v}")
+        ct = f"<{nacc} x float>"
+        prev = "poison"
+        for r, c in enumerate(accs):
+            self.emit(f"{m}.l{r} = load float, {self.acc_ptr} %acc{c.id}")
+            self.emit(f"{m}.c{r} = insertelement {ct} {prev}, float {m}.l{r}, i32 {r}")
+            prev = f"{m}.c{r}"
+        ops.append(f"{ct} {prev}")
+        if mfma:
+            ops += ["i32 0", "i32 0", "i32 0"]    # cbsz, abid, blgp: no broadcast
+        self.declare(name, ct, *(o.rsplit(" ", 1)[0] for o in ops))
+        self.emit(f"{m} = call {ct} @{name}({', '.join(ops)})")
+        for r, c in enumerate(accs):
+            self.emit(f"{m}.d{r} = extractelement {ct} {m}, i32 {r}")
+            self.emit(f"store float {m}.d{r}, {self.acc_ptr} %acc{c.id}")
+
+
+def matrix_cores(arch: str) -> tuple[str, ...]:
+    """The matrix instructions the LLVM pair uses for `arch`: MFMA 32x32x8 on gfx90a/gfx942 (CDNA2/3),
+    WMMA 16x16x16 on gfx11 (RDNA3); none elsewhere (and none for hiprtc and MLIR, which do not print them)."""
+    name, _ = parse_arch(arch)
+    if name in ("gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"):
+        return ("mfma_32x32x8",)
+    if name.startswith("gfx11"):
+        return ("wmma_16x16x16",)
+    return ()
+
 class AMDGPURenderer(Renderer):
-    """LLVM IR for one gfx arch; the arch sets the wave size lowering sees."""
+    """LLVM IR for one gfx arch; the arch sets the wave size and the matrix cores lowering sees."""
 
     def __init__(self, device: DeviceSpec, arch: str) -> None:
         super().__init__(device)
         self.arch = parse_arch(arch)[0]
-        self.caps = capabilities(self.arch)
+        from dataclasses import replace
+        self.caps = replace(capabilities(self.arch), tensor_cores=matrix_cores(self.arch))
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return AMDGPULLVMPrinter(kernel).render()

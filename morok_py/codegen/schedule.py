@@ -198,7 +198,8 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         from .strategies.tensor_core import choose_tc_tile, tc_threads
         tc = choose_tc_tile(ast, caps, scan)
         if tc is not None:
-            return Schedule("tiled", group=tc_threads(tc), matmul_tile=tc, tensor_core=caps.tensor_cores[0])
+            return Schedule("tiled", group=tc_threads(tc, caps.tensor_cores[0]), matmul_tile=tc,
+                            tensor_core=caps.tensor_cores[0])
     if caps.matmul_tile is not None and caps.has_shared:
         from .gpu_tile import deeper_tile, plan_tile
         tile = plan_tile(ast, caps, scan)
@@ -249,7 +250,7 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
             raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
-        if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile) != schedule.group
+        if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
                 or tc_plan(ast, caps, scan, schedule.matmul_tile) is None):
             raise ValueError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
     elif schedule.mapping == "tiled":
@@ -297,7 +298,7 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
         if base.tensor_core is not None:
             from .strategies.tensor_core import TC_TILE_CANDIDATES, tc_threads
-            out += [replace(base, group=tc_threads(t), matmul_tile=t) for t in TC_TILE_CANDIDATES]
+            out += [replace(base, group=tc_threads(t, base.tensor_core), matmul_tile=t) for t in TC_TILE_CANDIDATES]
             out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
         elif base.mapping == "tiled":
             BM, BN, BK, TM, TN = base.matmul_tile

@@ -32,13 +32,17 @@ from ..linear import If, Instr, Item, L, Loop
 from ..scan import KernelScan
 
 MMA_M16N8K16 = "mma_m16n8k16"          # NVIDIA sm_80+: mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}
+MFMA_32X32X8 = "mfma_32x32x8"          # AMD gfx90a/gfx942 (wave64): v_mfma_f32_32x32x8{f16,bf16_1k}
+WMMA_16X16X16 = "wmma_16x16x16"        # AMD gfx11 (wave32): v_wmma_f32_16x16x16_{f16,bf16}
+# per instruction: (wave size, rows of A per fragment, columns of B per fragment load, k per instruction)
+MMAS = {MMA_M16N8K16: (32, 16, 16, 16), MFMA_32X32X8: (64, 32, 32, 8), WMMA_16X16X16: (32, 16, 16, 16)}
 TC_PAD = 8                             # elements added to each tile row: 16 bytes (see the module doc)
 TC_TILE = (128, 128, 32, 64, 32)       # (BM, BN, BK, WM, WN): 8 warps of 64x32 outputs
 TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small problems
+TC_TILE_MFMA = (128, 128, 32, 64, 64)  # 4 waves of 64 lanes, 2x2 32x32 fragments each
 TC_TILE_CANDIDATES = [TC_TILE, TC_SMALL_TILE, (128, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
                       (64, 64, 64, 32, 32), (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
 TC_DTYPES = ("float16", "bfloat16")
-WARP = 32
 
 
 def _raw_load(unit: UOp) -> UOp | None:
@@ -48,25 +52,27 @@ def _raw_load(unit: UOp) -> UOp | None:
     return unit if unit.op is Ops.LOAD and unit.dtype.name in TC_DTYPES else None
 
 
-def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities) -> bool:
+def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma: str | None = None) -> bool:
     BM, BN, BK, WM, WN = tile
-    if min(tile) < 1 or BM % WM or BN % WN or WM % 16 or WN % 16 or BK % 16:
+    _, fm, fn, _ = MMAS[mma or caps.tensor_cores[0]]
+    if min(tile) < 1 or BM % WM or BN % WN or WM % fm or WN % fn or BK % 16:
         return False
     tiles = sum(max(BK * (W + TC_PAD), W * (BK + TC_PAD)) for W in (BM, BN))   # either layout
     if 2 * tiles * 2 > SMEM_LIMIT:                  # double-buffered, 2 bytes an element
         return False
-    return tc_threads(tile) <= min(caps.max_threads_per_group, caps.local_max[0])
+    return tc_threads(tile, mma or caps.tensor_cores[0]) <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
-def tc_threads(tile: tuple[int, int, int, int, int]) -> int:
+def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
+    """Work-items of a tile: its warps (BM / WM) x (BN / WN) times the instruction's wave size."""
     BM, BN, _, WM, WN = tile
-    return (BM // WM) * (BN // WN) * WARP
+    return (BM // WM) * (BN // WN) * MMAS[mma][0]
 
 
 def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int]):
     """gpu_tile's plan, its units narrowed to the raw 16-bit loads, when the kernel is a plain float32 sum of
     products of two float16 (or two bfloat16) operands; else None."""
-    if MMA_M16N8K16 not in caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps):
+    if not caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps):
         return None
     BM, BN, BK, WM, WN = tile
     # gpu_tile's recognition with a tile it accepts (one work-item per warp: same block, same k depth)
@@ -90,8 +96,10 @@ def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
 
 def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int, int, int, int] | None:
     """The heuristic tensor-core tile: 128x128 blocks, 64x64 where that leaves fewer than 2 blocks per SM
-    (about 264 blocks on an H100) and the extents are constant; None when the kernel cannot take one."""
-    plan = tc_plan(ast, caps, scan, TC_TILE)
+    (about 264 blocks on an H100) and the extents are constant; None when the kernel cannot take one.
+    MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
+    plan = tc_plan(ast, caps, scan, big)
     if plan is None:
         return None
     M, N = plan.i.src[0], plan.j.src[0]
@@ -100,20 +108,24 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
             return None          # too small for a 16-row fragment to pay: the general path
         if -(-M.arg // 128) * -(-N.arg // 128) < 264 and tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None:
             return TC_SMALL_TILE
-    return TC_TILE
+    return big
 
 
 class _MMABuilder(_Builder):
     """gpu_tile's kernel skeleton (clamped fills, double buffering, epilogue, launch check) around warp
-    matrix instructions. Accumulator (r, c) of a work-item is fragment (r // 2, c // 2)'s register
-    2 * (r % 2) + c % 2: row first_A + offs_A[r], column first_B + offs_B[c] (PTX's m16n8 C layout)."""
+    matrix instructions. NVIDIA mma.sync: accumulator (r, c) of a work-item is fragment (r // 2, c // 2)'s
+    register 2 * (r % 2) + c % 2: row first_A + offs_A[r], column first_B + offs_B[c] (PTX's m16n8 C
+    layout). Subclasses replace `fragments` and `mma_step` for other instructions."""
+
+    mma = MMA_M16N8K16
 
     def build(self):
         p = self.p
         BM, BN, BK, WM, WN = p.tile
         self.WM, self.WN = WM, WN
         warps_n = BN // WN
-        self.T, self.BK = tc_threads(p.tile), BK
+        self.T, self.BK = tc_threads(p.tile, self.mma), BK
+        WARP = MMAS[self.mma][0]
         self.plain = True
         body: list[Item] = []
         top = body
@@ -145,6 +157,20 @@ class _MMABuilder(_Builder):
         self.db = True
         for t in self.tiles:
             t.smem.arg = 2 * t.size
+        self.fragments(top, lane, wm0, wn0)
+
+        zero = self.c(0)
+        has_k = If(self.op(top, Ops.CMPLT, zero, K))
+        top.append(has_k)
+        work = has_k.body
+        self.main_loop(work, K)
+        self.epilogue(top)
+        # gpu_tile's occupancy hint (two groups per SM): without spills for every candidate tile on sm_80/sm_90
+        return self.finish(body)
+
+    def fragments(self, top: list[Item], lane: Instr, wm0: Instr, wn0: Instr) -> None:
+        """The lane's fragment addresses, its accumulators and the epilogue's view of them."""
+        WM, WN = self.WM, self.WN
         # the lane's row address of each ldmatrix.x4.trans (matrix q = lane // 8, its row r = lane % 8):
         # A (m16 x k16): q -> (k + 8 * (q // 2), m + 8 * (q % 2)); B (k16 x n16): q -> (k + 8 * (q % 2), n + 8 * (q // 2))
         q, r = self.op(top, Ops.IDIV, lane, self.c(8)), self.op(top, Ops.MOD, lane, self.c(8))
@@ -168,10 +194,10 @@ class _MMABuilder(_Builder):
                       "B": self.op(top, Ops.ADD, wn0, self.op(top, Ops.MUL, self.op(top, Ops.MOD, lane, self.c(4)),
                                                                    self.c(2)))}
 
-        zero = self.c(0)
-        has_k = If(self.op(top, Ops.CMPLT, zero, K))
-        top.append(has_k)
-        work = has_k.body
+    def main_loop(self, work: list[Item], K: Instr) -> None:
+        """Full tiles double-buffered, then the zero-padded k tail."""
+        p, BK, zero = self.p, self.BK, self.c(0)
+        KS = MMAS[self.mma][3]
         k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         from ..launch_check import SteppedLoop
@@ -196,7 +222,7 @@ class _MMABuilder(_Builder):
             rd[t.kind] = self.op(lb, Ops.MUL, now, self.c(t.size))
             wr = self.op(later, Ops.SUB, self.c(t.size), rd[t.kind])
             self.fill(t, t.vpasses or t.passes, kn, None, wr, lb, later)
-        self.mma_steps(lb, rd, BK // 16)
+        self.mma_steps(lb, rd, BK // KS)
         lb.extend(later)
         lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
         lb.append(self.new(L.BARRIER, None))
@@ -207,12 +233,10 @@ class _MMABuilder(_Builder):
         for t in self.tiles:
             self.fill_zero_padded(t, k_full, k_rem, tail.body)
         tail.body.append(self.new(L.BARRIER, None))
-        steps = self.op(tail.body, Ops.IDIV, self.op(tail.body, Ops.ADD, k_rem, self.c(15)), self.c(16))
+        steps = self.op(tail.body, Ops.IDIV, self.op(tail.body, Ops.ADD, k_rem, self.c(KS - 1)), self.c(KS))
         inner = Loop(self.new(L.LOOPVAR, dtypes.index), zero, steps, AxisType.REDUCE)
         tail.body.append(inner)
         self.mma_step(inner.body, {t.kind: None for t in self.tiles}, inner.var)
-        self.epilogue(top)
-        return self.finish(body)
 
     def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
         """A shared tile of the raw 16-bit inputs, [width][BK + TC_PAD] for an operand contiguous along k,
@@ -321,14 +345,112 @@ class _MMABuilder(_Builder):
                 out.append(self.new(L.MMA, None, (a, b, *accs), ("m16n8k16", ni % 2)))
 
 
+class _AMDBuilder(_MMABuilder):
+    """AMD matrix instructions, whose fragments are per-lane vectors along k (no ldmatrix): each lane loads
+    its own row of A and column of B from shared memory -- one vector load from an [m][k] tile, scalar
+    loads gathered into a vector from a k-major one -- and the instruction takes the accumulators as one
+    vector (LLVM IR llvm.amdgcn.mfma / llvm.amdgcn.wmma).
+
+    MFMA 32x32x8 (wave64): lane l holds A[l % 32][4 (l / 32) + e] and B[4 (l / 32) + e][l % 32], e < 4; its
+    16 accumulators r are D[8 (r / 4) + 4 (l / 32) + r % 4][l % 32].
+    WMMA 16x16x16 (gfx11, wave32): lane l holds row l % 16 of A and column l % 16 of B, all 16 k (lanes
+    16-31 repeat 0-15); its 8 accumulators r are D[2 r + l / 16][l % 16]."""
+
+    def fragments(self, top: list[Item], lane: Instr, wm0: Instr, wn0: Instr) -> None:
+        WM, WN = self.WM, self.WN
+        _, F, _, KS = MMAS[self.mma]                 # F x F output fragments, KS k per instruction
+        mfma = self.mma == MFMA_32X32X8
+        self.elems = 4 if mfma else 16               # k elements per lane per instruction
+        rows = 16 if mfma else 8                     # accumulators per lane per fragment
+        idx = self.op(top, Ops.MOD, lane, self.c(F))                   # the lane's row of A / column of B
+        grp = self.op(top, Ops.IDIV, lane, self.c(F))                  # MFMA: which 4 k of 8; WMMA: row parity
+        k0 = self.op(top, Ops.MUL, grp, self.c(4)) if mfma else self.c(0)
+        self.lm_base = {}
+        for t in self.tiles:
+            w = self.op(top, Ops.ADD, idx, wm0 if t.kind == "A" else wn0)
+            row, col = (k0, w) if t.kmajor else (w, k0)
+            self.lm_base[t.kind] = self.op(top, Ops.ADD, self.op(top, Ops.MUL, row, self.c(t.ld)), col)
+        TM, TN = (WM // F) * rows, WN // F
+        self.accs = [[self.new(L.ACC, dtypes.float32, (), 0.0) for _ in range(TN)] for _ in range(TM)]
+        top.extend(a for row in self.accs for a in row)
+        if mfma:
+            self.offs = {"A": [F * (rr // 16) + 8 * (rr % 16 // 4) + rr % 4 for rr in range(TM)],
+                         "B": [F * cc for cc in range(TN)]}
+            first_a = self.op(top, Ops.ADD, wm0, self.op(top, Ops.MUL, grp, self.c(4)))
+        else:
+            self.offs = {"A": [F * (rr // 8) + 2 * (rr % 8) for rr in range(TM)], "B": [F * cc for cc in range(TN)]}
+            first_a = self.op(top, Ops.ADD, wm0, grp)
+        self.first = {"A": first_a, "B": self.op(top, Ops.ADD, wn0, idx)}
+
+    def mma_step(self, out: list[Item], rd: dict[str, Instr | None], step: Instr) -> None:
+        """KS k of the tiles (k rows KS * step ...) into every accumulator fragment of the wave."""
+        _, F, _, KS = MMAS[self.mma]
+        rows = len(self.accs) // (self.WM // F)
+        frags: dict[str, list[Instr]] = {}
+        for t in self.tiles:
+            base = self.lm_base[t.kind]
+            if rd.get(t.kind) is not None:
+                base = self.op(out, Ops.ADD, base, rd[t.kind])
+            kstride, wstride = (t.ld, 1) if t.kmajor else (1, t.ld)      # one k, one row (column)
+            kofs = (self.c(KS * kstride * step.arg) if step.arg else None) if step.kind is L.CONST \
+                else self.op(out, Ops.MUL, step, self.c(KS * kstride))
+            if kofs is not None:
+                base = self.op(out, Ops.ADD, base, kofs)
+            frags[t.kind] = []
+            for n in range((self.WM if t.kind == "A" else self.WN) // F):
+                at = self.op(out, Ops.ADD, base, self.c(F * wstride * n)) if n else base
+                frags[t.kind].append(self.fragment(out, t, at, kstride))
+        for mi, a in enumerate(frags["A"]):
+            for ni, b in enumerate(frags["B"]):
+                accs = [self.accs[mi * rows + r][ni] for r in range(rows)]
+                out.append(self.new(L.MMA, None, (a, b, *accs), (self.mma, 0)))
+
+    def fragment(self, out: list[Item], t: _Tile, at: Instr, kstride: int) -> Instr:
+        """`elems` consecutive k of one row (column) from `at`: 8-element vector loads along a [w][k] row,
+        scalar loads down a k-major column; one vector value."""
+        dt, n = t.smem.dtype, self.elems
+        if not t.kmajor and n <= 8:
+            v = self.new(L.LOAD, dt, (t.smem, at), n)
+            out.append(v)
+            return v
+        lanes: list[Instr] = []
+        for e0 in range(0, n, 8 if not t.kmajor else 1):
+            i = self.op(out, Ops.ADD, at, self.c(e0 * kstride)) if e0 else at
+            if t.kmajor:
+                x = self.new(L.LOAD, dt, (t.smem, i))
+                out.append(x)
+                lanes.append(x)
+            else:
+                v = self.new(L.LOAD, dt, (t.smem, i), 8)
+                out.append(v)
+                for e in range(8):
+                    x = self.new(L.EXTRACT, dt, (v,), e)
+                    out.append(x)
+                    lanes.append(x)
+        vec = self.new(L.VECTOR, dt, tuple(lanes))
+        out.append(vec)
+        return vec
+
+
+class _MFMABuilder(_AMDBuilder):
+    mma = MFMA_32X32X8
+
+
+class _WMMABuilder(_AMDBuilder):
+    mma = WMMA_16X16X16
+
+
+_BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X16: _WMMABuilder}
+
+
 def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, tile, mma: str):
     """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), or None."""
-    if mma != MMA_M16N8K16:
+    if mma not in _BUILDERS or mma not in caps.tensor_cores:
         return None
     plan = tc_plan(ast, caps, scan, tile)
     if plan is None:
         return None
-    return _MMABuilder(ast, caps, name, plan).build()
+    return _BUILDERS[mma](ast, caps, name, plan).build()
 
 
-__all__ = ["MMA_M16N8K16", "TC_TILE", "TC_TILE_CANDIDATES", "choose_tc_tile", "tc_plan", "tc_threads", "tile_mma", "valid_tc_tile"]
+__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WMMA_16X16X16", "TC_TILE", "TC_TILE_CANDIDATES", "choose_tc_tile", "tc_plan", "tc_threads", "tile_mma", "valid_tc_tile"]
