@@ -6,8 +6,10 @@
 set -u
 source tests/gpu_env.sh
 set -o pipefail
-MOROK_CACHE_DIR=/tmp/morok-tc-tests timeout ${TEST_TIMEOUT:-110} python3 -m pytest -q -rs -m cuda -p no:cacheprovider \
-  tests/test_tensor_cores.py 2>&1 | tee "$OUT/pytest_cuda_issue13.log" | tail -15
+# the tensor-core tests, and the half-precision matmul tests of other files (now on tensor cores)
+MOROK_CACHE_DIR=/tmp/morok-tc-tests timeout ${TEST_TIMEOUT:-130} python3 -m pytest -q -rs -m cuda -p no:cacheprovider \
+  tests/test_tensor_cores.py tests/test_accumulation.py "tests/test_gpu_tile.py::test_device_other_dtypes" \
+  2>&1 | tee "$OUT/pytest_cuda_issue13.log" | tail -15
 echo "pytest -m cuda exit: ${PIPESTATUS[0]}" | tee -a "$OUT/pytest_cuda_issue13.log"
 for run in "nvrtc:--beam 10" "llvm-nvptx:" "nvrtc:--no-tensor-cores"; do
   pair=${run%%:*}; flag=${run#*:}
