@@ -31,7 +31,7 @@ def renderers():
     from backends.rocm.device import compile_only_pairs as rocm_pairs
     # ROCm's second pair (HIP C + hiprtc) has no compiler on this platform; its printer is the CUDA C
     # dialect's (GPUCPrinter), which the nvrtc pair compiles
-    return cuda_pairs("sm_90") + rocm_pairs("gfx942")[:1]
+    return cuda_pairs("sm_90")[:2] + rocm_pairs("gfx942")[:1]     # the MLIR pairs: tests/test_mlir.py
 
 
 def two_reductions(n=None):

@@ -444,9 +444,10 @@ class MLIRPrinter:
             else:
                 e(f"{r} = arith.cmpi ne, {v}, {self.const(0, fr)} : {ft}")
         elif fr.is_int and to.is_int:
-            if fr.bits == to.bits:
+            # by the registers' widths: a storage-only int4 lives in an i8
+            if ft == tt:
                 self.alias[ins_id(r)] = v        # signless: the same value
-            elif fr.bits > to.bits:
+            elif int(ft[1:]) > int(tt[1:]):
                 e(f"{r} = arith.trunci {v} : {ft} to {tt}")
             else:
                 e(f"{r} = arith.{'extui' if fr.is_unsigned else 'extsi'} {v} : {ft} to {tt}")
