@@ -134,6 +134,24 @@ def test_candidates_hold_tensor_core_tiles_and_the_cuda_core_path():
     assert any(c.mapping == "tiled" and c.tensor_core is None for c in cands)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942", "gfx1100"])
+def test_every_tensor_core_candidate_is_correct(rng, arch):
+    """What a search may pick: every tensor-core tile among the candidates, interpreted on an odd size."""
+    caps = CAPS if arch.startswith("sm") else _amd_caps(arch)
+    dt, M, N, Kd = dtypes.float16, 72, 40, 33
+    ast = simplify(K.matmul(M, N, Kd, dtype=dt))
+    cands = [c for c in candidate_schedules(ast, caps, scan_kernel(ast)) if c.tensor_core]
+    assert len(cands) >= 3
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    for sched in cands:
+        kernel, info = lower(ast, caps, "mm", schedule=sched)
+        assert kernel.schedule == sched
+        out = np.zeros(M * N, np.float16)
+        w = LI.run(kernel, info, [a.reshape(-1), b.reshape(-1), out])
+        assert (w[2] == 1).all(), sched
+        check(out.reshape(M, N), (f32(a) @ f32(b)).astype(np.float16), dt)
+
+
 # ---- the lowering, interpreted --------------------------------------------------------------------
 
 @pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
