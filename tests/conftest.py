@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:   # run from a source checkout without installing
     sys.path.insert(0, str(ROOT))
 
-_SESSION_CACHE = tempfile.mkdtemp(prefix="morok-test-cache-")
+# every run starts from an empty disk cache (what CI sees), unless MOROK_TEST_CACHE_DIR names a folder to
+# keep between runs (to time a warm-cache run, e.g. of the ONNX conformance)
+_KEPT_CACHE = os.environ.get("MOROK_TEST_CACHE_DIR")
+_SESSION_CACHE = _KEPT_CACHE or tempfile.mkdtemp(prefix="morok-test-cache-")
 os.environ["MOROK_CACHE_DIR"] = _SESSION_CACHE
 os.environ.pop("MOROK_CACHE", None)
 os.environ.pop("MOROK_DEBUG", None)
@@ -28,7 +31,8 @@ from morok_py.registry import get_device  # noqa: E402
 
 
 def pytest_unconfigure(config) -> None:
-    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    if not _KEPT_CACHE:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
 
 @dataclass
