@@ -327,3 +327,22 @@ def test_morok_cpu_compiler_mlir_makes_it_the_default(mlir):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["mlir", "mlir", "True"]
+
+
+@pytest.mark.parametrize("kernel", ["add", "broadcast_add", "gather", "softmax", "matmul"])
+def test_cpu_objects_carry_the_streaming_variant_where_the_llvm_pairs_do(cpu_pairs, kernel):
+    """The runtime takes `<symbol>__stream` (non-temporal stores) for outputs beyond the last-level
+    cache: the MLIR pair's object has it exactly where the llvm pair's has it, stores marked."""
+    import dataclasses
+    import platform
+    llvm, _ = cpu_pairs
+    (rl, cl), (rm, cm) = llvm.dev.pair("llvm"), llvm.dev.pair("mlir")
+    stream = f"{symbol_for(kernel)}__stream".encode()
+    want = stream in cl.compile(rl.render(K.named(kernel), name=kernel)).bytes
+    spec = rm.render(K.named(kernel), name=kernel)
+    assert (stream in cm.compile(spec).bytes) == want
+    assert want == (kernel in ("add", "broadcast_add", "gather")) or platform.machine() != "x86_64"
+    if want:   # as many non-temporal stores as the llvm pair's (4 in add's, none in broadcast_add's here)
+        ours = cl.disassemble(dataclasses.replace(spec, src=cm.llvm_ir(spec))).count("movnt")
+        assert ours == cl.disassemble(rl.render(K.named(kernel), name=kernel)).count("movnt")
+        assert ours > 0 or kernel != "add"

@@ -13,7 +13,7 @@ from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError
 
 from .features import feature_string, target_features
-from .renderer import STREAM_SUFFIX, MLIRCPURenderer
+from .renderer import STREAM_SUFFIX, CPULLVMPrinter, MLIRCPURenderer, streams_output
 
 # bumped when the object code for the same source changes (part of the disk-cache identity)
 CODEGEN_REVISION = "nt1"
@@ -155,8 +155,18 @@ class MLIRCPUCompiler(Compiler):
         return f"{self._lowering.identity()}/{self.backend.identity()}"
 
     def llvm_ir(self, spec: ProgramSpec) -> str:
-        """The kernel as LLVM IR, after the MLIR pipeline and translation (before LLVM's O3)."""
-        return self._lowering.llvm_ir(spec)
+        """The kernel as LLVM IR, after the MLIR pipeline and translation (before LLVM's O3), with
+        the llvm pair's streaming variant (`<symbol>__stream`, non-temporal stores) where it prints
+        one: the CPU runtime takes it for outputs larger than the last-level cache."""
+        ir = self._lowering.llvm_ir(spec)
+        kernel = spec.linear
+        if kernel is None or not self.backend.triple.startswith("x86_64") or not streams_output(kernel):
+            return ir
+        extra = [ln for ln in CPULLVMPrinter(kernel).stream_variant()
+                 if not (ln.startswith("declare void @llvm.assume") and "@llvm.assume(" in ir)]
+        if "attributes #0" not in ir:
+            extra.append("attributes #0 = { nounwind }")
+        return ir + "\n" + "\n".join(extra) + "\n"
 
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
         ir = self.llvm_ir(spec)
