@@ -201,15 +201,16 @@ def main() -> None:
                  ("ExecutionPlan.run, launch by launch (per kernel)", plan.run, args.plan),
                  ("ExecutionPlan.run, self-captured (per kernel)", graph.run, args.plan)]
         times = {}
-        for label, fn, per in cases[2:]:
+        for label, fn, per in cases[3:]:
             times[label] = per_launch(fn, max(1, args.calls // per), args.repeats, sync) / per
-        # bare and Program.execute alternate over rounds (the best round of each), so drift hits both alike
-        bare_t, exec_t = [], []
+        # bare, Program.execute and the checked call alternate over rounds (the best round of each), so
+        # drift hits all three alike
+        rounds: dict[str, list[float]] = {label: [] for label, _, _ in cases[:3]}
         for _ in range(5):
-            bare_t.append(per_launch(cases[0][1], args.calls, args.repeats, sync))
-            exec_t.append(per_launch(cases[1][1], args.calls, args.repeats, sync))
-        t_bare = min(bare_t)
-        times = {"bare cuLaunchKernel": t_bare, "Program.execute": min(exec_t), **times}
+            for label, fn, _ in cases[:3]:
+                rounds[label].append(per_launch(fn, args.calls, args.repeats, sync))
+        t_bare = min(rounds["bare cuLaunchKernel"])
+        times = {label: min(ts) for label, ts in rounds.items()} | times
         # to completion: eager plan (host clock around run + synchronize) vs graph (events around the replay)
         times["ExecutionPlan.run launch by launch, to completion (per kernel)"] = statistics.median(
             plan.run(wait=True) for _ in range(args.repeats)) / args.plan

@@ -62,19 +62,17 @@ class Program(contracts.Program):
     the launch; a call with the same Buffer objects and the same int values as one that passed skips
     the checks and replays the launch the runtime prepared for it (`Program.prepare`).
 
-    What a repeat re-checks is what can change: which buffers (their tuple's hash, made of their
-    identities), the values and their types (True and 16.0 equal 1 and 16). A Buffer's device, dtype
-    and size never change and its memory goes only when it is freed or collected, which drops every
-    remembered launch that used it. Two different tuples of live buffers with one 64-bit hash would
-    replay the other tuple's launch: buffers that passed every check, so even then nothing unchecked
-    reaches the device. MOROK_VALIDATE_WITH_CPU is read when a launch is checked: with it set,
+    What a repeat re-checks is what can change: which buffers (their identities: live objects never
+    share one, and a buffer's death drops every remembered launch that used it before its identity can
+    be reused), the values and their types (True and 16.0 equal 1 and 16). A Buffer's device, dtype
+    and size never change and its memory goes only when it is freed or collected. MOROK_VALIDATE_WITH_CPU is read when a launch is checked: with it set,
     launches on a non-CPU device are not remembered (each is checked and validated)."""
 
     _CHECKED_MAX = 64
 
     def __init__(self, device: contracts.Device, compiled: contracts.CompiledSpec) -> None:
         super().__init__(device, compiled)
-        # a passed check, by hash(buffers) (and the values and their types, if any): the prepared launch,
+        # a passed check, by the buffers' ids (and the values and their types, if any): the prepared launch,
         # weak references to the buffers, then check_launch's result; created on the first call
         self._checked: dict[Any, tuple] | None = None
         self._on_cpu = device.spec.type == "CPU"     # validation with the CPU applies elsewhere only
@@ -83,9 +81,9 @@ class Program(contracts.Program):
         checked = self._checked
         if checked is not None:
             try:
-                hit = checked.get((hash(buffers), *values.items(), *map(type, values.values()))
-                                  if values else hash(buffers))
-            except TypeError:       # an unhashable argument: the full check reports it
+                hit = checked.get((*map(id, buffers), *values.items(), *map(type, values.values()))
+                                  if values else tuple(map(id, buffers)))
+            except TypeError:       # an unhashable value: the full check reports it
                 hit = None
             if hit is not None:
                 if wait:
@@ -107,7 +105,7 @@ class Program(contracts.Program):
             return
         if not self._on_cpu and config.validate_with_cpu():
             return
-        key = (hash(buffers), *values.items(), *map(type, values.values())) if values else hash(buffers)
+        key = (*map(id, buffers), *values.items(), *map(type, values.values())) if values else tuple(map(id, buffers))
         checked = self._checked
         if checked is None:
             checked = self._checked = {}
