@@ -6,15 +6,8 @@
 # with a search (--beam), and the five tuned kernels for regressions. STEP picks the part:
 # STEP: a comma list of tests,suite,five (default all three); PAIR: the CUDA compiler of the benchmarks. Logs and JSON land in $OUT.
 set -u
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || { echo "wheel install failed"; exit 1; }
-else
-  export PYTHONPATH=$PWD
-fi
+# the carried wheels, PYTHONPATH and $OUT/env.txt (the machine's description)
+source tests/gpu_env.sh
 STEP=${STEP:-tests,suite,five}
 has() { [[ ",$STEP," == *",$1,"* ]]; }
 PAIR=${PAIR:-nvrtc}

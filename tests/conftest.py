@@ -158,3 +158,19 @@ def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     a = rng.integers(lo, hi + 1, size=shape).astype(dt)
     a[a == 0] = 1
     return a
+
+
+def amdgpu_llvm_pair(arch: str):
+    """The llvm-amdgpu (renderer, compiler) for `arch`, compile-only (no GPU needed); skips with the reason
+    where pyelftools or ld.lld >= 19 is missing."""
+    pytest.importorskip("elftools", reason="pyelftools is needed (pip install pyelftools)")
+    from morok_py.backends.rocm import compile_only_pairs
+    from morok_py.backends.rocm import compiler as C
+    from morok_py.errors import DeviceUnavailableError
+    try:
+        C.find_lld()
+    except DeviceUnavailableError as e:
+        pytest.skip(f"no ld.lld >= 19 here: {e}")
+    renderer, compiler = compile_only_pairs(arch)[0]
+    assert compiler.cache_key == "llvm-amdgpu"
+    return renderer, compiler

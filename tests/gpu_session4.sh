@@ -4,22 +4,8 @@
 # level tests on this host's CPU (an AVX-512 host proves the x86-64-v4 path), and ONNX's node tests on
 # CUDA with both pairs where examples/onnx exists. Logs land in $OUT.
 set -u
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || { echo "wheel install failed"; exit 1; }
-else
-  export PYTHONPATH=$PWD
-fi
-{
-  date -u; nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv
-  lscpu | grep -E "Model name|^CPU\(s\)"; grep -o -m1 -w 'avx512f' /proc/cpuinfo || echo "no avx512f"
-  python3 -c "import sys, llvmlite, numpy, onnx; print(sys.version); print('llvmlite', llvmlite.__version__, 'numpy', numpy.__version__, 'onnx', onnx.__version__)"
-  python3 -c "from morok_py import Device; d = Device['CUDA']; print(d, d.info())"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
+# the carried wheels, PYTHONPATH and $OUT/env.txt (the machine's description)
+source tests/gpu_env.sh
 set -o pipefail
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rs -m cuda -p no:cacheprovider tests/ \
   --ignore=tests/test_onnx_nodes.py --ignore=tests/test_onnx_models.py 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25

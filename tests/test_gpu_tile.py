@@ -23,7 +23,7 @@ from morok_py.codegen.lower import Capabilities, Variable, lower, scan_kernel
 from morok_py.dtypes import from_numpy
 
 import linear_interp as LI
-from conftest import PAIRS, open_target, random_array
+from conftest import PAIRS, amdgpu_llvm_pair, open_target, random_array
 
 DEFAULT = (128, 128, 8, 8, 8)
 CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=(1024, 1024, 64), default_group=256,
@@ -593,23 +593,10 @@ def test_occupancy_hint_rendering():
     assert "nvvm" not in AMDGPURenderer(rocm, "gfx942").render(K.matmul(), "matmul").src
 
 
-def _amdgpu_pair(arch: str):
-    from morok_py.backends.rocm import compile_only_pairs
-    from morok_py.backends.rocm import compiler as C
-    from morok_py.errors import DeviceUnavailableError
-    try:
-        C.find_lld()
-    except DeviceUnavailableError as e:
-        pytest.skip(f"no ld.lld >= 19 here: {e}")
-    renderer, compiler = compile_only_pairs(arch)[0]
-    assert compiler.cache_key == "llvm-amdgpu"
-    return renderer, compiler
-
-
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx1100"])
 def test_amdgpu_compiles(arch, case):
-    r, c = _amdgpu_pair(arch)
+    r, c = amdgpu_llvm_pair(arch)
     spec = r.render(_cases()[case], case)
     assert "addrspace(3)" in spec.src and "s.barrier" in spec.src
     out = c.compile(spec)
@@ -621,7 +608,7 @@ def test_amdgpu_compiles(arch, case):
 def test_amdgpu_float32_matmul_has_no_spills(arch, unroll, monkeypatch):
     from morok_py.backends.rocm import compiler as C
     monkeypatch.setattr(gpu_tile, "UNROLL_FULL_TILES", unroll)
-    r, c = _amdgpu_pair(arch)
+    r, c = amdgpu_llvm_pair(arch)
     (meta,) = C.code_object_metadata(c.compile(r.render(K.matmul(), "matmul")).bytes)["amdhsa.kernels"]
     assert meta[".private_segment_fixed_size"] == 0 and meta[".vgpr_spill_count"] == 0, meta
     assert meta[".vgpr_count"] <= 128 and meta[".group_segment_fixed_size"] <= 16 << 10, meta

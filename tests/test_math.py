@@ -18,7 +18,7 @@ import pytest
 from morok_py import AxisType, Buffer, Ops, UOp, dtypes, kernels as K
 from morok_py.dtypes import from_numpy
 
-from conftest import open_target, random_array
+from conftest import amdgpu_llvm_pair, open_target, random_array
 
 EDGES = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 1e-40, -1e-40, 1e-310, 1e30, -1e30,
          0.5, -0.5, 1.5, 2.5, -2.5, 0.3, -0.3, 0.1, 1.0, -1.0, 0.9999, 1.0001, 4.0, -4.0, 6.0, 1e5, 8388609.0]
@@ -287,16 +287,7 @@ def test_every_math_op_compiles_for_cuda(key, dt):
 @pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.float16], ids=lambda d: d.name)
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx1100"])
 def test_every_math_op_compiles_for_amdgpu(arch, dt):
-    pytest.importorskip("elftools", reason="pyelftools is needed (pip install pyelftools)")
-    from morok_py.errors import DeviceUnavailableError
-    from morok_py.backends.rocm import compile_only_pairs
-    from morok_py.backends.rocm import compiler as C
-    try:
-        C.find_lld()
-    except DeviceUnavailableError as e:
-        pytest.skip(f"no ld.lld >= 19 here: {e}")
-    r, c = compile_only_pairs(arch)[0]
-    assert c.cache_key == "llvm-amdgpu"
+    r, c = amdgpu_llvm_pair(arch)
     for ast, name in ((every_math_kernel(dt), "math_ops"), (total_min_kernel(dt), "math_min")):
         compiled = c.compile(r.render(ast, name))
         assert compiled.bytes[:4] == b"\x7fELF" and compiled.arch == arch

@@ -17,7 +17,7 @@ import pytest
 from morok_py import AxisType, Ops, UOp, dtypes
 from morok_py.dtypes import FLOAT_FORMATS, from_numpy
 
-from conftest import open_target
+from conftest import amdgpu_llvm_pair, open_target
 
 md = pytest.importorskip("ml_dtypes", reason="the narrow formats' numpy types come from ml_dtypes")
 
@@ -231,15 +231,7 @@ def test_narrow_casts_compile_for_cuda(key):
 
 @pytest.mark.parametrize("arch", ["gfx90a", "gfx1100"])
 def test_narrow_casts_compile_for_amdgpu(arch):
-    pytest.importorskip("elftools", reason="pyelftools is needed (pip install pyelftools)")
-    from morok_py.errors import DeviceUnavailableError
-    from morok_py.backends.rocm import compile_only_pairs
-    from morok_py.backends.rocm import compiler as C
-    try:
-        C.find_lld()
-    except DeviceUnavailableError as e:
-        pytest.skip(f"no ld.lld >= 19 here: {e}")
-    r, c = compile_only_pairs(arch)[0]
+    r, c = amdgpu_llvm_pair(arch)
     for ast, name in narrow_kernels():
         compiled = c.compile(r.render(ast, name))
         assert compiled.bytes[:4] == b"\x7fELF" and compiled.arch == arch
