@@ -247,9 +247,9 @@ def test_amd_matrix_cores_by_arch():
 @pytest.mark.parametrize("which", ["static", "symbolic", "dense"])
 def test_amdgpu_compiles_matrix_instructions(arch, want, dt, which):
     """The code object links; its assembly holds the matrix instruction; no spills (metadata)."""
-    from test_gpu_tile import _amdgpu_pair
+    from conftest import amdgpu_llvm_pair
     from morok_py.backends.rocm import compiler as C
-    r, c = _amdgpu_pair(arch)
+    r, c = amdgpu_llvm_pair(arch)
     ast = {"static": K.matmul(4096, 4096, 4096, dtype=dt), "symbolic": K.matmul(dtype=dt),
            "dense": K.matmul_bias_relu(4000, 3001, 1023, dtype=dt)}[which]
     spec = r.render(ast, "mm")
