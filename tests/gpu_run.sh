@@ -3,15 +3,8 @@
 # tests, and benchmarks/launch.py; logs and JSON land in $OUT (default: ./gpu-out).
 # Carried wheels (llvmlite 0.50, pyelftools) in .whl/ are installed to /tmp/site first when present.
 set -u
-OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || { echo "wheel install failed"; exit 1; }
-else
-  export PYTHONPATH=$PWD
-fi
+export NCCL_NVLS_ENABLE=0
+source tests/gpu_env.sh     # the carried wheels, PYTHONPATH, $OUT
 {
   date -u; nvidia-smi --query-gpu=index,name,compute_cap,memory.total,driver_version --format=csv
   python3 -c "import sys, llvmlite, numpy; print(sys.version); print('llvmlite', llvmlite.__version__, 'numpy', numpy.__version__)"

@@ -17,7 +17,7 @@ from morok_py.cache import file_identity, llvmlite_identity, remembered_path
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
-from morok_py.codegen.mlir_binding import MLIRLowering
+from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
 from morok_py.codegen.symbols import symbol_for
 from morok_py.errors import CompileError, DeviceUnavailableError
 
@@ -328,7 +328,7 @@ def mlir_pipeline(index_bits: int = 64) -> str:
             "reconcile-unrealized-casts)")
 
 
-class MLIRCUDACompiler(Compiler):
+class MLIRCUDACompiler(MLIRFrontHalf, Compiler):
     """MLIR (gpu + nvvm) -> (PassManager) LLVM/NVVM dialects -> LLVM IR -> PTX (llvmlite, O3) ->
     CUBIN (nvJitLink): the llvm-nvptx pair's back half behind MLIR's GPU lowering."""
 
@@ -338,17 +338,6 @@ class MLIRCUDACompiler(Compiler):
         self.backend = NVPTXCompiler(arch, opt)
         self.arch = self.backend.arch
         self._lowering = MLIRLowering("CUDA", mlir_pipeline(), gpu=True)
-
-    def available(self) -> str | None:
-        return self._lowering.available() or self.backend.available()
-
-    def identity(self) -> str:
-        return f"{self._lowering.identity()}/{self.backend.identity()}"
-
-    def cache_identity(self) -> str:
-        """`identity()` for the disk-cache key, told by files: a hit neither imports MLIR nor
-        initializes LLVM."""
-        return f"{self._lowering.identity()}/{self.backend.cache_identity()}"
 
     def llvm_ir(self, spec: ProgramSpec) -> str:
         return link_llvm_helpers(self._lowering.llvm_ir(spec), "nvptx64-nvidia-cuda")

@@ -14,7 +14,7 @@ from morok_py.cache import file_identity, llvmlite_identity
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
-from morok_py.codegen.mlir_binding import MLIRLowering
+from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
 from morok_py.errors import CompileError, DeviceUnavailableError
 
 from .hiprtc import HiprtcFailed, load_hiprtc
@@ -436,7 +436,7 @@ def mlir_pipeline(arch: str) -> str:
             "reconcile-unrealized-casts)")
 
 
-class MLIRAMDGPUCompiler(Compiler):
+class MLIRAMDGPUCompiler(MLIRFrontHalf, Compiler):
     """MLIR (gpu + rocdl) -> (PassManager) LLVM/ROCDL dialects -> LLVM IR -> llvmlite AMDGPU object ->
     ld.lld code object: the llvm-amdgpu pair's back half behind MLIR's GPU lowering."""
 
@@ -446,17 +446,6 @@ class MLIRAMDGPUCompiler(Compiler):
         self.backend = AMDGPUCompiler(arch, opt)
         self.target_id, self.arch = self.backend.target_id, self.backend.arch
         self._lowering = MLIRLowering("ROCM", mlir_pipeline(self.arch), gpu=True)
-
-    def available(self) -> str | None:
-        return self._lowering.available() or self.backend.available()
-
-    def identity(self) -> str:
-        return f"{self._lowering.identity()}/{self.backend.identity()}"
-
-    def cache_identity(self) -> str:
-        """`identity()` for the disk-cache key, told by files: a hit neither imports MLIR nor
-        initializes LLVM."""
-        return f"{self._lowering.identity()}/{self.backend.cache_identity()}"
 
     def llvm_ir(self, spec: ProgramSpec) -> str:
         return link_llvm_helpers(self._lowering.llvm_ir(spec), TRIPLE)

@@ -82,7 +82,10 @@ def _loaded_path(stem: str) -> str | None:
     return None
 
 
-def _open_first(names: tuple[str, ...], folders: list[str]) -> tuple[ctypes.CDLL, str] | None:
+def _open_first(names: tuple[str, ...], folders: list[str], symbol: str | None = None
+                ) -> tuple[ctypes.CDLL, str] | None:
+    """The first of `names` that loads from `folders` (then the loader's search), and exports
+    `symbol` where one is named: (library, the path it loaded from)."""
     for folder in folders + [""]:
         for name in names:
             path = os.path.join(folder, name) if folder else name
@@ -92,7 +95,8 @@ def _open_first(names: tuple[str, ...], folders: list[str]) -> tuple[ctypes.CDLL
                 lib = ctypes.CDLL(path)
             except OSError:
                 continue
-            return lib, _loaded_path(name.split(".so")[0] + ".so") or path
+            if symbol is None or hasattr(lib, symbol):
+                return lib, _loaded_path(name.split(".so")[0] + ".so") or path
     return None
 
 
@@ -176,21 +180,7 @@ def _from_hip_python() -> HIPRTC | None:
 
 def _from_ctypes() -> HIPRTC | str:
     """hiprtc straight from the HIP library (ROCm 5 exports it from libamdhip64); else why not."""
-    found = None
-    for folder in _rocm_lib_folders() + [""]:
-        for name in _RTC_LIBS:
-            path = os.path.join(folder, name) if folder else name
-            if folder and not os.path.exists(path):
-                continue
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            if hasattr(lib, "hiprtcCompileProgram"):
-                found = (lib, _loaded_path(name.split(".so")[0] + ".so") or path)
-                break
-        if found:
-            break
+    found = _open_first(_RTC_LIBS, _rocm_lib_folders(), "hiprtcCompileProgram")
     if found is None:
         return f"no library providing hiprtc was found (tried {', '.join(_RTC_LIBS)})"
     lib, library = found

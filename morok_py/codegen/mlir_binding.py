@@ -242,3 +242,19 @@ class MLIRLowering:
                 if self.gpu:
                     op = next(o.operation for o in module.body.operations if o.operation.name == "gpu.module")
                 return b.translate(op)
+
+
+class MLIRFrontHalf:
+    """For a GPU compiler that is an MLIR front half (`self._lowering`, an MLIRLowering) in front of
+    its device's LLVM back half (`self.backend`, a Compiler): availability and identities of both."""
+
+    def available(self) -> str | None:
+        return self._lowering.available() or self.backend.available()
+
+    def identity(self) -> str:
+        return f"{self._lowering.identity()}/{self.backend.identity()}"
+
+    def cache_identity(self) -> str:
+        """`identity()` for the disk-cache key, told by files: a hit neither imports MLIR nor
+        initializes LLVM."""
+        return f"{self._lowering.identity()}/{self.backend.cache_identity()}"
