@@ -57,37 +57,66 @@ def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tu
     return vals, ptrs, [vals[n] for n in info.var_names], gs, ls
 
 
+class _Seen:
+    """The passed launch checks of one buffer set: weak proxies of its buffers, the prepared launch
+    and check result per values (by `tuple(values.items())`), and the last values that hit."""
+    __slots__ = ("bufs", "runs", "last_values", "last")
+
+    def __init__(self, bufs: tuple) -> None:
+        self.bufs = bufs
+        self.runs: dict[tuple, tuple] = {}
+        self.last_values: dict | None = None
+        self.last: tuple | None = None
+
+
 class Program(contracts.Program):
     """A loaded kernel with the checked call. `prog(*buffers, **vars)` checks every argument before
     the launch; a call with the same Buffer objects and the same int values as one that passed skips
     the checks and replays the launch the runtime prepared for it (`Program.prepare`).
 
-    What a repeat re-checks is what can change: which buffers (their identities: live objects never
-    share one, and a buffer's death drops every remembered launch that used it before its identity can
-    be reused), the values and their types (True and 16.0 equal 1 and 16). A Buffer's device, dtype
-    and size never change and its memory goes only when it is freed or collected. MOROK_VALIDATE_WITH_CPU is read when a launch is checked: with it set,
-    launches on a non-CPU device are not remembered (each is checked and validated)."""
+    What a repeat re-checks is what can change: which buffers (by identity, compared with weak proxies
+    of the remembered ones; a buffer's death or free() drops every remembered launch that used it),
+    the values by name and their types (True and 16.0 equal 1 and 16). A Buffer's device, dtype and
+    size never change and its memory goes only when it is freed or collected. MOROK_VALIDATE_WITH_CPU
+    is read when a launch is checked: with it set, launches on a non-CPU device are not remembered
+    (each is checked and validated)."""
 
     _CHECKED_MAX = 64
 
     def __init__(self, device: contracts.Device, compiled: contracts.CompiledSpec) -> None:
         super().__init__(device, compiled)
-        # a passed check, by the buffers' ids (and the values and their types, if any): the prepared launch,
-        # weak references to the buffers, then check_launch's result; created on the first call
-        self._checked: dict[Any, tuple] | None = None
+        # passed checks by the hash of the buffer tuple: a _Seen per buffer set; created on the first call
+        self._checked: dict[int, _Seen] | None = None
         self._on_cpu = device.spec.type == "CPU"     # validation with the CPU applies elsewhere only
 
     def __call__(self, *buffers: Buffer, wait: bool = False, **values: int) -> float | None:
         checked = self._checked
         if checked is not None:
+            # the buffer set by its hash, then by identity: `buffers == seen.bufs` compares each Buffer
+            # with a weak proxy of a remembered one, which is True only for that very object (Buffer
+            # keeps object's identity equality); an unhashable argument goes to the full check
+            hit = None
             try:
-                hit = checked.get((*map(id, buffers), *values.items(), *map(type, values.values()))
-                                  if values else tuple(map(id, buffers)))
-            except TypeError:       # an unhashable value: the full check reports it
+                seen = checked.get(hash(buffers))
+                if seen is not None and buffers == seen.bufs:
+                    if not values:
+                        hit = seen.runs.get(())
+                    else:
+                        # the values by name (equal ints), then their types: True == 1 and 16.0 == 16
+                        # are equal but not ints, and the full check refuses them
+                        hit = seen.last if values == seen.last_values else seen.runs.get(tuple(values.items()))
+                        if hit is not None:
+                            for v in values.values():
+                                if v.__class__ is not int:
+                                    hit = None
+                                    break
+                            else:
+                                seen.last_values, seen.last = values, hit
+            except (TypeError, ReferenceError):     # unhashable arguments: the full check reports them
                 hit = None
             if hit is not None:
                 if wait:
-                    return self._launch_checked(buffers, *hit[2:], wait)
+                    return self._launch_checked(buffers, *hit[1:], wait)
                 r = hit[0]()
                 if r is None or not r[0]:
                     return None
@@ -100,24 +129,31 @@ class Program(contracts.Program):
         return check_launch(self, buffers, values)
 
     def _remember(self, buffers: tuple, values: dict, result: tuple) -> None:
-        """Keep a passed check for plain Buffers and int values, until one of the buffers is collected."""
+        """Keep a passed check for plain Buffers and int values, until one of the buffers is freed or
+        collected (weak proxies: a remembered launch never keeps a buffer alive)."""
         if any(type(b) is not Buffer for b in buffers) or any(type(v) is not int for v in values.values()):
             return
         if not self._on_cpu and config.validate_with_cpu():
             return
-        key = (*map(id, buffers), *values.items(), *map(type, values.values())) if values else tuple(map(id, buffers))
         checked = self._checked
         if checked is None:
             checked = self._checked = {}
-        elif len(checked) >= self._CHECKED_MAX:
-            checked.clear()
+        key = hash(buffers)
+        seen = checked.get(key)
+        if seen is None or buffers != seen.bufs:        # new, or another set with the same hash
+            if len(checked) >= self._CHECKED_MAX:
+                checked.clear()
+            forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
+            seen = checked[key] = _Seen(tuple(weakref.proxy(b, forget) for b in buffers))
+            for b in buffers:
+                b.forget_on_free(checked, key)
+        elif len(seen.runs) >= self._CHECKED_MAX:
+            seen.runs.clear()
         _vals, ptrs, ordered, gs, ls = result
-        run = self.prepare(ptrs, ordered, gs, ls)
-        forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
-        refs = tuple(weakref.ref(b, forget) for b in buffers)
-        checked[key] = (run, refs) + result
-        for b in buffers:
-            b.forget_on_free(checked, key)
+        run = (self.prepare(ptrs, ordered, gs, ls),) + result
+        seen.runs[tuple(values.items())] = run
+        if values:
+            seen.last_values, seen.last = values, run
 
     def _launch_checked(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
         if not self._on_cpu and config.validate_with_cpu():

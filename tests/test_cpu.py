@@ -371,6 +371,44 @@ def test_a_collected_buffer_drops_its_entry_so_a_new_one_at_its_id_is_checked(cp
         prog(a, b, cpu.empty(n - 1, dtypes.float32), n=n)
 
 
+def test_each_new_buffers_and_values_pair_is_checked_once(cpu, checked_add, monkeypatch):
+    prog, a, b, c, n = checked_add
+    prog(a, b, c, n=n - 2)                     # a second value for the same buffers: checked, remembered
+    calls = []
+    real = type(prog)._check
+    monkeypatch.setattr(type(prog), "_check", lambda *args: calls.append(args[2]) or real(*args))
+    for m in (n, n - 2, n, n - 2):             # alternating values: no check runs again
+        c.copyin(np.full(n, -1.0, np.float32))
+        prog(a, b, c, n=m)
+        want = np.full(n, -1.0, np.float32)
+        want[:m] = a.numpy()[:m] + b.numpy()[:m]
+        np.testing.assert_array_equal(c.numpy(), want)
+    assert calls == []
+    prog(b, a, c, n=n)                         # the same buffers in another order are another set
+    assert calls == [{"n": n}]
+
+
+def test_values_are_matched_by_name_not_by_position(cpu, rng):
+    """Two variables: the same values with the names in another order hit; the values swapped between
+    the names are another launch (7x13 instead of 13x7), checked and run as such."""
+    from morok_py import LaunchError
+    prog = cpu.compile(K.row_max(), name="checked_rowmax")
+    x = rng.standard_normal(13 * 7).astype(np.float32)
+    dx, out = cpu.buf(x), cpu.empty(13, dtypes.float32)
+    rows, cols = prog.launch.var_names
+    for vals in ({rows: 13, cols: 7}, {cols: 7, rows: 13}):
+        out.copyin(np.zeros(13, np.float32))
+        prog(dx, out, **vals)
+        np.testing.assert_array_equal(out.numpy(), x.reshape(13, 7).max(axis=1))
+    for vals in ({rows: 7, cols: 13}, {cols: 13, rows: 7}):
+        out.copyin(np.zeros(13, np.float32))
+        prog(dx, out, **vals)
+        np.testing.assert_array_equal(out.numpy()[:7], x.reshape(7, 13).max(axis=1))
+        np.testing.assert_array_equal(out.numpy()[7:], 0)
+    with pytest.raises(LaunchError, match="may touch indices"):
+        prog(dx, out, **{rows: 7, cols: 14})    # 98 elements of a 91-element buffer
+
+
 # ---- the pinned-staging copy loop of the GPU allocators (morok_py/staging.py), on a fake driver -----
 
 class FakeStagingDriver:
