@@ -44,6 +44,12 @@ class L(enum.Enum):
     MMA = "mma"              # src: (a, b, c0, c1, c2, c3): a, b LDMATRIX fragments, c* float32 ACCs updated
                              # in place; arg: (shape, b_pair): c += A @ B on the warp (b's registers
                              # 2*b_pair, 2*b_pair+1), e.g. "m16n8k16" (PTX mma.sync ... .row.col.f32)
+    # asynchronous global -> shared copies (NVIDIA sm_80+, PTX cp.async): a copy lands at the CP_WAIT that
+    # covers its group; a BARRIER after that wait makes it visible to the other work-items
+    CP_ASYNC = "cp_async"    # src: (local, local index, param, global index); arg: bytes (16): one
+                             # 16-byte-aligned run of the param's elements into the shared array
+    CP_COMMIT = "cp_commit"  # closes the group of this work-item's CP_ASYNCs issued since the last commit
+    CP_WAIT = "cp_wait"      # arg: n: waits until at most n of this work-item's committed groups are pending
 
 
 @dataclass(eq=False)
