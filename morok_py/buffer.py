@@ -6,10 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import dlpack as D
 from .dtypes import DType, as_dtype, from_numpy
 
 if TYPE_CHECKING:
     from .device import Device
+
+
+# DLPack device types a Buffer can view, by the registry's device type
+_DLPACK_DEVICES = {D.CPU: "CPU", D.CUDA: "CUDA", D.ROCM: "ROCM"}
 
 
 class Buffer:
@@ -126,11 +131,11 @@ class Buffer:
     # ---- DLPack -------------------------------------------------------------------------------------
     def __dlpack_device__(self) -> tuple[int, int]:
         """(DLPack device type, device id): kDLCPU, kDLCUDA or kDLROCM and the ordinal."""
-        from .dlpack import DEVICE_TYPES, DLPackError
-        kind = DEVICE_TYPES.get(self.device.spec.type)
+        spec = self.device.spec
+        kind = D.DEVICE_TYPES.get(spec.type)
         if kind is None:
-            raise DLPackError(f"{self.device.name} memory has no DLPack device type")
-        return kind, 0 if kind == DEVICE_TYPES["CPU"] else self.device.spec.ordinal
+            raise D.DLPackError(f"{self.device.name} memory has no DLPack device type")
+        return kind, 0 if kind == D.CPU else spec.ordinal
 
     def __dlpack__(self, *, stream: Any = None, max_version: "tuple[int, int] | None" = None,
                    dl_device: "tuple[int, int] | None" = None, copy: "bool | None" = None) -> Any:
@@ -140,7 +145,6 @@ class Buffer:
         refused; ROCm: None or 0 the default stream). The buffer stays alive while the capsule or the
         consumer's view does. `copy=True` exports a copy; `dl_device=(kDLCPU, 0)` from a GPU copies
         to the host unless `copy=False`."""
-        from . import dlpack as D
         here = self.__dlpack_device__()
         src, copied = self, False
         if dl_device is not None and tuple(dl_device) != here:
@@ -160,14 +164,15 @@ class Buffer:
         with src._lock:
             src._exports += 1
         try:
-            return D.export(ptr, src.size, src.dtype, src.__dlpack_device__(), src, versioned=versioned,
+            return D.export(ptr, src.size, src.dtype, here if src is self else src.__dlpack_device__(), src,
+                            versioned=versioned,
                             copied=copied, on_release=src._export_released)
         except BaseException:
             src._export_released()
             raise
 
     def _sync_for_consumer(self, stream: Any) -> None:
-        from .dlpack import DLPackError
+        DLPackError = D.DLPackError
         sync = getattr(self.device, "dlpack_sync", None)
         if sync is None:
             if stream is not None and stream != -1:
@@ -192,16 +197,21 @@ class Buffer:
         morok_py device (CPU, CUDA:n, ROCM:n), of a dtype the IR knows and 16-byte aligned (vector
         loads assume it). The producer keeps the memory alive until the buffer is freed or collected;
         on a GPU the producer's pending work is ordered before this device's stream."""
-        from . import dlpack as D
         from .registry import get_device
-        if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
-            raise D.DLPackError(f"{type(obj).__name__} does not speak DLPack (no __dlpack__/__dlpack_device__)")
-        kind, ordinal = (int(x) for x in obj.__dlpack_device__())
-        name = {D.CPU: "CPU", D.CUDA: "CUDA", D.ROCM: "ROCM"}.get(kind)
+        try:
+            kind, ordinal = obj.__dlpack_device__()
+        except AttributeError:
+            if not hasattr(obj, "__dlpack__") or not hasattr(obj, "__dlpack_device__"):
+                raise D.DLPackError(f"{type(obj).__name__} does not speak DLPack (no __dlpack__/__dlpack_device__)") \
+                    from None
+            raise
+        name = _DLPACK_DEVICES.get(kind)
         if name is None:
+            kind = int(kind)
             raise D.DLPackError(f"the tensor lives in {D.DEVICE_NAMES.get(kind, f'device type {kind}')} memory; "
                                 f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
-        dev = get_device(name if kind == D.CPU else f"{name}:{ordinal}")
+        kind, ordinal = int(kind), int(ordinal)
+        dev = get_device(f"{name}:{0 if kind == D.CPU else ordinal}")
         stream_of = getattr(dev, "dlpack_stream", None)
         stream = stream_of() if stream_of is not None else None
         try:

@@ -9,6 +9,7 @@ nobody consumed calls it from its destructor. Either way the deleter runs exactl
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from typing import Any, Callable
 
@@ -60,6 +61,22 @@ class DLManagedTensorVersioned(ctypes.Structure):
                 ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
 
 
+# The same layouts as struct formats (native alignment, as C lays them out): an export packs its
+# managed tensor with one pack_into, an import reads one with one unpack. Each is checked against the
+# ctypes structures above when this module loads.
+_TENSOR = "PiiiBBHPPQ"                    # DLTensor: data, device (type, id), ndim, dtype, shape, strides, offset
+_V_HEAD = struct.Struct("@IIPPQ" + _TENSOR)      # DLManagedTensorVersioned
+_L_HEAD = struct.Struct("@" + _TENSOR + "PP")    # DLManagedTensor: the tensor, manager_ctx, deleter
+# an export: the managed tensor, then its one-element shape and strides
+_V_EXPORT = struct.Struct(_V_HEAD.format + "qq")
+_L_EXPORT = struct.Struct(_L_HEAD.format + "qq")
+for _s, _c in ((_V_HEAD, DLManagedTensorVersioned), (_L_HEAD, DLManagedTensor)):
+    if _s.size != ctypes.sizeof(_c):
+        raise ImportError(f"DLPack layout mismatch: {_s.format} is {_s.size} bytes, {_c.__name__} {ctypes.sizeof(_c)}")
+if DLManagedTensorVersioned.dl_tensor.offset != struct.calcsize("@IIPPQ") or DLManagedTensor.deleter.offset != \
+        struct.calcsize("@" + _TENSOR + "P"):
+    raise ImportError("DLPack layout mismatch between the struct formats and the ctypes structures")
+
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _NAME, _NAME_V = b"dltensor", b"dltensor_versioned"
 _USED, _USED_V = b"used_dltensor", b"used_dltensor_versioned"
@@ -82,7 +99,7 @@ _NAMES = {n: ctypes.c_char_p(n) for n in (_NAME, _NAME_V, _USED, _USED_V)}
 # ---- export ---------------------------------------------------------------------------------------
 
 _lock = threading.Lock()
-_exports: dict[int, tuple] = {}    # managed tensor address -> (struct, shape, strides, owner, on_release)
+_exports: dict[int, tuple] = {}    # managed tensor address -> (its memory, owner, on_release)
 
 
 def _release_export(addr: int | None) -> None:
@@ -91,8 +108,8 @@ def _release_export(addr: int | None) -> None:
         return
     with _lock:
         entry = _exports.pop(addr, None)
-    if entry is not None and entry[4] is not None:
-        entry[4]()
+    if entry is not None and entry[2] is not None:
+        entry[2]()
 
 
 _deleter = _DELETER(_release_export)
@@ -110,6 +127,9 @@ def _capsule_destructor(capsule: int | None) -> None:
         _release_export(_get_pointer_raw(capsule, _NAMES[name]))
 
 
+_DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+
+
 def dtype_code(dt: DType) -> tuple[int, int]:
     if dt.name == "bfloat16":
         return 4, 16
@@ -125,33 +145,24 @@ def export(ptr: int, count: int, dt: DType, device: tuple[int, int], owner: Any,
     """A capsule for the 1-D tensor of `count` elements at `ptr`. `owner` stays referenced until the
     consumer's deleter runs (or the unconsumed capsule is collected); then `on_release()` is called."""
     code, bits = dtype_code(dt)
-    shape = (ctypes.c_int64 * 1)(count)
-    strides = (ctypes.c_int64 * 1)(1)
     if versioned:
-        m = DLManagedTensorVersioned()
-        m.version.major, m.version.minor = VERSION
-        m.flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
-        name = _NAME_V
+        layout, head, name = _V_EXPORT, _V_HEAD.size, _NAME_V
     else:
         if read_only:
             raise DLPackError("a read-only tensor needs the versioned DLPack capsule (max_version >= (1, 0))")
-        m = DLManagedTensor()
-        name = _NAME
-    t = m.dl_tensor
-    t.data = ptr or None
-    t.device.device_type, t.device.device_id = device
-    t.ndim = 1
-    t.dtype.code, t.dtype.bits, t.dtype.lanes = code, bits, 1
-    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-    t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
-    t.byte_offset = 0
-    m.deleter = _DELETER_ADDR
-    addr = ctypes.addressof(m)
-    m.manager_ctx = addr
+        layout, head, name = _L_EXPORT, _L_HEAD.size, _NAME
+    mem = (ctypes.c_char * layout.size)()
+    addr = ctypes.addressof(mem)
+    tensor = (ptr or 0, device[0], device[1], 1, code, bits, 1, addr + head, addr + head + 8, 0)
+    if versioned:
+        flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
+        layout.pack_into(mem, 0, VERSION[0], VERSION[1], addr, _DELETER_ADDR, flags, *tensor, count, 1)
+    else:
+        layout.pack_into(mem, 0, *tensor, addr, _DELETER_ADDR, count, 1)
     with _lock:
-        _exports[addr] = (m, shape, strides, owner, on_release)
+        _exports[addr] = (mem, owner, on_release)
     try:
-        return _api.PyCapsule_New(addr, _NAMES[name], ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+        return _api.PyCapsule_New(addr, _NAMES[name], _DESTRUCTOR_ADDR)
     except BaseException:
         _release_export(addr)
         raise
@@ -166,6 +177,11 @@ def live_exports() -> int:
 # ---- import ---------------------------------------------------------------------------------------
 
 def dtype_of(code: int, bits: int, lanes: int) -> DType:
+    dt = _DTYPES.get((code, bits, lanes))
+    return dt if dt is not None else _dtype_of(code, bits, lanes)
+
+
+def _dtype_of(code: int, bits: int, lanes: int) -> DType:
     if lanes != 1:
         raise DLPackError(f"vector elements ({lanes} lanes) are not supported; a Buffer holds scalars")
     kind = {0: "i", 1: "u", 2: "f", 6: "b"}.get(code)
@@ -182,6 +198,18 @@ def dtype_of(code: int, bits: int, lanes: int) -> DType:
     raise DLPackError(f"DLPack dtype ({what}, {bits} bits) has no morok_py dtype")
 
 
+# every dtype that crosses DLPack, by (code, bits, lanes): an import looks its dtype up once
+_DTYPES: dict[tuple[int, int, int], DType] = {}
+for _dt in vars(dtypes).values():
+    if isinstance(_dt, DType) and not _dt.storage_only:
+        try:
+            _code, _bits = dtype_code(_dt)
+        except DLPackError:
+            continue
+        if _dtype_of(_code, _bits, 1) is _dt:
+            _DTYPES[(_code, _bits, 1)] = _dt
+
+
 class Imported:
     """A consumed DLPack tensor: its data pointer, element count, dtype and device. `release()` calls
     the producer's deleter (once); until then the producer keeps the memory alive."""
@@ -191,41 +219,41 @@ class Imported:
         if _api.PyCapsule_IsValid(capsule, _NAMES[_NAME_V]):
             self.versioned = True
             addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME_V])
-            m = DLManagedTensorVersioned.from_address(addr)
-            if m.version.major != VERSION[0]:
-                raise DLPackError(f"DLPack major version {m.version.major} is not supported (this reads {VERSION[0]})")
-            flags = m.flags
+            major, _minor, _ctx, deleter, flags, *tensor = _V_HEAD.unpack(ctypes.string_at(addr, _V_HEAD.size))
+            if major != VERSION[0]:
+                raise DLPackError(f"DLPack major version {major} is not supported (this reads {VERSION[0]})")
         elif _api.PyCapsule_IsValid(capsule, _NAMES[_NAME]):
             self.versioned = False
             addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME])
-            m = DLManagedTensor.from_address(addr)
+            *tensor, _ctx, deleter = _L_HEAD.unpack(ctypes.string_at(addr, _L_HEAD.size))
             flags = 0
         else:
             raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
-        t = m.dl_tensor
+        data, dev_type, dev_id, ndim, code, bits, lanes, shape_at, strides_at, offset = tensor
         # checks first: a refused capsule stays unconsumed, so its own destructor releases the tensor
         if flags & FLAG_READ_ONLY:
             raise DLPackError("the tensor is read-only; kernels write their buffers, so a Buffer cannot view "
                               "it (pass a writable tensor, or a copy)")
-        self.device = (int(t.device.device_type), int(t.device.device_id))
-        self.dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes)
-        shape = [int(t.shape[i]) for i in range(t.ndim)]
+        self.device = (dev_type, dev_id)
+        self.dtype = dtype_of(code, bits, lanes)
+        if ndim < 0 or (ndim and not shape_at):
+            raise DLPackError(f"the capsule's tensor has ndim {ndim} and shape pointer {shape_at:#x}")
+        shape = struct.unpack(f"{ndim}q", ctypes.string_at(shape_at, 8 * ndim)) if ndim else ()
         count = 1
-        for s in shape:
-            count *= s
-        if t.strides and count > 1:
+        for n in shape:
+            count *= n
+        if strides_at and count > 1:
+            strides = struct.unpack(f"{ndim}q", ctypes.string_at(strides_at, 8 * ndim))
             want = 1
-            for i in reversed(range(t.ndim)):
-                if shape[i] != 1 and int(t.strides[i]) != want:
-                    strides = [int(t.strides[j]) for j in range(t.ndim)]
+            for i in reversed(range(ndim)):
+                if shape[i] != 1 and strides[i] != want:
                     raise DLPackError(f"the tensor is not contiguous (shape {tuple(shape)}, strides {tuple(strides)} "
                                       f"elements); a Buffer is one dense run of elements: pass a contiguous copy")
                 want *= shape[i]
         self.shape = tuple(shape)
         self.count = count
-        self.ptr = (t.data or 0) + int(t.byte_offset)
+        self.ptr = data + offset
         self.flags = flags
-        deleter = m.deleter
         name = _USED_V if self.versioned else _USED
         if _api.PyCapsule_SetName(capsule, _NAMES[name]) != 0:
             raise DLPackError("could not mark the capsule consumed")

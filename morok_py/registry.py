@@ -80,6 +80,10 @@ def _factory(kind: str) -> BackendFactory:
 
 def get_device(name: "str | DeviceSpec | None" = None) -> Device:
     """Open (once) and return the device named `name`; None means Device.DEFAULT."""
+    if name.__class__ is str:       # an opened device by its canonical key ("CUDA:0"): no parse
+        dev = _devices.get(name)
+        if dev is not None:
+            return dev
     spec = DeviceSpec.parse(name if name is not None else Device.DEFAULT)
     key = f"{spec.type}:{spec.ordinal}"   # not str(spec): that prints CPU:1 as CPU, which skipped the check
     with _lock:

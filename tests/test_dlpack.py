@@ -96,6 +96,23 @@ def test_the_versioned_capsule_is_given_when_asked_for(cpu):
     assert "dltensor_versioned" in repr(versioned)
 
 
+@pytest.mark.parametrize("versioned", [False, True])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "int64", "uint8", "bool"])
+def test_both_capsule_layouts_carry_every_field(cpu, versioned, dt):
+    """An export read back as a consumer reads it: data pointer, device, dtype, shape, flags; then the
+    consumer's release runs the deleter once (the export is no longer live)."""
+    dtype = getattr(dtypes, dt)
+    b = cpu.buffer(37, dtype)
+    before = D.live_exports()
+    imp = D.Imported(b.__dlpack__(max_version=(1, 0) if versioned else None))
+    assert (imp.versioned, imp.ptr, imp.device, imp.dtype, imp.shape, imp.count) == \
+        (versioned, b.ptr, (D.CPU, 0), dtype, (37,), 37)
+    assert imp.flags == 0 and D.live_exports() == before + 1
+    imp.release()
+    imp.release()
+    assert D.live_exports() == before
+
+
 # ---- refusals --------------------------------------------------------------------------------------
 
 def test_a_non_contiguous_array_is_refused(rng):
