@@ -8,7 +8,7 @@ same function pointer with the same arguments.
 Measured per launch, as the mean over a loop of calls, median over repeats:
 - bare ctypes: `CFUNCTYPE(None, void* x3, int32 x3)(program.address)(a, b, c, n, 0, n)`
 - `Program.execute(ptrs, vals, gs, ls)`: the raw path (target: <= 3x the bare call)
-- `Program.__call__(a, b, c, n=n)`: the friendly path, with its launch checks
+- `Program.__call__(a, b, c, n=n)`: the friendly path, with its launch checks (target: <= 2x the bare call)
 - `ExecutionPlan.run()`: per launch, a plan of many launches replayed
 """
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 import harness as H
 from harness import np
 
-TARGET = 3.0
+TARGET = 3.0          # Program.execute / bare (issue 5)
+CALL_TARGET = 2.0     # Program.__call__ / bare (issue 15)
 
 
 def per_call(fn, calls: int, repeats: int) -> float:
@@ -92,12 +93,13 @@ def main() -> None:
     common = {"kernel": "add", "n": n}
     res.add("cpu_launch_bare_ctypes", n, "s", t_bare, label="bare ctypes", **common)
     for label, key, tgt in (("Program.execute", "cpu_launch_execute", 1 / TARGET),
-                            ("Program.__call__", "cpu_launch_call", None),
+                            ("Program.__call__", "cpu_launch_call", 1 / CALL_TARGET),
                             ("ExecutionPlan.run (per launch)", "cpu_launch_plan", None)):
         res.add(key, n, "s", times[label], "bare ctypes", t_bare, target=tgt, label=label,
                 over_bare=times[label] / t_bare, **common)
+    limits = {"Program.execute": TARGET, "Program.__call__": CALL_TARGET}
     rows = [[label, H.fmt_time(t), f"{t / t_bare:.2f}x",
-             ("met" if t / t_bare <= TARGET else "MISSED") + f" (<= {TARGET:g}x)" if label == "Program.execute" else ""]
+             ("met" if t / t_bare <= limits[label] else "MISSED") + f" (<= {limits[label]:g}x)" if label in limits else ""]
             for label, t in times.items()]
     H.table(rows, ["launch of a cached add (n=%d)" % n, "per launch", "vs bare ctypes", "target"],
             f"\nCPU launch overhead on {mach['model']} (a kernel this small runs on the calling thread)")
