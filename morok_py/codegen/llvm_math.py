@@ -3,14 +3,14 @@ that have no instruction and no libm for them. Shared by the CUDA and ROCm LLVM 
 from __future__ import annotations
 
 import math
+import struct
 
-from ..dtypes import dtypes
 from ..ir import Ops
-from .llvm_ir import llvm_float
 
 
 def _hex(v: float) -> str:
-    return llvm_float(v, dtypes.float64)
+    """A double's exact LLVM literal (its IEEE bits in hex; llvm_ir.llvm_float's float64 form)."""
+    return "0x%016X" % struct.unpack("<Q", struct.pack("<d", v))[0]
 
 
 def _horner(z: str, coeffs: list[float], tag: str) -> tuple[list[str], str]:
