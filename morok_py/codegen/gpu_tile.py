@@ -55,6 +55,8 @@ DOUBLE_BUFFER = 1     # two shared buffers per tile; the next tile is loaded int
                       # is computed and stored after it: one barrier per tile, global latency hidden.
                       # 2: always; 1: only where every A/B tile has vector fills (fewer registers); 0: never
 VECTOR_FILL = True    # full tiles: 4-wide global loads where the index provably keeps them aligned
+ALIGNED_VARIANT = True  # symbolic strides: a second, vector-filled (and double-buffered) k loop taken when
+                        # the sizes are multiples of 4 at launch (a uniform branch; the scalar loop otherwise)
 MIN_REUSE = 16        # constant i or j extents below this gain nothing from tiles: general path
 
 
@@ -208,6 +210,8 @@ class _Tile:
     size: int                # elements of one buffer (16-byte multiple); two buffers when double-buffered
     passes: list = field(default_factory=list)   # scalar passes (any tile, the k tail too)
     vpasses: list = field(default_factory=list)  # vector passes for full tiles (empty: use `passes`)
+    vcond: list = field(default_factory=list)    # sizes that must be multiples of the vector width for
+                                                 # `vpasses` (checked in the kernel: the aligned variant)
 
 
 def _outside(root: UOp, red: UOp) -> list[UOp]:
@@ -263,12 +267,71 @@ def _vector_aligned(idx: UOp, along: UOp, width: int) -> bool:
     return all(v % width == 0 for k, v in form.items() if k is not along)
 
 
+def _terms(node: UOp) -> dict | None:
+    """{range or None (the rest): coefficient} when node is an affine form of ranges whose coefficients are
+    free of ranges and loads (constants, variables, their arithmetic), else None."""
+    if not node.free_ranges:
+        return None if any(n.op is Ops.LOAD for n in node.toposort()) else {None: node}
+    op = node.op
+    if op is Ops.RANGE:
+        return {node: UOp.const(1, node.dtype)}
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = _terms(node.src[0]), _terms(node.src[1])
+        if a is None or b is None:
+            return None
+        out = dict(a)
+        for k, v in b.items():
+            v = v if op is Ops.ADD else -v
+            out[k] = out[k] + v if k in out else v
+        return out
+    if op is Ops.MUL:
+        x, c = node.src
+        if x.free_ranges and c.free_ranges:
+            return None
+        if not x.free_ranges:
+            x, c = c, x
+        a = _terms(x)
+        if a is None or any(n.op is Ops.LOAD for n in c.toposort()):
+            return None
+        return {k: v * c for k, v in a.items()}
+    if op is Ops.NEG:
+        a = _terms(node.src[0])
+        return None if a is None else {k: -v for k, v in a.items()}
+    return None
+
+
+def _alignment_at_launch(idx: UOp, along: UOp, width: int) -> list[UOp] | None:
+    """What `_vector_aligned` needs when strides are symbolic: the launch-time sizes (range-free
+    expressions) that must be multiples of `width` for `width` elements from an index whose `along`
+    coordinate is a multiple of `width` to be contiguous and aligned; [] when proven, None when never."""
+    form = _terms(idx)
+    if form is None or all(k is not along for k in form):
+        return None
+    lead = simplify(form[along])
+    if lead.op is not Ops.CONST or lead.arg != 1:
+        return None
+    conds: list[UOp] = []
+    for k, v in form.items():
+        if k is along:
+            continue
+        v = simplify(v)
+        if v.op is Ops.CONST:
+            if int(v.arg) % width:
+                return None
+        elif all(v is not c for c in conds):
+            conds.append(v)
+    return conds
+
+
 def _cdiv_groups(extent: UOp, block: int) -> UOp:
     """ceil(extent / block) groups, 0 for an empty extent, with no intermediate overflow."""
     return simplify(((extent - 1) // block + 1).minimum(extent))
 
 
 class _Builder:
+    aligned = True      # building the variant whose launch-time alignment conditions hold (see `conds`)
+    conds: list = []
+
     def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan) -> None:
         self.ast, self.caps, self.name, self.p = ast, caps, name, plan
         self.next_id = 0
@@ -276,6 +339,7 @@ class _Builder:
         # integer nodes of load/store indices and range ends may be printed with nsw (the launch check
         # proves them in range); arithmetic above a load is data, not proven (as in the general path)
         self.index_nodes = plan.scan.index_nodes
+        self.later_passes: dict[int, object] = {}
 
     # instructions ---------------------------------------------------------------------------
     def new(self, kind: L, dtype: DType | None, src=(), arg=None) -> Instr:
@@ -378,6 +442,10 @@ class _Builder:
         smem_bytes = sum(t.size * t.smem.dtype.itemsize for t in self.tiles)
         if smem_bytes > SMEM_LIMIT:
             return None
+        # the aligned variant (symbolic strides that are multiples of 4 at launch) shares the shared tiles
+        self.conds = [c for t in self.tiles for c in t.vcond]
+        self.conds = list({id(c): c for c in self.conds}.values())
+        self.aligned = True
         self.db = (2 * smem_bytes <= SMEM_LIMIT and
                    (DOUBLE_BUFFER >= 2 or DOUBLE_BUFFER == 1 and all(t.vpasses for t in self.tiles if t.kind in "AB")))
         if self.db:
@@ -398,11 +466,39 @@ class _Builder:
         self.regs = self.register_units(work)
         # full tiles: k0 = 0, BK, ..., k_full - BK
         k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
-        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         # its last step reaches k_full <= K: it cannot wrap, but it is checked like every stepped loop
         Ke = p.k.src[0]
         self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
-        if self.db:
+        if self.conds:
+            # symbolic strides: the aligned variant when every size it needs is a multiple of 4 (a uniform
+            # branch), else the scalar one; the k tail and the epilogue are shared
+            memo: dict[UOp, Instr] = {}
+            bits = None
+            for cnd in self.conds:
+                b = self.op(work, Ops.AND, self.expr(cnd, dict(self.bind), work, memo), self.c(3))
+                bits = b if bits is None else self.op(work, Ops.ADD, bits, b)
+            fast, slow = If(self.new(L.ALU, dtypes.bool, (bits, zero), Ops.CMPEQ)), If(self.op(work, Ops.CMPLT, zero, bits))
+            work += [fast.cond, fast, slow]
+            self.k_loop(fast.body, k_full, self.db)
+            self.aligned = False
+            self.scalar_passes_in(slow.body)
+            self.k_loop(slow.body, k_full, self.db and all(not t.vcond for t in self.tiles))
+        else:
+            self.k_loop(work, k_full, self.db)
+        # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        self.scalar_passes_in(tail.body)
+        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+        self.k_step(tail.body, k_full, self.op(tail.body, Ops.SUB, k_rem, self.c(1)), k_rem)
+        self.epilogue(top)
+        return self.finish(body)
+
+    def k_loop(self, work: list[Item], k_full: Instr, db: bool) -> None:
+        """The full tiles k0 = 0, BK, ..., k_full - BK, double-buffered or not."""
+        zero, BK = self.c(0), self.BK
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        if db:
             # the first full tile into buffer 0; then step k0 computes from buffer (k0 / BK) % 2 while the
             # next tile's loads are in flight, stores that tile into the other buffer, and waits once
             first = If(self.op(work, Ops.CMPLT, zero, k_full))
@@ -410,7 +506,7 @@ class _Builder:
             par = self.new(L.ACC, dtypes.index, (), 0)     # which buffer this step reads: 0, 1, 0, ...
             work.append(par)
             for t in self.tiles:
-                self.fill(t, t.vpasses or t.passes, zero, None, None, first.body, first.body)
+                self.fill(t, self.full_passes(t), zero, None, None, first.body, first.body)
             first.body.append(self.new(L.BARRIER, None))
             work.append(main)
             lb = main.body
@@ -424,7 +520,7 @@ class _Builder:
             for t in self.tiles:
                 rd[id(t)] = self.op(lb, Ops.MUL, now, self.c(t.size))
                 wr = self.op(later, Ops.SUB, self.c(t.size), rd[id(t)])
-                self.fill(t, t.vpasses or t.passes, kn, None, wr, lb, later)
+                self.fill(t, self.full_passes(t), kn, None, wr, lb, later)
             self.compute(lb, rd, self.c(BK), True)
             lb.extend(later)
             lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
@@ -433,13 +529,6 @@ class _Builder:
             work.append(main)
             self.k_step(main.body, main.var, None, self.c(BK))
             main.body.append(self.new(L.BARRIER, None))   # every tile is read before the next fill
-        # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
-        tail = If(self.op(work, Ops.CMPLT, k_full, K))
-        work.append(tail)
-        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
-        self.k_step(tail.body, k_full, self.op(tail.body, Ops.SUB, k_rem, self.c(1)), k_rem)
-        self.epilogue(top)
-        return self.finish(body)
 
     def finish(self, body: list[Item]) -> "tuple[LinearKernel, LaunchInfo]":
         """The kernel and its launch information, built the way the general path builds them."""
@@ -476,11 +565,50 @@ class _Builder:
         top.append(smem)
         t = _Tile(unit, kind, smem, ld, size)
         fast = self.p.fast.get(unit, "k")
-        t.passes = self.fill_passes(t, width, fast, 1, tid, top)
         vec = self.fill_vector(t, width, fast)
+        if vec == 1 and ALIGNED_VARIANT and _cuda_like(self.caps):
+            vec, t.vcond = self.fill_vector_at_launch(t, width, fast)
+        if t.vcond:     # the scalar passes are computed in the blocks that use them (fewer live registers)
+            self.later_passes[id(t)] = lambda out, t=t, width=width, fast=fast: self.fill_passes(t, width, fast, 1, tid, out)
+        else:
+            t.passes = self.fill_passes(t, width, fast, 1, tid, top)
         if vec > 1:
             t.vpasses = self.fill_passes(t, width, fast, vec, tid, top)
         return t
+
+    def scalar_passes_in(self, out: list[Item]) -> None:
+        """The scalar fill passes of the tiles with an aligned variant, computed at the start of `out` (the
+        scalar variant's k loop, the k tail): not live across the aligned variant's loop."""
+        for t in self.tiles:
+            make = self.later_passes.get(id(t))
+            if make is not None:
+                t.passes = make(out)
+
+    def fill_vector_at_launch(self, t: _Tile, width: int, fast: str) -> tuple[int, list[UOp]]:
+        """(4, sizes) when full tiles of t could be filled by 4-wide global loads if `sizes` (symbolic
+        strides, and the extent for a fill along rows/columns) are multiples of 4 at launch: the kernel
+        then holds an aligned variant beside the scalar one and picks it by a uniform branch. (1, []): no."""
+        p, vec = self.p, 4
+        u = t.unit
+        if (not VECTOR_FILL or self.caps.vector_width < vec or t.kind == "K" or u.op is not Ops.LOAD
+                or u.dtype.name not in _VECTOR_DTYPES):
+            return 1, []
+        rng = p.k if fast == "k" else p.i if t.kind == "A" else p.j
+        conds = _alignment_at_launch(u.src[1], rng, vec)
+        if conds is None or (fast == "k" and self.BK % vec) or (fast == "w" and width % vec):
+            return 1, []
+        if fast == "w":
+            ext = rng.src[0]
+            if ext.op is Ops.CONST:
+                if ext.arg % vec:
+                    return 1, []
+            elif all(ext is not c for c in conds):
+                conds.append(ext)
+        return (vec, conds) if conds else (1, [])
+
+    def full_passes(self, t: _Tile) -> list[_Pass]:
+        """The passes that fill a full tile of t in the variant being built."""
+        return t.vpasses if t.vpasses and (self.aligned or not t.vcond) else t.passes
 
     def fill_vector(self, t: _Tile, width: int, fast: str) -> int:
         """4 when full tiles of t can be filled by 4-wide global loads: the unit is one load of a vector
@@ -608,7 +736,7 @@ class _Builder:
         """Fill the tiles for k0..k0+BK (k clamped to k_last in the tail) into buffer 0, barrier,
         accumulate kk < kk_end."""
         for t in self.tiles:
-            self.fill(t, t.vpasses if k_last is None and t.vpasses else t.passes, k0, k_last, None, out, out)
+            self.fill(t, self.full_passes(t) if k_last is None else t.passes, k0, k_last, None, out, out)
         out.append(self.new(L.BARRIER, None))
         self.compute(out, {}, kk_end, k_last is None)
 
@@ -715,6 +843,13 @@ def plan_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None = None,
     return None if plan is None else plan.tile
 
 
+def _cuda_like(caps: Capabilities) -> bool:
+    """CUDA targets (32-lane warps and CUDA's 65535 grid limit in y and z tell them apart among the caps):
+    the choices timed on an H100 only. AMD's tiles keep under 128 VGPRs (occupancy): a second, double-
+    buffered k loop would not (163 on gfx90a, 131 on gfx1100)."""
+    return caps.warp_size == 32 and caps.grid_max[1:] == (65535, 65535)
+
+
 def deeper_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
                 tile: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
     """`tile` with BK doubled when its A and B tiles, double-buffered, still fit the static shared
@@ -723,7 +858,7 @@ def deeper_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     CUDA's 65535 grid limit in y and z tell them apart among the caps): AMD's tiles keep their local
     data share under 16 KiB for occupancy, and no AMD timing backs a deeper tile."""
     BM, BN, BK, TM, TN = tile
-    if caps.warp_size != 32 or caps.grid_max[1:] != (65535, 65535):
+    if not _cuda_like(caps):
         return tile
     plan = _plan(ast, caps, scan, (BM, BN, 2 * BK, TM, TN))
     if plan is None:
