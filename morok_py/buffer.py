@@ -49,8 +49,9 @@ class Buffer:
         forget = self._forget
         if forget is None:
             forget = self._forget = []
-        elif len(forget) >= 64:     # entries their tables already dropped
-            forget[:] = [(t, k) for t, k in forget if k in t]
+        elif len(forget) >= 64:     # entries their tables already dropped, and repeats
+            live = {(id(t), k): (t, k) for t, k in forget if k in t}
+            forget[:] = live.values()
         forget.append((table, key))
 
     def same_memory(self, other: "Buffer") -> bool:

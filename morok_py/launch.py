@@ -57,6 +57,9 @@ def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tu
     return vals, ptrs, [vals[n] for n in info.var_names], gs, ls
 
 
+_LAST = object()     # the key of the last buffer set that hit, in Program._checked beside the hashes
+
+
 class _Seen:
     """The passed launch checks of one buffer set: weak proxies of its buffers, the prepared launch
     and check result per values (by `tuple(values.items())`), and the last values that hit."""
@@ -85,45 +88,47 @@ class Program(contracts.Program):
 
     def __init__(self, device: contracts.Device, compiled: contracts.CompiledSpec) -> None:
         super().__init__(device, compiled)
-        # passed checks by the hash of the buffer tuple: a _Seen per buffer set; created on the first call
-        self._checked: dict[int, _Seen] | None = None
+        # passed checks by the hash of the buffer tuple: a _Seen per buffer set, and under _LAST the set
+        # that hit last; created on the first call
+        self._checked: dict[Any, _Seen] | None = None
         self._on_cpu = device.spec.type == "CPU"     # validation with the CPU applies elsewhere only
 
     def __call__(self, *buffers: Buffer, wait: bool = False, **values: int) -> float | None:
-        checked = self._checked
-        if checked is not None:
-            # the buffer set by its hash, then by identity: `buffers == seen.bufs` compares each Buffer
-            # with a weak proxy of a remembered one, which is True only for that very object (Buffer
-            # keeps object's identity equality); an unhashable argument goes to the full check
-            hit = None
-            try:
-                seen = checked.get(hash(buffers))
-                if seen is not None and buffers == seen.bufs:
-                    if not values:
-                        hit = seen.runs.get(())
-                    else:
-                        # the values by name (equal ints), then their types: True == 1 and 16.0 == 16
-                        # are equal but not ints, and the full check refuses them
-                        hit = seen.last if values == seen.last_values else seen.runs.get(tuple(values.items()))
-                        if hit is not None:
-                            for v in values.values():
-                                if v.__class__ is not int:
-                                    hit = None
-                                    break
-                            else:
-                                seen.last_values, seen.last = values, hit
-            except (TypeError, ReferenceError):     # unhashable arguments: the full check reports them
-                hit = None
-            if hit is not None:
-                if wait:
-                    return self._launch_checked(buffers, *hit[1:], wait)
-                r = hit[0]()
-                if r is None or not r[0]:
-                    return None
-                return self.prepared_failed(r, hit[0])
-        result = self._check(buffers, values)
-        self._remember(buffers, values, result)
-        return self._launch_checked(buffers, *result, wait)
+        # The buffer set: the last one that hit, else by the tuple's hash. Identity is checked either way:
+        # `buffers == seen.bufs` compares each Buffer with a weak proxy of a remembered one, True only
+        # for that very object (Buffer keeps object's identity equality; a dead proxy raises).
+        # Then the values: by name (dict equality; the last values first), then their types (True == 1
+        # and 16.0 == 16, but the full check refuses them). Any miss, unhashable argument or stale
+        # entry goes to the full check.
+        try:
+            checked = self._checked
+            seen = checked[_LAST]
+            if buffers != seen.bufs:
+                seen = checked[hash(buffers)]
+                if buffers != seen.bufs:
+                    raise KeyError
+                checked[_LAST] = seen
+            if values:
+                if values == seen.last_values:
+                    hit = seen.last
+                else:
+                    hit = seen.runs[tuple(values.items())]
+                    seen.last_values, seen.last = values, hit
+                for v in values.values():
+                    if v.__class__ is not int:
+                        raise KeyError
+            else:
+                hit = seen.runs[()]
+        except (AttributeError, KeyError, TypeError, ReferenceError):
+            result = self._check(buffers, values)
+            self._remember(buffers, values, result)
+            return self._launch_checked(buffers, *result, wait)
+        if wait:
+            return self._launch_checked(buffers, *hit[1:], wait)
+        r = hit[0]()
+        if r is None or not r[0]:
+            return None
+        return self.prepared_failed(r, hit[0])
 
     def _check(self, buffers: tuple, values: dict) -> tuple:
         return check_launch(self, buffers, values)
@@ -141,19 +146,21 @@ class Program(contracts.Program):
         key = hash(buffers)
         seen = checked.get(key)
         if seen is None or buffers != seen.bufs:        # new, or another set with the same hash
-            if len(checked) >= self._CHECKED_MAX:
+            if len(checked) > self._CHECKED_MAX:
                 checked.clear()
             forget = lambda _ref, key=key: checked.pop(key, None)   # noqa: E731
             seen = checked[key] = _Seen(tuple(weakref.proxy(b, forget) for b in buffers))
+            # free() drops the set's entry and the shortcut to the last set (collection kills the proxies)
             for b in buffers:
                 b.forget_on_free(checked, key)
+                b.forget_on_free(checked, _LAST)
         elif len(seen.runs) >= self._CHECKED_MAX:
             seen.runs.clear()
         _vals, ptrs, ordered, gs, ls = result
         run = (self.prepare(ptrs, ordered, gs, ls),) + result
         seen.runs[tuple(values.items())] = run
-        if values:
-            seen.last_values, seen.last = values, run
+        seen.last_values, seen.last = values, run
+        checked[_LAST] = seen
 
     def _launch_checked(self, buffers, vals, ptrs, ordered, gs, ls, wait: bool) -> float | None:
         if not self._on_cpu and config.validate_with_cpu():

@@ -359,16 +359,40 @@ def test_other_values_and_other_buffers_are_checked_again(cpu, checked_add):
 
 def test_a_collected_buffer_drops_its_entry_so_a_new_one_at_its_id_is_checked(cpu, checked_add):
     import gc
+    import weakref
     from morok_py import LaunchError
+    from morok_py.launch import _LAST
     prog, a, b, _, n = checked_add
+    sets = lambda: [k for k in prog._checked if k is not _LAST]   # noqa: E731
     out = cpu.empty(n, dtypes.float32)
     prog(a, b, out, n=n)
-    assert len(prog._checked) == 2
+    assert len(sets()) == 2 and prog._checked[_LAST].bufs[2] == out
+    alive = weakref.ref(out)
     del out
     gc.collect()
-    assert len(prog._checked) == 1            # no entry outlives its buffers (nor keeps them alive)
+    assert alive() is None                   # neither the entry nor the last-set shortcut keeps it alive
+    assert len(sets()) == 1                  # no entry outlives its buffers
     with pytest.raises(LaunchError, match="may touch indices"):
         prog(a, b, cpu.empty(n - 1, dtypes.float32), n=n)
+    c = cpu.empty(n, dtypes.float32)
+    prog(a, b, c, n=n)                       # the shortcut's dead proxies fall through to a full check
+    np.testing.assert_array_equal(c.numpy(), a.numpy() + b.numpy())
+
+
+def test_a_freed_buffer_of_the_last_set_is_caught(cpu, checked_add):
+    """The last set that hit is tried first: free() of one of its buffers drops that shortcut too."""
+    prog, a, b, c, n = checked_add
+    prog(a, b, c, n=n)
+    c.free()
+    with pytest.raises(ValueError, match="freed"):
+        prog(a, b, c, n=n)
+
+
+def test_a_buffer_used_in_many_sets_keeps_a_bounded_forget_list(cpu, checked_add):
+    prog, a, b, _, n = checked_add
+    for _ in range(300):
+        prog(a, b, cpu.empty(n, dtypes.float32), n=n)   # a new output each time, collected at once
+    assert len(a._forget) <= 64
 
 
 def test_each_new_buffers_and_values_pair_is_checked_once(cpu, checked_add, monkeypatch):
@@ -473,3 +497,51 @@ def test_staged_copyout_needs_a_contiguous_destination():
         fake.driver.copyout(np.empty((4, 4), np.float32)[:, ::2], 0)
     fake.driver.copyin(0, np.empty(0, np.float32))              # nothing to copy: no driver call at all
     assert fake.log == []
+
+
+def _matmul_bt(M, N, Kd, dt):
+    """C = A @ B.T with B stored [N, K]: the register tile's column index strides by K (gathered lanes)."""
+    a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    i, j = UOp.range(M, 0), UOp.range(N, 1)
+    k = UOp.range(Kd, 2, AxisType.REDUCE)
+    return UOp.sink(c.store(i * N + j, (a.load(i * Kd + k) * b.load(j * Kd + k)).reduce(k)))
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64", "float16", "bfloat16", "int32"])
+@pytest.mark.parametrize("kind", ["matmul", "bias_relu", "b_transposed", "symbolic"])
+def test_register_tile_lanes_match_numpy_for_every_dtype(cpu, rng, dt, kind):
+    """The register tile's columns as LLVM vectors (Schedule.tile_lanes): contiguous lanes are vector
+    loads, strided ones gathers, a row's bias a broadcast; odd sizes leave narrower and scalar regions."""
+    from morok_py.backends.cpu.renderer import LANES_MARK
+    if dt == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    dtype = getattr(dtypes, dt)
+    M, Kd, N = 29, 13, 37
+    renderer, _ = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    if kind == "matmul":
+        ast = K.matmul(M, N, Kd, dtype=dtype)
+    elif kind == "bias_relu":
+        ast = K.matmul_bias_relu(M, N, Kd, dtype=dtype)
+    elif kind == "b_transposed":
+        ast = _matmul_bt(M, N, Kd, dtype)
+    else:
+        ast = K.matmul(dtype=dtype)
+    spec = renderer.render(ast, f"lanes_{kind}_{dt}")
+    assert spec.linear.schedule.tile_lanes == renderer.caps.tile_lanes and spec.src.startswith(LANES_MARK)
+    ints = dtype.is_int
+    draw = (lambda s: rng.integers(-4, 5, s)) if ints else (lambda s: rng.standard_normal(s))
+    a, b, bias = draw((M, Kd)), draw((Kd, N)), draw(N)
+    a, b, bias = (x.astype(dtype.np).astype(np.float64) for x in (a, b, bias))    # the values the kernel sees
+    want = a @ b
+    ins = [a, b.T.copy() if kind == "b_transposed" else b]
+    if kind == "bias_relu":
+        want = np.maximum(want + bias, 0)
+        ins.append(bias)
+    out = cpu.empty(M * N, dtype)
+    prog = cpu.compile(ast, name=f"lanes_{kind}_{dt}")
+    prog(*[cpu.buf(x.astype(dtype.np)) for x in ins], out, **({"M": M, "N": N, "K": Kd} if kind == "symbolic" else {}))
+    got = out.numpy().astype(np.float64).reshape(M, N)
+    tol = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-2, "bfloat16": 8e-2, "int32": 0}[dt]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
