@@ -16,9 +16,11 @@ from morok_py.codegen.lower import Capabilities, lower
 from morok_py.codegen.symbolic import evaluate
 from morok_py.ir import Ops
 
-from morok_py.backends.cpu.renderer import register_tile_for
+from morok_py.backends.cpu.renderer import register_tile_for, tile_lanes_for
 
-TILES = sorted({register_tile_for(f) for f in ("", "+sse4.2", "+avx,+avx2,+fma", "+avx2,+avx512f")})
+FEATURES = ("", "+sse4.2", "+avx,+avx2,+fma", "+avx2,+avx512f")
+TILES = sorted({register_tile_for(f) for f in FEATURES})
+LANES = {register_tile_for(f): tile_lanes_for(f) for f in FEATURES}
 SIZES = [(64, 128, 256), (60, 128, 256), (66, 130, 257), (1, 1, 1), (7, 5, 3), (200, 17, 33), (13, 33, 2)]
 
 
@@ -55,10 +57,12 @@ def _numpy_index(index: UOp, axes: dict[int, np.ndarray], values: dict[str, int]
 
 @pytest.mark.parametrize("tile", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("symbolic", [True, False], ids=["symbolic", "static"])
-def test_register_tile_bounds_are_exact_and_inside_the_buffers(tile, symbolic):
+@pytest.mark.parametrize("lanes", [False, True], ids=["scalar", "lanes"])
+def test_register_tile_bounds_are_exact_and_inside_the_buffers(tile, symbolic, lanes):
     for M, N, Kd in SIZES:
         ast = K.matmul() if symbolic else K.matmul(M, N, Kd)
-        _, info = lower(ast, Capabilities(has_threads=True, register_tile=tile), "mm")
+        caps = Capabilities(has_threads=True, register_tile=tile, tile_lanes=LANES[tile] if lanes else 0)
+        _, info = lower(ast, caps, "mm")
         values = info.values_from({"M": M, "N": N, "K": Kd} if symbolic else {})
         _, _, bounds, _ = info.prepare(values)
         sizes = [M * Kd, Kd * N, M * N]

@@ -13,6 +13,8 @@ STREAM_SUFFIX = "__stream"
 # the streaming variant's contract with the runtime: written buffers are aligned to this many bytes
 # and every thread's `start` is a multiple of this many elements (so also of 64 bytes for any dtype)
 STREAM_ALIGN = 64
+# first line of a kernel whose register tile is printed as LLVM vectors (the compiler's light pipeline)
+LANES_MARK = "; morok: register-tile lanes"
 
 
 def streams_output(kernel: LinearKernel) -> bool:
@@ -77,13 +79,22 @@ def register_tile_for(features: str) -> tuple[int, int]:
     return (4, 8)
 
 
+def tile_lanes_for(features: str) -> int:
+    """Lanes of the register tile's column vectors: one vector register of float32 (LLVM splits wider
+    element types into several registers)."""
+    feats = set(features.split(","))
+    return 16 if "+avx512f" in feats else 8 if ("+avx2" in feats or "+avx" in feats) else 4
+
+
 class CPURenderer(Renderer):
-    caps = Capabilities(has_threads=True, register_tile=(4, 8))
+    caps = Capabilities(has_threads=True, register_tile=(4, 8), tile_lanes=4)
+    lane_vectors = True     # the printer emits the register tile's lanes as LLVM vectors
 
     def __init__(self, device: DeviceSpec, triple: str = "", features: str = "") -> None:
         super().__init__(device)
         self.triple = triple
-        self.caps = Capabilities(has_threads=True, register_tile=register_tile_for(features))
+        self.caps = Capabilities(has_threads=True, register_tile=register_tile_for(features),
+                                 tile_lanes=tile_lanes_for(features) if self.lane_vectors else 0)
 
     def decompositor(self):
         return vector_friendly_math
@@ -91,12 +102,18 @@ class CPURenderer(Renderer):
     def render_kernel(self, kernel: LinearKernel) -> str:
         p = CPULLVMPrinter(kernel)
         p.triple = self.triple
-        return p.render()
+        src = p.render()
+        if any(ins.lanes > 1 for ins in kernel.walk()):
+            src = LANES_MARK + "\n" + src
+        return src
 
 
 class MLIRCPURenderer(CPURenderer):
     """MLIR (func/scf/arith/math/memref/vector) for the MLIR pair; the same lowering and register
-    tile as the LLVM IR renderer, only the printer differs."""
+    tile as the LLVM IR renderer (its columns scalar: the MLIR printer has no lane vectors), only the
+    printer differs."""
+
+    lane_vectors = False
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         from morok_py.codegen.mlir import MLIRPrinter

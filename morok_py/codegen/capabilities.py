@@ -18,6 +18,8 @@ class Capabilities:
     grid_max: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
     warp_size: int = 1
     register_tile: tuple[int, int] | None = None   # CPU: (rows, columns) of a reduction's output tile
+    tile_lanes: int = 0           # CPU: the register tile's columns as vectors of this many lanes (the
+                                  # printer emits LLVM vector types); 0: scalar lanes only
     group_reduce: bool = False    # GPU: row kernels get one work-group per output row, reducing in shared memory
     grid_reduce: bool = False     # GPU: a full reduction is split over many work-groups in two stages
                                   # (partials in a hidden scratch buffer, the last group to finish combines)

@@ -27,6 +27,7 @@ class L(enum.Enum):
     STORE = "store"          # src: (param or local, index, value); arg: None, or w for a w-vector value
     VECTOR = "vector"        # src: w scalars of dtype -> one w-vector (for a vector STORE)
     EXTRACT = "extract"      # src: (vector,); arg: lane -> the lane's scalar
+    BROADCAST = "broadcast"  # src: (scalar,); lanes: w -> the w-vector with every lane the scalar
     ATOMIC_ADD = "atomic_add"  # src: (param, index, value); device-scope atomic add, the old value
     FENCE = "fence"          # device-scope memory fence (orders global stores before later atomics)
     SHUFFLE_XOR = "shuffle_xor"  # src: (value, local id); arg: (mask, warp size): the value of the lane
@@ -63,6 +64,8 @@ class Instr:
     reassoc: bool = False     # a reduction step: the renderer may reorder it (vectorized reductions)
     volatile: bool = False    # LOAD: read what other work-groups wrote in this launch (no stale cache)
     cache: Any = None         # lowering-internal: a row-cache mark (key, position); printers ignore it
+    lanes: int = 1            # CPU register-tile lanes (strategies/tile_lanes.py): a value of `lanes` x dtype;
+                              # a LOAD/STORE of lanes > 1 is w contiguous elements, aligned to one element only
 
     def __repr__(self) -> str:
         a = self.arg.name if isinstance(self.arg, Ops) else self.arg

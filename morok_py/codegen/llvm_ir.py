@@ -95,7 +95,18 @@ class LLVMIRPrinter:
         return name
 
     def ty(self, dt: DType | None) -> str:
-        return "void" if dt is None else dt.llvm
+        return "void" if dt is None else self.vt(dt)
+
+    lanes = 1   # the lanes of the instruction being printed (register-tile vectors; 1: a scalar)
+
+    def vt(self, dt: DType, llvm: str | None = None) -> str:
+        """The LLVM type of a value of `dt` (or the given element type) in the current instruction's lanes."""
+        t = dt.llvm if llvm is None else llvm
+        return t if self.lanes <= 1 else f"<{self.lanes} x {t}>"
+
+    def splat(self, text: str, dt: DType) -> str:
+        """A constant operand (LLVM literal `text` of `dt`) in the current instruction's lanes."""
+        return text if self.lanes <= 1 else f"splat ({dt.llvm} {text})"
 
     def mem_ty(self, dt: DType) -> str:
         return "i8" if dt.is_bool else dt.llvm
@@ -187,7 +198,8 @@ class LLVMIRPrinter:
         self.emit(f"{latch_val} = add nsw i32 {var}, {step}")
         # a loop carrying many accumulators is a register tile: vectorize across the tile's lanes
         # (SLP), not along the loop, which would turn the tile's row loads into gathers
-        tile = sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4
+        tile = sum(1 for it in lp.body if isinstance(it, Instr) and it.kind is L.ACC_STORE) >= 4 or any(
+            isinstance(it, Instr) and it.kind is L.ACC_STORE and it.src[0].lanes > 1 for it in lp.body)
         md = ""
         if tile:
             md = f", !llvm.loop !{self.loop_md()}"
@@ -212,6 +224,11 @@ class LLVMIRPrinter:
         if k in (L.CONST, L.PARAM, L.VAR, L.THREAD_RANGE):
             return
         r = self.ref(ins)
+        self.lanes = ins.lanes
+        if ins.lanes > 1:
+            self.lane_instr(ins, r)
+            self.lanes = 1
+            return
         if k is L.SPECIAL:
             self.emit(f"{r} = {self.special(ins)}")
         elif k is L.LOCAL:
@@ -260,7 +277,8 @@ class LLVMIRPrinter:
                 prev = name
         elif k is L.EXTRACT:
             (vec,) = ins.src
-            self.emit(f"{r} = extractelement <{vec.arg} x {self.mem_ty(ins.dtype)}> {self.ref(vec)}, i32 {ins.arg}")
+            w, t = (vec.lanes, self.ty(ins.dtype)) if vec.lanes > 1 else (vec.arg, self.mem_ty(ins.dtype))
+            self.emit(f"{r} = extractelement <{w} x {t}> {self.ref(vec)}, i32 {ins.arg}")
         elif k is L.ATOMIC_ADD:
             buf, idx, val = ins.src
             t = self.ty(ins.dtype)
@@ -288,6 +306,54 @@ class LLVMIRPrinter:
         else:
             raise NotImplementedError(k)
 
+    def lane_instr(self, ins: Instr, r: str) -> None:
+        """An instruction on register-tile lanes (`ins.lanes` elements; codegen/strategies/tile_lanes.py):
+        loads and stores of contiguous elements aligned to one element, accumulators and ALU ops on
+        LLVM vectors."""
+        k, dt, w = ins.kind, ins.dtype, ins.lanes
+        if k is L.LOAD:
+            buf, idx = ins.src
+            mt = self.mem_ty(dt)
+            self.emit(f"{r}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            if dt.is_bool:
+                self.emit(f"{r}.m = load <{w} x i8>, {self.ptr} {r}.p, align 1")
+                self.emit(f"{r} = icmp ne <{w} x i8> {r}.m, zeroinitializer")
+            else:
+                self.emit(f"{r} = load <{w} x {mt}>, {self.ptr} {r}.p, align {dt.itemsize}")
+        elif k is L.STORE:
+            buf, idx, val = ins.src
+            dt = val.dtype
+            mt = self.mem_ty(dt)
+            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            v = self.ref(val)
+            if dt.is_bool:
+                self.emit(f"%s{ins.id}.m = zext <{w} x i1> {v} to <{w} x i8>")
+                v = f"%s{ins.id}.m"
+            self.emit(f"store <{w} x {mt}> {v}, {self.ptr} %s{ins.id}.p, align {dt.itemsize}")
+        elif k is L.BROADCAST:
+            t = dt.llvm
+            self.emit(f"{r}.i = insertelement <{w} x {t}> poison, {t} {self.ref(ins.src[0])}, i32 0")
+            self.emit(f"{r} = shufflevector <{w} x {t}> {r}.i, <{w} x {t}> poison, <{w} x i32> zeroinitializer")
+        elif k is L.VECTOR:
+            t, prev = dt.llvm, "poison"
+            for lane, x in enumerate(ins.src):
+                name = r if lane == w - 1 else f"{r}.{lane}"
+                self.emit(f"{name} = insertelement <{w} x {t}> {prev}, {t} {self.ref(x)}, i32 {lane}")
+                prev = name
+        elif k is L.ACC:
+            self.allocas.append(f"%acc{ins.id} = alloca {self.ty(dt)}")
+            init = self.splat(self.ref(Instr(L.CONST, dt, (), ins.arg, -1)), dt)
+            self.emit(f"store {self.ty(dt)} {init}, ptr %acc{ins.id}")
+        elif k is L.ACC_LOAD:
+            self.emit(f"{r} = load {self.ty(dt)}, ptr %acc{ins.src[0].id}")
+        elif k is L.ACC_STORE:
+            acc, val = ins.src
+            self.emit(f"store {self.ty(acc.dtype)} {self.ref(val)}, ptr %acc{acc.id}")
+        elif k is L.ALU:
+            self.alu(ins)
+        else:
+            raise NotImplementedError(f"{k} on {w} lanes")
+
     def ldmatrix(self, ins: Instr) -> None:
         """Tensor-core fragment load (codegen/strategies/tensor_core.py); targets with tensor cores print it."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragment loads")
@@ -307,8 +373,9 @@ class LLVMIRPrinter:
             fr = srcs[0].dtype
             if fr.is_float and dt.is_float and fr.itemsize == dt.itemsize and fr != dt:
                 # half <-> bfloat16 go through float32
-                self.emit(f"{r}.w = fpext {fr.llvm} {self.ref(srcs[0])} to float")
-                self.emit(f"{r} = fptrunc float {r}.w to {dt.llvm}")
+                f32 = self.vt(dtypes.float32)
+                self.emit(f"{r}.w = fpext {self.vt(fr)} {self.ref(srcs[0])} to {f32}")
+                self.emit(f"{r} = fptrunc {f32} {r}.w to {self.vt(dt)}")
                 return
             self.emit(f"{r} = {self.cast(srcs[0], dt)}")
             return
@@ -317,36 +384,40 @@ class LLVMIRPrinter:
             return
         if op is Ops.WHERE:
             c, a, b = srcs
-            self.emit(f"{r} = select i1 {self.ref(c)}, {self.ty(dt)} {self.ref(a)}, {self.ty(dt)} {self.ref(b)}")
+            self.emit(f"{r} = select {self.vt(dtypes.bool)} {self.ref(c)}, {self.ty(dt)} {self.ref(a)}, "
+                      f"{self.ty(dt)} {self.ref(b)}")
             return
         odt = srcs[0].dtype
         if odt.name in _HALF and op is not Ops.NOT:
             # half and bfloat16 arithmetic is done in float32, rounded back once
             names = []
+            f32 = self.vt(dtypes.float32)
             for i, s in enumerate(srcs):
-                self.emit(f"{r}.x{i} = fpext {odt.llvm} {self.ref(s)} to float")
+                self.emit(f"{r}.x{i} = fpext {self.vt(odt)} {self.ref(s)} to {f32}")
                 names.append(f"{r}.x{i}")
             res = self.alu_text(op, dtypes.float32, names, ins)
             if op in (Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE):
                 self.emit(f"{r} = {res}")
             else:
                 self.emit(f"{r}.f = {res}")
-                self.emit(f"{r} = fptrunc float {r}.f to {odt.llvm}")
+                self.emit(f"{r} = fptrunc {f32} {r}.f to {self.vt(odt)}")
             return
         self.emit(f"{r} = {self.alu_text(op, odt, [self.ref(s) for s in srcs], ins)}")
 
     def intrinsic(self, base: str, dt: DType, nargs: int) -> str:
         suffix = {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}.get(dt.llvm, dt.llvm)
+        if self.lanes > 1:
+            suffix = f"v{self.lanes}{suffix}"
         name = f"llvm.{base}.{suffix}"
-        self.declare(name, dt.llvm, *([dt.llvm] * nargs))
+        self.declare(name, self.vt(dt), *([self.vt(dt)] * nargs))
         return name
 
     def unary_float(self, op: Ops, dt: DType, a: str) -> str:
         base = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SQRT: "sqrt", Ops.SIN: "sin", Ops.TRUNC: "trunc"}[op]
-        return f"call {dt.llvm} @{self.intrinsic(base, dt, 1)}({dt.llvm} {a})"
+        return f"call {self.vt(dt)} @{self.intrinsic(base, dt, 1)}({self.vt(dt)} {a})"
 
     def alu_text(self, op: Ops, dt: DType, a: list[str], ins: Instr) -> str:
-        t = dt.llvm
+        t = self.vt(dt)
         f = dt.is_float
         u = dt.is_unsigned or dt.is_bool
         nsw = "nsw " if ins.index_math else ""
@@ -363,7 +434,7 @@ class LLVMIRPrinter:
                 name = self.intrinsic("maximum" if op is Ops.MAX else "minimum", dt, 2)
                 return f"call {fm}{t} @{name}({t} {a[0]}, {t} {a[1]})"
             if dt.is_bool:
-                return f"{'or' if op is Ops.MAX else 'and'} i1 {a[0]}, {a[1]}"
+                return f"{'or' if op is Ops.MAX else 'and'} {t} {a[0]}, {a[1]}"
             base = ("u" if u else "s") + ("max" if op is Ops.MAX else "min")
             return f"call {t} @{self.intrinsic(base, dt, 2)}({t} {a[0]}, {t} {a[1]})"
         if op is Ops.CMPLT: return f"fcmp olt {t} {a[0]}, {a[1]}" if f else f"icmp {'ult' if u else 'slt'} {t} {a[0]}, {a[1]}"
@@ -374,29 +445,31 @@ class LLVMIRPrinter:
         if op is Ops.XOR: return f"xor {t} {a[0]}, {a[1]}"
         if op is Ops.SHL: return f"shl {t} {a[0]}, {a[1]}"
         if op is Ops.SHR: return f"{'lshr' if u else 'ashr'} {t} {a[0]}, {a[1]}"
-        if op is Ops.NEG: return f"fneg {t} {a[0]}" if f else f"sub {t} 0, {a[0]}"
-        if op is Ops.NOT: return f"xor {t} {a[0]}, {'true' if dt.is_bool else -1}"
-        if op is Ops.RECIP: return f"fdiv {t} {llvm_float(1.0, dt)}, {a[0]}"
+        if op is Ops.NEG: return f"fneg {t} {a[0]}" if f else f"sub {t} {self.splat('0', dt)}, {a[0]}"
+        if op is Ops.NOT: return f"xor {t} {a[0]}, {self.splat('true' if dt.is_bool else '-1', dt)}"
+        if op is Ops.RECIP: return f"fdiv {t} {self.splat(llvm_float(1.0, dt), dt)}, {a[0]}"
         if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.TRUNC): return self.unary_float(op, dt, a[0])
         raise NotImplementedError(f"LLVM printer has no rule for {op}")
 
     def cast(self, src: Instr, to: DType) -> str:
         fr = src.dtype
         v = self.ref(src)
+        ft, tt = self.vt(fr), self.vt(to)
         if fr.is_bool:
             if to.is_float:
-                return f"uitofp i1 {v} to {to.llvm}"
-            return f"zext i1 {v} to {to.llvm}"
+                return f"uitofp {ft} {v} to {tt}"
+            return f"zext {ft} {v} to {tt}"
         if to.is_bool:
-            return f"fcmp une {fr.llvm} {v}, {llvm_float(0.0, fr)}" if fr.is_float else f"icmp ne {fr.llvm} {v}, 0"
+            return (f"fcmp une {ft} {v}, {self.splat(llvm_float(0.0, fr), fr)}" if fr.is_float
+                    else f"icmp ne {ft} {v}, {self.splat('0', fr)}")
         if fr.is_int and to.is_int:
             if fr.bits == to.bits:
-                return f"bitcast {fr.llvm} {v} to {to.llvm}"
+                return f"bitcast {ft} {v} to {tt}"
             if fr.bits > to.bits:
-                return f"trunc {fr.llvm} {v} to {to.llvm}"
-            return f"{'zext' if fr.is_unsigned else 'sext'} {fr.llvm} {v} to {to.llvm}"
+                return f"trunc {ft} {v} to {tt}"
+            return f"{'zext' if fr.is_unsigned else 'sext'} {ft} {v} to {tt}"
         if fr.is_int and to.is_float:
-            return f"{'uitofp' if fr.is_unsigned else 'sitofp'} {fr.llvm} {v} to {to.llvm}"
+            return f"{'uitofp' if fr.is_unsigned else 'sitofp'} {ft} {v} to {tt}"
         if fr.is_float and to.is_int:
-            return f"{'fptoui' if to.is_unsigned else 'fptosi'} {fr.llvm} {v} to {to.llvm}"
-        return f"{'fpext' if to.itemsize > fr.itemsize else 'fptrunc'} {fr.llvm} {v} to {to.llvm}"
+            return f"{'fptoui' if to.is_unsigned else 'fptosi'} {ft} {v} to {tt}"
+        return f"{'fpext' if to.itemsize > fr.itemsize else 'fptrunc'} {ft} {v} to {tt}"

@@ -27,6 +27,7 @@ from .strategies.grid_reduce import GRID_REDUCE_GROUPS, GridReduce, grid_plan  #
 from .strategies.group_reduce import GroupReduce
 from .strategies.row_cache import ROW_CACHE_BYTES, RowCache, row_cache_plan  # noqa: F401 (re-exported)
 from .strategies.split_reduce import SplitReduce
+from .strategies.tile_lanes import TileLanes
 from .strategies.vectorize import Vectorize, vector_plan
 from .symbolic import rewrite, simplify
 
@@ -38,12 +39,14 @@ GPU_STRIDED_UNROLL = 4         # group-strided loops: unroll hint, so each item 
 GPU_STRIDED_UNROLL_MAX = 16    # ... up to this many when the trip count is known
 
 
-class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
+class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLanes):
     """Emits the linear kernel of one AST under one schedule: the core (placement of values in loops,
     reductions as accumulator loops, stores) lives here, the strategies in their mixins."""
 
-    def __init__(self, ast: UOp, caps: Capabilities, name: str, schedule: Schedule) -> None:
+    def __init__(self, ast: UOp, caps: Capabilities, name: str, schedule: Schedule,
+                 lane_axes: dict[int, int] | None = None) -> None:
         self.ast, self.caps, self.name, self.schedule = ast, caps, name, schedule
+        self.lane_axes = lane_axes or {}           # register-tile lane ranges (strategies/tile_lanes)
         self.next_id = 0
         self.accesses: list[Access] = []
         self.range_depth: dict[int, int] = {}
@@ -100,6 +103,13 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
         hit = self.lookup(node, chain)
         if hit is not None:
             return hit
+        if self.lane_axes and node.op is not Ops.REDUCE:
+            lane = self.lane_of(node)
+            if lane is not None:
+                depth = self.depth_of(node, chain)
+                out = self.emit_lanes(node, lane, chain, depth)
+                chain[depth].memo[node] = out
+                return out
         if node.op is Ops.RANGE:
             if id(node) in self.global_instr:
                 return self.global_instr[id(node)]
@@ -202,6 +212,9 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
         accs = []
         for node in nodes:
             acc = self.new(L.ACC, node.dtype, (), reduce_identity(node.dtype, node.arg))
+            lane = self.lane_of(node)
+            if lane is not None:                    # a vector accumulator (strategies/tile_lanes)
+                acc.lanes = self.lane_axes[lane.axis]
             self.place(acc, chain, depth)
             accs.append(acc)
         inner = chain[:depth + 1]
@@ -211,15 +224,19 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
                                    unroll=serial_unroll if n_r == len(ranges) - 1 else 0)
         for node, acc in zip(nodes, accs):
             val = self.emit(node.src[0], inner)
+            if acc.lanes > 1:
+                val = self.as_lanes(val, node.src[0], inner, acc.lanes)
             cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
-            self.place(cur, inner, len(inner) - 1)
             upd = self.new(L.ALU, node.dtype, (cur, val), node.arg)
             upd.reassoc = True
-            self.place(upd, inner, len(inner) - 1)
-            self.place(self.new(L.ACC_STORE, None, (acc, upd)), inner, len(inner) - 1)
+            put = self.new(L.ACC_STORE, None, (acc, upd))
+            cur.lanes = upd.lanes = put.lanes = acc.lanes
+            for ins in (cur, upd, put):
+                self.place(ins, inner, len(inner) - 1)
         self.close_loops(inner, len(ranges))
         for node, acc in zip(nodes, accs):
             res = self.new(L.ACC_LOAD, node.dtype, (acc,))
+            res.lanes = acc.lanes
             self.place(res, chain, depth)
             if cooperative:
                 res = (self.combine_split if self.split_mode else self.combine_in_group)(res, node.arg, chain, depth)
@@ -234,7 +251,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
                 raise ValueError(f"store to buffer {store.src[0].arg} uses REDUCE range(s) of axis "
                                  f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them "
                                  f"LOOP ranges")
-        loops = sorted((r for r in stores[0].free_ranges if r.axis_type is AxisType.LOOP), key=lambda r: r.axis)
+        loops = sorted((r for r in stores[0].free_ranges if r.axis_type is AxisType.LOOP
+                        and r.axis not in self.lane_axes), key=lambda r: r.axis)
         for n_r, r in enumerate(loops):
             chain = self.open_loop(r, chain, len(chain) - 1, distributed=self.group_mode and n_r == 0)
         if len(stores) > 1:
@@ -249,6 +267,11 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize):
                     self.emit_reduces(reds, chain, depth)
         for store in stores:
             buf, idx, val = store.src
+            lane = self.lane_of(store) if self.lane_axes else None
+            if lane is not None:
+                for st in self.store_lanes(store, lane, chain):
+                    chain[-1].insert(st)
+                continue
             self.record(Access(buf.arg, True, idx, self.open_ranges(chain)))
             srcs = [self.emit(buf, chain), self.emit(idx, chain), self.emit(val, chain)]
             st = self.new(L.STORE, None, srcs)
@@ -465,9 +488,11 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     if given is not None:
         check_schedule(given, ast, caps, scan)
     schedule = given if given is not None else default_schedule(ast, caps, scan)
+    lane_axes: dict[int, int] = {}
     if schedule.register_tile is not None:
-        from .opt import register_tile
-        ast = simplify(register_tile(ast, schedule.register_tile))
+        from .opt import tile_with_lanes
+        ast, lane_axes = tile_with_lanes(ast, schedule.register_tile, schedule.tile_lanes)
+        ast = simplify(ast)
         scan = scan_kernel(ast)
     elif schedule.reduce == "stream":
         from .opt import stream_columns
@@ -486,4 +511,4 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         if given is not None:
             raise ValueError(f"{schedule}: the tiles do not fit the target's shared memory")
         schedule = default_schedule(ast, replace(caps, matmul_tile=None), scan)   # the general path
-    return _Lowerer(ast, caps, name, schedule).run(scan)
+    return _Lowerer(ast, caps, name, schedule, lane_axes).run(scan)

@@ -97,7 +97,39 @@ def register_tile_applies(ast: UOp) -> bool:
 
 
 def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
-    """Register blocking for reductions like matmul (CPU).
+    """`tile_with_lanes` with scalar lanes: the tiled AST."""
+    return tile_with_lanes(ast, tile, 0)[0]
+
+
+# ops the lanes of a register tile may compute as vectors (the LLVM printer's lane path prints them all)
+_LANE_SAFE = frozenset({Ops.LOAD, Ops.REDUCE, Ops.RANGE, Ops.CONST, Ops.PARAM, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST,
+                        Ops.WHERE, Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN,
+                        Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NEG,
+                        Ops.NOT, Ops.RECIP, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.TRUNC})
+
+
+def lanes_apply(ast: UOp) -> bool:
+    """Whether a register-tiled kernel's columns can be computed as vectors (`tile_with_lanes`): what
+    depends on the tile's column range j is made of ops the lane path prints, on no storage-only
+    dtype (those are bytes decoded by bit operations, left to the scalar path)."""
+    roles = _tile_roles(ast)
+    if roles is None:
+        return False
+    st, _, j = roles
+    for n in st.src[2].toposort():
+        if j in n.free_ranges and (n.op not in _LANE_SAFE or (n.dtype is not None and n.dtype.storage_only)):
+            return False
+    return True
+
+
+def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int) -> tuple[UOp, dict[int, int]]:
+    """Register blocking (below) where `lanes` > 1 computes each run of `lanes` neighbouring columns of
+    a tile as one vector: the column index is col0 + LANE with LANE a LOOP range of `lanes` that the
+    lowering never opens as a loop but prints as vector lanes (strategies/tile_lanes.py). Returns the
+    AST and {axis of a lane range: its width}. Widths that `lanes` does not divide use the largest
+    power of two >= 4 that does, else scalar lanes.
+
+    Register blocking for reductions like matmul (CPU).
 
     A kernel of one store over GLOBAL ranges (i, j) whose index has j as a plain addend (unit stride)
     and whose value reduces is rewritten into ti x tj output tiles: ti*tj stores whose reductions the
@@ -113,9 +145,21 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
     """
     roles = _tile_roles(ast)
     if roles is None:
-        return ast
+        return ast, {}
     st, i, j = roles
     axes = _Axes(ast)
+    lane_ranges: dict[int, UOp] = {}
+
+    def columns(col0: UOp, width: int) -> list[UOp]:
+        """The column index of each store of a `width`-wide run from col0: one per lane vector or column."""
+        w = lanes if lanes > 1 else 1
+        while w > 1 and (width % w or w > width):
+            w //= 2
+        if w < 4:
+            return [col0 + b for b in range(width)]
+        if w not in lane_ranges:
+            lane_ranges[w] = axes.range(w)
+        return [col0 + v * w + lane_ranges[w] for v in range(width // w)]
     if i is None:       # a column reduction: one row of outputs, a stand-in row range of one
         i = axes.range(1, AxisType.GLOBAL)
     M, N = i.src[0], j.src[0]
@@ -153,10 +197,11 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
         tail_row = tail_row.minimum(M - 1)
 
     def tile_stores(col0: UOp, width: int) -> list[UOp]:
-        main = [substitute(st, {i: tile_rows[a], j: col0 + b}) for a in range(ti) for b in range(width)]
+        cols = columns(col0, width)
+        main = [substitute(st, {i: tile_rows[a], j: c}) for a in range(ti) for c in cols]
         if _const(left) == 0:
             return main
-        return main + [substitute(st, {i: tail_row, j: col0 + b}) for b in range(width)]
+        return main + [substitute(st, {i: tail_row, j: c}) for c in cols]
 
     out: list[UOp] = []
     if n_static is not None:
@@ -164,7 +209,7 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
         col0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
         out += tile_stores(col0, tj)
         if rem:
-            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - rem, rem)
+            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - rem, rem, columns)
     else:
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
         g = axes.range(_at_least(N, tj))
@@ -179,7 +224,7 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
         # N < w: one column at a time
         jc = axes.range(N * _below(N, w))
         out += tile_stores(jc + jo, 1)
-    return UOp.sink(*out)
+    return UOp.sink(*out), {r.axis: w for w, r in lane_ranges.items()}
 
 
 def _tile_width(n: int, tj: int) -> tuple[int, int]:
@@ -198,7 +243,7 @@ def _tile_width(n: int, tj: int) -> tuple[int, int]:
 
 
 def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp, ti: int, full: UOp,
-                       M: UOp, col0: UOp, width: int) -> list[UOp]:
+                       M: UOp, col0: UOp, width: int, columns) -> list[UOp]:
     """The last `width` columns (static sizes): their row tiles, then their leftover rows one at a
     time, dealt round-robin to the `units` outer iterations; the last round clamps (a few rows
     computed twice)."""
@@ -207,14 +252,15 @@ def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp,
     tile = u + k * U
     if F % U:
         tile = tile.minimum(F - 1)
-    out = [substitute(st, {i: tile * ti + a, j: col0 + b}) for a in range(ti) for b in range(width)]
+    cols = columns(col0, width)
+    out = [substitute(st, {i: tile * ti + a, j: c}) for a in range(ti) for c in cols]
     left = _const(M) - F * ti
     if left:
         r = axes.range(-(-left // U))
         row = F * ti + r * U + u
         if left % U:
             row = row.minimum(M - 1)
-        out += [substitute(st, {i: row, j: col0 + b}) for b in range(width)]
+        out += [substitute(st, {i: row, j: c}) for c in cols]
     return out
 
 

@@ -51,6 +51,9 @@ class Schedule:
                    group is group/split outputs x split; strategies/split_reduce.py). 1: one.
     row_cache      group_per_row: rows read by several passes are kept in shared memory.
     register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
+    tile_lanes     CPU: the register tile's columns computed as vectors of this many lanes (accumulators,
+                   loads, FMAs printed as LLVM vectors; strategies/tile_lanes.py); 0: one scalar per
+                   column, which LLVM's SLP vectorizer packs (several times the IR and compile time).
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
     tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
                    "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
@@ -65,6 +68,7 @@ class Schedule:
     split: int = 1
     row_cache: bool = False
     register_tile: tuple[int, int] | None = None
+    tile_lanes: int = 0
     matmul_tile: tuple[int, int, int, int, int] | None = None
     tensor_core: str | None = None
     stream_block: int = 0
@@ -89,6 +93,9 @@ class Schedule:
             raise ValueError("tensor_core needs mapping 'tiled'")
         if self.register_tile is not None and self.mapping != "threads":
             raise ValueError("register_tile is a CPU ('threads') schedule")
+        if self.tile_lanes and (self.register_tile is None or self.tile_lanes < 4
+                                or self.tile_lanes & (self.tile_lanes - 1)):
+            raise ValueError("tile_lanes needs a register_tile and is a power of two >= 4")
         if self.row_cache and self.reduce != "group":
             raise ValueError("row_cache needs reduce 'group'")
         if self.split > 1 and (self.mapping != "groups" or self.vector_width != 1 or self.group % self.split
@@ -127,7 +134,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ValueError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "tile_lanes"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
@@ -193,7 +200,7 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         elif tile is not None:
             from .opt import tile_for
             tile = tile_for(ast, tile)
-        return Schedule("threads", register_tile=tile)
+        return Schedule("threads", register_tile=tile, tile_lanes=default_lanes(ast, caps, tile))
     if caps.tensor_cores and caps.has_shared:
         from .strategies.tensor_core import choose_tc_tile, tc_threads
         tc = choose_tc_tile(ast, caps, scan)
@@ -227,6 +234,20 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     return Schedule("groups", group=group)
 
 
+def default_lanes(ast: UOp, caps: Capabilities, tile: "tuple[int, int] | None") -> int:
+    """The register tile's vector lanes: the target's (at most the tile's width) where the kernel's
+    columns can be vectors, else 0."""
+    if tile is None or caps.tile_lanes < 4 or tile[1] < 4:
+        return 0
+    from .opt import lanes_apply
+    if not lanes_apply(ast):
+        return 0
+    lanes = caps.tile_lanes
+    while lanes > tile[1]:
+        lanes //= 2
+    return lanes
+
+
 def _tile_threads(tile: tuple[int, int, int, int, int]) -> int:
     BM, BN, _, TM, TN = tile
     return (BM // TM) * (BN // TN)
@@ -248,6 +269,10 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .opt import register_tile_applies
         if not register_tile_applies(ast):
             raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
+    if schedule.tile_lanes:
+        from .opt import lanes_apply
+        if not caps.tile_lanes or not lanes_apply(ast):
+            raise ValueError(f"{schedule}: the target prints no tile lanes or the kernel's columns are no vectors")
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
@@ -291,8 +316,10 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 tiles = [(1, cols // 4), (1, cols // 2), (1, 2 * cols)]
             for t in tiles:
                 if t[0] >= 1 and t[1] >= 1:
-                    out.append(replace(base, register_tile=t))
-            out.append(replace(base, register_tile=None))
+                    out.append(replace(base, register_tile=t, tile_lanes=default_lanes(ast, caps, t)))
+            if base.tile_lanes:
+                out.append(replace(base, tile_lanes=0))     # scalar lanes, packed by LLVM
+            out.append(replace(base, register_tile=None, tile_lanes=0))
     else:
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]

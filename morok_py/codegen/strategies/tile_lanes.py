@@ -1,0 +1,101 @@
+"""Register-tile lanes as vectors (CPU, Schedule.tile_lanes).
+
+opt.tile_with_lanes gives each run of w neighbouring columns of a register tile one store whose column
+index is col0 + LANE, LANE a LOOP range of w that is never opened as a loop: every value that depends
+on it is one w-lane vector. A load whose index steps by 1 along LANE is one w-wide load from the index
+at LANE = 0 (aligned to one element only); any other index gathers w scalar loads. Values free of
+LANE (the left operand's element, a row's bias) are broadcast where a vector needs them. A reduction
+over a LANE-dependent value keeps a vector accumulator. The LLVM printer prints vector types
+(<8 x float> accumulators, vector FMAs with a broadcast operand): a 6x16 tile is 12 vector
+accumulators, not 96 scalars for LLVM's SLP vectorizer to re-pack, so the IR LLVM optimizes is several
+times smaller.
+"""
+from __future__ import annotations
+
+from ...dtypes import dtypes
+from ...ir import Ops, UOp, substitute
+from ..launch_check import Access
+from ..linear import Instr, L
+from ..scan import x_coefficient
+from ..scope import Scope
+from ..symbolic import simplify
+
+
+class TileLanes:
+    lane_axes: dict[int, int] = {}      # axis of a lane range -> its width (set by the lowering)
+
+    def lane_of(self, node: UOp) -> UOp | None:
+        """The lane range `node` depends on (None: a scalar)."""
+        if not self.lane_axes:
+            return None
+        for r in node.free_ranges:
+            if r.op is Ops.RANGE and r.axis in self.lane_axes:
+                return r
+        return None
+
+    def at_lane(self, node: UOp, lane: UOp, k: int) -> UOp:
+        return simplify(substitute(node, {lane: UOp.const(k, dtypes.index)}))
+
+    def broadcast(self, ins: Instr, node: UOp, chain: list[Scope], w: int) -> Instr:
+        """The scalar `ins` (the value of `node`) in all w lanes, placed where the scalar is."""
+        key = ("lanes", node, w)
+        hit = self.lookup(key, chain)
+        if hit is not None:
+            return hit
+        depth = self.depth_of(node, chain) if node is not None else len(chain) - 1
+        b = self.new(L.BROADCAST, ins.dtype, (ins,))
+        b.lanes = w
+        self.place(b, chain, depth)
+        chain[depth].memo[key] = b
+        return b
+
+    def as_lanes(self, ins: Instr, node: UOp, chain: list[Scope], w: int) -> Instr:
+        return ins if ins.lanes > 1 else self.broadcast(ins, node, chain, w)
+
+    def emit_lanes(self, node: UOp, lane: UOp, chain: list[Scope], depth: int) -> Instr:
+        """A value that depends on `lane` (not a REDUCE: emit_reduces keeps vector accumulators)."""
+        w = self.lane_axes[lane.axis]
+        if node.op is Ops.RANGE:            # the lane range itself: <0, 1, ..., w-1>
+            consts = [self.emit(UOp.const(k, dtypes.index), chain[:1]) for k in range(w)]
+            ins = self.new(L.VECTOR, dtypes.index, consts)
+            ins.lanes = w
+            self.place(ins, chain, 0)
+            return ins
+        if node.op is Ops.LOAD:
+            buf, idx = node.src
+            self.record(Access(buf.arg, False, idx, self.open_ranges(chain) + (lane,)))
+            if x_coefficient(idx, lane) == 1:
+                ins = self.new(L.LOAD, node.dtype, (self.emit(buf, chain), self.emit(self.at_lane(idx, lane, 0), chain)), w)
+            else:                           # a gather
+                ins = self.new(L.VECTOR, node.dtype, [self.emit(self.at_lane(node, lane, k), chain) for k in range(w)])
+            ins.lanes = w
+            self.place(ins, chain, depth)
+            return ins
+        srcs = [self.emit(s, chain) for s in node.src]
+        srcs = [self.as_lanes(x, s, chain, w) for x, s in zip(srcs, node.src)]
+        ins = self.new(L.ALU, node.dtype, srcs, node.op)
+        ins.lanes = w
+        ins.index_math = id(node) in self.index_nodes
+        self.place(ins, chain, depth)
+        return ins
+
+    def store_lanes(self, store: UOp, lane: UOp, chain: list[Scope]) -> list[Instr]:
+        """The STOREs of one lane-vector store: one w-wide store where the index steps by 1 along the
+        lane, else one scalar store per lane."""
+        buf, idx, val = store.src
+        w = self.lane_axes[lane.axis]
+        self.record(Access(buf.arg, True, idx, self.open_ranges(chain) + (lane,)))
+        b = self.emit(buf, chain)
+        v = self.emit(val, chain)
+        if x_coefficient(idx, lane) == 1:
+            st = self.new(L.STORE, None, (b, self.emit(self.at_lane(idx, lane, 0), chain), self.as_lanes(v, val, chain, w)), w)
+            st.lanes = w
+            return [st]
+        out = []
+        for k in range(w):
+            x = v
+            if v.lanes > 1:
+                x = self.new(L.EXTRACT, val.dtype, (v,), k)
+                chain[-1].insert(x)
+            out.append(self.new(L.STORE, None, (b, self.emit(self.at_lane(idx, lane, k), chain), x)))
+        return out
