@@ -36,13 +36,17 @@ def default_for(ast, caps) -> Schedule:
     ("sum", True, "Schedule(group_per_row, reduce=grid, group=256)"),
     ("softmax", True, "Schedule(group_per_row, reduce=group, group=256)"),     # symbolic row: no row cache
     (lambda: K.softmax(64, 1000), True, "Schedule(group_per_row, reduce=group, group=256, row_cache=True)"),
+    # vocabulary rows (201 KB, three passes): 128 rows in flight, each walked by 1024 items (row_groups)
+    (lambda: K.softmax(1000, 50257), True, "Schedule(group_per_row, reduce=group, group=1024, row_groups=128)"),
+    (lambda: K.softmax(100, 50257), True, "Schedule(group_per_row, reduce=group, group=256)"),    # <= 128 rows
+    (lambda: K.row_max(1000, 50257), True, "Schedule(group_per_row, reduce=group, group=256)"),   # one pass
     ("row_max", True, "Schedule(group_per_row, reduce=group, group=256)"),
     ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x16x8x8)"),   # BK doubled: fits
     (lambda: K.matmul(dtype=dtypes.float64), True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
     ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
-    ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8)"),     # a column reduction
-    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8)"),   # batch-8 GEMV
-    (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8)"),
+    ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),     # a column reduction
+    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),   # batch-8 GEMV
+    (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),
     (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
     ("softmax", False, "Schedule(threads)"),
@@ -212,11 +216,96 @@ def test_split_reductions_compile_for_sm90(kernel, key):
         pytest.skip(f"{key} is not usable here")
     r, c = pairs[key]
     spec = r.render(kernel(), "split")
-    assert spec.linear.schedule.split > 1
+    assert spec.linear.schedule.split > 1 and spec.linear.min_groups == spec.linear.schedule.min_groups == 8
+    # the occupancy hint: 8 groups of 256 per SM, at most 32 registers per item (the llvm-nvptx pair took 40
+    # for the batch-8 GEMV without it: 6 groups per SM, 1024 groups in 1.3 waves), no spills
+    from test_gpu_tile import cubin_resources
+    res = cubin_resources(c.compile(spec).payload)
+    assert res["regs"] <= 32 and res.get("frame", 0) == 0, res
+
+
+def test_min_groups_is_a_hint_of_the_general_gpu_path():
+    for bad in (dict(mapping="threads"), dict(mapping="tiled", group=256, matmul_tile=(64, 64, 8, 4, 4))):
+        with pytest.raises(ValueError, match="min_groups"):
+            Schedule(**bad, min_groups=2)
+    sched = Schedule("groups", group=128, unroll=8, split=4, min_groups=16)
+    assert Schedule.from_json(sched.to_json()) == sched and "min_groups=16" in str(sched)
+    ast = simplify(K.matmul(8, 4096, 4096))
+    cands = candidate_schedules(ast, GPU, scan_kernel(ast))
+    assert any(c.split > 1 and not c.min_groups for c in cands) and any(c.min_groups for c in cands)
+
+
+# -- rows walked by a fixed number of work-groups (Schedule.row_groups) ----------------------------------
+
+def _softmax_ref(x):
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("rows,cols,n", [(37, 130, 8), (3, 130, 8), (37, 1, 16), (5, 67, 1)])
+@pytest.mark.parametrize("static", [True, False], ids=["static", "symbolic"])
+@pytest.mark.parametrize("row_cache", [False, True], ids=["", "row_cache"])
+def test_row_groups_softmax_matches_numpy(rng, rows, cols, n, static, row_cache):
+    """Fewer work-groups than rows (and more), odd sizes, symbolic counts: every output stored once."""
+    if row_cache and not static:
+        pytest.skip("the row cache needs a constant row length")
+    ast = K.softmax(rows, cols) if static else K.softmax()
+    sched = Schedule("group_per_row", reduce="group", group=64, row_cache=row_cache, row_groups=n)
+    kernel, info = lower(ast, GPU, "sm", schedule=sched)
+    assert kernel.schedule == sched and str(sched).endswith(f"row_groups={n})")
+    x = random_array(rng, (rows, cols), np.float32)
+    out = np.zeros(rows * cols, np.float32)
+    writes = LI.run(kernel, info, [x.reshape(-1), out], {} if static else dict(rows=rows, cols=cols))
+    np.testing.assert_allclose(out.reshape(rows, cols), _softmax_ref(x), rtol=2e-5, atol=1e-6)
+    assert (writes[1] == 1).all()
+    assert info.launch_dims({} if static else dict(rows=rows, cols=cols))[0][0] == min(rows, n)
+
+
+def test_row_groups_row_max_and_refusals(rng):
+    """One output per row (stored by item 0 of the group walking it); a kernel without rows refuses."""
+    sched = Schedule("group_per_row", reduce="group", group=32, row_groups=4)
+    kernel, info = lower(K.row_max(), GPU, "rm", schedule=sched)
+    x = random_array(rng, (11, 45), np.float32)
+    out = np.zeros(11, np.float32)
+    writes = LI.run(kernel, info, [x.reshape(-1), out], dict(d0=11, d1=45))
+    np.testing.assert_array_equal(out, x.max(axis=1))
+    assert (writes[1] == 1).all()
+    with pytest.raises(ValueError, match="row_groups"):
+        lower(K.sum_all(), GPU, "s", schedule=Schedule("group_per_row", reduce="group", group=64, row_groups=8))
+    with pytest.raises(ValueError, match="row_groups"):
+        Schedule("group_per_row", reduce="grid", group=64, row_groups=8)
+    assert Schedule.from_json(sched.to_json()) == sched
+
+
+def test_row_groups_candidates_for_vocabulary_rows():
+    ast = simplify(K.softmax(1000, 50257))
+    cands = candidate_schedules(ast, GPU, scan_kernel(ast))
+    assert cands[0].row_groups == 128
+    assert {(c.group, c.row_groups) for c in cands if c.row_groups} >= {(256, 64), (1024, 256)}
+    assert any(not c.row_groups for c in cands)      # one work-group per row stays a candidate
+
+
+@pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
+def test_vocabulary_softmax_compiles_for_sm90(key):
+    cuda = pytest.importorskip("morok_py.backends.cuda", reason="the cuda extra is not installed")
+    pairs = {c.cache_key: (r, c) for r, c in cuda.compile_only_pairs("sm_90")}
+    if key not in pairs or pairs[key][1].available() is not None:
+        pytest.skip(f"{key} is not usable here")
+    r, c = pairs[key]
+    spec = r.render(K.softmax(1000, 50257), "softmax")
+    assert spec.linear.schedule.row_groups == 128
     assert c.compile(spec).payload
 
 
 # -- on a device (the CPU here; CUDA/ROCm where present) -------------------------------------------------
+
+@pytest.mark.parametrize("rows,cols", [(1000, 50257), (129, 50001)])
+def test_vocabulary_softmax_on_the_device(device, rng, rows, cols):
+    x = random_array(rng, (rows, cols), np.float32)
+    out = device.empty(rows * cols, dtypes.float32)
+    device.compile(K.softmax(rows, cols))(device.buf(x), out)
+    np.testing.assert_allclose(out.numpy().reshape(rows, cols), _softmax_ref(x), rtol=1e-4, atol=1e-8)
+
 
 @pytest.mark.parametrize("rows,cols", [(8192, 37), (1001, 3000), (3, 5)])
 def test_column_sum_on_the_device(device, rng, rows, cols):

@@ -201,8 +201,9 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         return chain[depth].memo[node]
 
     def at_group_top(self, chain: list[Scope], depth: int) -> bool:
-        """In group mode: no loop is open between the group's top and `depth`."""
-        return all(sc.range is None for sc in chain[:depth + 1])
+        """In group mode: no loop is open between the group's top and `depth` (but the loop over the rows
+        of Schedule.row_groups, whose trip count is the same for the whole group)."""
+        return all(sc.range is None or sc.range is self.row_loop for sc in chain[:depth + 1])
 
     def emit_reduces(self, nodes: list[UOp], chain: list[Scope], depth: int, cooperative: bool = False) -> None:
         """REDUCEs over the same ranges share one loop nest, one accumulator each. A cooperative
@@ -343,7 +344,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
             self.emit_vectorized(list(ast.src), chain, vector)
         self.finish_row_cache(body)
         kernel = LinearKernel(self.name, pinfo + self.hidden_params, [v.name for v in var_list], body, local,
-                              thread_split=not caps.has_local, gpu=caps.has_local, schedule=sched)
+                              thread_split=not caps.has_local, gpu=caps.has_local, schedule=sched,
+                              min_groups=sched.min_groups)
         info = LaunchInfo(pinfo, var_list, dims, local, caps.has_local, self.accesses,
                           [r.src[0] for r in ranges.values()], caps.grid_max, group_per_item=self.group_mode,
                           hidden=self.hidden, stepped_loops=self.stepped)

@@ -50,6 +50,11 @@ class Schedule:
     split          "groups" with a serial reduce: work-items per output sharing its reduction (the
                    group is group/split outputs x split; strategies/split_reduce.py). 1: one.
     row_cache      group_per_row: rows read by several passes are kept in shared memory.
+    row_groups     group_per_row over a GLOBAL range: launch this many work-groups, each walking rows g,
+                   g + row_groups, ... (strategies/group_reduce.py): rows too long for the row cache that
+                   several passes read stay in L2 between passes. 0: one work-group per row.
+    min_groups     GPU, general path: work-groups the compiler should fit on one SM at once (it caps
+                   registers per item: CUDA's __launch_bounds__ second argument); 0: no hint.
     register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
     tile_lanes     CPU: the register tile's columns computed as vectors of this many lanes (accumulators,
                    loads, FMAs printed as LLVM vectors; strategies/tile_lanes.py); 0: one scalar per
@@ -72,6 +77,8 @@ class Schedule:
     matmul_tile: tuple[int, int, int, int, int] | None = None
     tensor_core: str | None = None
     stream_block: int = 0
+    row_groups: int = 0
+    min_groups: int = 0
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
@@ -98,6 +105,10 @@ class Schedule:
             raise ValueError("tile_lanes needs a register_tile and is a power of two >= 4")
         if self.row_cache and self.reduce != "group":
             raise ValueError("row_cache needs reduce 'group'")
+        if self.row_groups < 0 or self.row_groups and self.reduce != "group":
+            raise ValueError("row_groups needs reduce 'group' (and is not negative)")
+        if self.min_groups < 0 or self.min_groups and self.mapping in ("threads", "tiled"):
+            raise ValueError("min_groups is a hint of the general GPU path (the tiled path sets its own)")
         if self.split > 1 and (self.mapping != "groups" or self.vector_width != 1 or self.group % self.split
                                or self.split & (self.split - 1)):
             raise ValueError("split needs mapping 'groups', no vector width and a power of two dividing group")
@@ -134,7 +145,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ValueError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "tile_lanes"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "tile_lanes"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
@@ -185,6 +196,14 @@ def shape_of(scan: KernelScan) -> Shape:
 
 SPLIT_UNROLL = 8       # column reductions: rows in flight per work-item
 SPLIT = 8              # ... and work-items per output column
+SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a CUDA SM's most, sm_80/90):
+                       # 32 registers per item. The llvm-nvptx pair's batch-8 GEMV took 40 without it, so
+                       # only 6 of its 256-item groups fit an SM: 1024 groups were 1.3 waves (89.5 us
+                       # against NVRTC's 31 registers, one wave, 68.5 us, on an H100)
+
+
+def split_min_groups(group: int) -> int:
+    return max(1, SPLIT_RESIDENT // group)
 
 
 def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule:
@@ -216,7 +235,7 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
-        return Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT)
+        return Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT, min_groups=split_min_groups(group))
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
             from .strategies.grid_reduce import grid_plan
@@ -226,6 +245,11 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         if caps.has_shared:
             from .strategies.row_cache import row_cache_plan
             row_cache = bool(row_cache_plan(ast, shape.globals_, scan))
+        from .strategies.group_reduce import row_groups_default
+        row_groups = row_groups_default(ast, shape.globals_, scan)
+        if row_groups:      # long rows, few in flight: a full-size group per row keeps its loads in flight
+            return Schedule("group_per_row", reduce="group", group=min(1024, caps.max_threads_per_group,
+                            caps.local_max[0]), row_cache=row_cache, row_groups=row_groups)
         return Schedule("group_per_row", reduce="group", group=group, row_cache=row_cache)
     if caps.vector_width > 1:
         from .strategies.vectorize import vector_plan
@@ -291,6 +315,8 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
             from .strategies.grid_reduce import grid_plan
             if grid_plan(ast, shape.globals_, schedule.group) is None:
                 raise ValueError(f"{schedule}: not a full reduction")
+        if schedule.row_groups and len(shape.globals_) != 1:
+            raise ValueError(f"{schedule}: row_groups needs one GLOBAL range (the rows)")
     if schedule.split > 1 and (not gpu or not caps.has_shared or not split_applies(ast, scan)):
         raise ValueError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
     if schedule.vector_width > 1:
@@ -342,10 +368,14 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     for sp in (2, 4, 8, 16, 32):
                         if sp < g and u in (4, 8):
                             out.append(Schedule("groups", group=g, unroll=u, split=sp))
+                            out.append(Schedule("groups", group=g, unroll=u, split=sp, min_groups=split_min_groups(g)))
                 if caps.has_shared:
                     out.append(Schedule("group_per_row", reduce="group", group=g))
                     if base.row_cache:
                         out.append(Schedule("group_per_row", reduce="group", group=g, row_cache=True))
+                    if base.row_groups and g >= 256:
+                        out += [Schedule("group_per_row", reduce="group", group=g, row_cache=base.row_cache,
+                                         row_groups=n) for n in (64, 128, 256)]
                 if base.reduce == "grid":
                     out.append(Schedule("group_per_row", reduce="grid", group=g))
         else:
@@ -355,6 +385,7 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     out.append(replace(base, group=g, unroll=8))
                     for sp in (4, 8, 16):
                         out.append(Schedule("groups", group=g, unroll=8, split=sp))
+                        out.append(Schedule("groups", group=g, unroll=8, split=sp, min_groups=split_min_groups(g)))
             if base.vector_width > 1:
                 out += [replace(base, vector_width=1), replace(base, vector_width=2)]
     seen, uniq = set(), []

@@ -1,15 +1,26 @@
 """Group reduction: one work-group per output row (at most one GLOBAL range), its work-items stride
 over the row and combine their partial results in shared memory or through warp shuffles
-(Schedule.reduce == "group"; also the combine step of "grid")."""
+(Schedule.reduce == "group"; also the combine step of "grid").
+
+Schedule.row_groups > 0 launches that many work-groups instead of one per row; work-group g walks rows
+g, g + row_groups, ... So only row_groups rows are in flight at once: a row that several passes read
+(softmax: max, sum, output) and that is too long for the row cache stays in L2 between its passes
+(row_groups x the row's bytes below the L2), and each row comes from DRAM once instead of once per pass."""
 from __future__ import annotations
 
 from ...dtypes import dtypes
-from ...ir import Ops, UOp
-from ..linear import If, Instr, L
+from ...ir import AxisType, Ops, UOp
+from ..launch_check import SteppedLoop
+from ..linear import If, Instr, L, Loop
 from ..scope import Scope
+
+ROW_GROUPS = 128        # default row_groups: rows in flight (at 1024 work-items each, one per SM of an H100's
+                        # 132); x a 201 KB vocabulary row = 26 MB of the H100's 50 MB L2
+ROW_GROUPS_MIN_BYTES = 48 * 1024    # rows shorter than this are left one work-group per row by default
 
 
 class GroupReduce:
+    row_loop = None     # with Schedule.row_groups: the GLOBAL range the work-group walks in a loop
     def combine_in_group(self, part: Instr, op: Ops, chain: list[Scope], depth: int) -> Instr:
         """Combine one partial value per work-item; all items get the total. 32-bit values go through
         warp shuffles (two barriers), others through a shared-memory tree (one barrier per level)."""
@@ -105,7 +116,38 @@ class GroupReduce:
         top.items.append(guard)
         top.open_children.append(guard)
         inner = Scope(guard.body, None, guard)
+        if globals_ and self.schedule.row_groups:
+            # row_groups work-groups (fewer for fewer rows), group g walks rows g, g + row_groups, ...
+            rows, n = globals_[0].src[0], self.schedule.row_groups
+            dims = [rows.minimum(n) if rows.op is not Ops.CONST else UOp.const(min(rows.arg, n), dtypes.index)]
+            step = UOp.const(n, dtypes.index)
+            loop = Loop(self.new(L.LOOPVAR, dtypes.index), gid, self.emit(rows, chain + [inner]), AxisType.GLOBAL,
+                        step=self.emit(step, chain + [inner]))
+            inner.insert(loop)
+            inner.open_children.append(loop)
+            self.stepped.append(SteppedLoop(rows, step))     # starts: the group ids, all below row_groups
+            self.row_loop = globals_[0]
+            rows_scope = Scope(loop.body, globals_[0], loop)
+            rows_scope.memo[globals_[0]] = loop.var
+            return chain + [inner, rows_scope], dims, (size, 1, 1)
         for r in globals_:
             inner.memo[r] = gid
         return chain + [inner], dims, (size, 1, 1)
 
+
+
+def row_groups_default(ast: UOp, globals_, scan) -> int:
+    """The default Schedule.row_groups of a row kernel: ROW_GROUPS when some row is read by several passes
+    and is too long for the row cache (at least ROW_GROUPS_MIN_BYTES) and there are more rows than that
+    (or a symbolic count); else 0 (one work-group per row)."""
+    from .row_cache import row_cache_plan
+    if len(globals_) != 1:
+        return 0
+    rows = globals_[0].src[0]
+    if rows.op is Ops.CONST and rows.arg <= ROW_GROUPS:
+        return 0
+    cached = row_cache_plan(ast, globals_, scan)
+    for load, (r, _) in row_cache_plan(ast, globals_, scan, budget=1 << 62).items():
+        if load not in cached and r.src[0].arg * load.dtype.itemsize >= ROW_GROUPS_MIN_BYTES:
+            return ROW_GROUPS
+    return 0
