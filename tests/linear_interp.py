@@ -41,6 +41,7 @@ class _Shared:
         self.init = np.zeros(count, bool)
         self.writer = np.full(count, -1, np.int64)     # lane that wrote since the last barrier
         self.reader = np.full(count, -1, np.int64)     # lane that read since then (-2: several)
+        self.pending = np.zeros(count, bool)           # a cp.async copy to it has not landed yet
 
     def barrier(self) -> None:
         self.writer[:] = -1
@@ -61,6 +62,10 @@ class _Group:
         self.vals: dict[int, np.ndarray] = {}
         self.accs: dict[int, np.ndarray] = {}
         self.shared: dict[int, _Shared] = {}
+        # cp.async: each work-item's committed groups (cp_done) and its copies not landed yet, as records
+        # [shared array, lanes, group of each lane, span (lanes x elements), values]
+        self.cp_done = np.zeros(n, np.int64)
+        self.cp_pending: list[list] = []
 
     # -- values ------------------------------------------------------------------------------------
     def val(self, ins: Instr) -> np.ndarray:
@@ -140,6 +145,12 @@ class _Group:
             if self.n % w or not all(mask[i:i + w].all() or not mask[i:i + w].any() for i in range(0, self.n, w)):
                 raise InterpError("a warp shuffle that only part of a warp reaches")
             self.vals[ins.id] = v[np.arange(self.n) ^ m]
+        elif k is L.CP_ASYNC:
+            self.cp_async(ins, mask)
+        elif k is L.CP_COMMIT:
+            self.cp_done[mask] += 1
+        elif k is L.CP_WAIT:
+            self.cp_wait(ins.arg, mask)
         elif k is L.LDMATRIX:
             self.vals[ins.id] = self.ldmatrix(ins, mask)
         elif k is L.MMA:
@@ -195,6 +206,45 @@ class _Group:
             for r, acc in enumerate(accs):
                 self.accs[acc.id][w0:w0 + w] = D[rows[r], cols]
 
+    def cp_async(self, ins: Instr, mask: np.ndarray) -> None:
+        """PTX cp.async (16 bytes): the global elements are read now (inputs), and land in shared memory
+        at the CP_WAIT that covers the lane's group. Until then the destination is pending: a read of it,
+        or a second write, is a race; a read of it by other lanes before a barrier after the wait is one too."""
+        local, sidx, buf, gidx = ins.src
+        sh = self.shared[local.id]
+        width = ins.arg // sh.data.itemsize
+        lanes = np.flatnonzero(mask)
+        si, gi = self.val(sidx).astype(np.int64)[lanes], self.val(gidx).astype(np.int64)[lanes]
+        if (si % width).any() or (gi % width).any():
+            raise InterpError(f"cp.async %{ins.id}: a 16-byte copy at an index that is not a multiple of {width}")
+        span, gspan = (si[:, None] + np.arange(width)), (gi[:, None] + np.arange(width))
+        data = self.bufs[buf.arg]
+        self.check_bounds(buf.arg, gspan.reshape(-1), data.size, f"cp.async %{ins.id} from")
+        self.check_bounds(-1, span.reshape(-1), sh.data.size, f"cp.async %{ins.id} to shared")
+        who = np.repeat(lanes, width)
+        flat = span.reshape(-1)
+        w, r = sh.writer[flat], sh.reader[flat]
+        if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any() or sh.pending[flat].any():
+            raise InterpError(f"race: cp.async %{ins.id} writes shared memory used with no barrier in between")
+        sh.pending[flat] = True
+        self.cp_pending.append([sh, lanes, self.cp_done[lanes].copy(), span, data[gspan].astype(sh.data.dtype)])
+
+    def cp_wait(self, n: int, mask: np.ndarray) -> None:
+        """cp.async.wait_group n: the copies of every group but the lane's newest n land."""
+        keep = []
+        for rec in self.cp_pending:
+            sh, lanes, group, span, vals = rec
+            done = mask[lanes] & (group < self.cp_done[lanes] - n)
+            if done.any():
+                flat = span[done].reshape(-1)
+                sh.data[flat] = vals[done].reshape(-1)
+                sh.init[flat] = True
+                sh.pending[flat] = False
+                sh.writer[flat] = np.repeat(lanes[done], span.shape[1])
+            if not done.all():
+                keep.append([sh, lanes[~done], group[~done], span[~done], vals[~done]])
+        self.cp_pending = keep
+
     def ldmatrix(self, ins: Instr, mask: np.ndarray) -> np.ndarray:
         """PTX ldmatrix.m8n8.x<count>[.trans].b16: lane 8q + r gives row r of matrix q (8 elements);
         lane t gets, per matrix, the pair (row t/4, columns 2(t%4) + {0, 1}), transposed with .trans.
@@ -208,6 +258,8 @@ class _Group:
             raise InterpError(f"ldmatrix %{ins.id}: a row address that is not 16-byte aligned")
         span = (ix[lanes, None] + np.arange(8)).reshape(-1)
         self.check_bounds(-1, span, sh.data.size, f"ldmatrix %{ins.id} from shared")
+        if sh.pending[span].any():
+            raise InterpError(f"race: ldmatrix %{ins.id} reads shared memory a cp.async has not landed in")
         if not sh.init[span].all():
             raise InterpError(f"ldmatrix %{ins.id} reads shared memory that nothing wrote")
         if (sh.writer[span] != -1).any():
@@ -271,6 +323,8 @@ class _Group:
         if buf.kind is L.LOCAL:
             sh = self.shared[buf.id]
             self.check_bounds(-1, span, sh.data.size, f"load %{ins.id} from shared")
+            if sh.pending[span].any():
+                raise InterpError(f"race: load %{ins.id} reads shared memory a cp.async has not landed in")
             if not sh.init[span].all():
                 raise InterpError(f"load %{ins.id} reads shared memory that nothing wrote")
             w = sh.writer[span]
@@ -305,7 +359,7 @@ class _Group:
             if len(np.unique(span)) != len(span):
                 raise InterpError(f"race: store %{ins.id}: two work-items write one shared element")
             w, r = sh.writer[span], sh.reader[span]
-            if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any():
+            if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any() or sh.pending[span].any():
                 raise InterpError(f"race: store %{ins.id} writes shared memory another work-item used with no "
                                   f"barrier in between")
             sh.writer[span] = who

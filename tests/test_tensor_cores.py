@@ -23,7 +23,7 @@ from morok_py import AxisType, UOp, dtypes, kernels as K
 from morok_py.codegen.linear import L
 from morok_py.codegen.lower import lower, scan_kernel
 from morok_py.codegen.schedule import Schedule, candidate_schedules, check_schedule, default_schedule
-from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_TILE
+from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_STAGES, TC_TILE, TC_TILE_STATIC
 from morok_py.codegen.symbolic import simplify
 from morok_py.dtypes import to_numpy
 from morok_py.errors import LaunchError
@@ -92,8 +92,9 @@ def f32(x):
 @pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
 def test_default_schedule_uses_tensor_cores_for_16_bit_contractions(dt):
     s = _sched(K.matmul(4096, 4096, 4096, dtype=dt))
-    assert s == Schedule("tiled", group=256, matmul_tile=TC_TILE, tensor_core=MMA_M16N8K16)
-    assert "tensor_core=mma_m16n8k16" in str(s)
+    assert s == Schedule("tiled", group=256, matmul_tile=TC_TILE, tensor_core=MMA_M16N8K16, tc_stages=TC_STAGES,
+                         tc_swizzle=True)
+    assert "tensor_core=mma_m16n8k16" in str(s) and f"tc_stages={TC_STAGES}" in str(s) and "tc_swizzle=True" in str(s)
     assert Schedule.from_json(s.to_json()) == s
     assert _sched(K.matmul(dtype=dt)).tensor_core == MMA_M16N8K16                      # symbolic
     assert _sched(K.matmul_bias_relu(4000, 3001, 1023, dtype=dt)).tensor_core == MMA_M16N8K16
@@ -152,6 +153,84 @@ def test_every_tensor_core_candidate_is_correct(rng, arch):
         check(out.reshape(M, N), (f32(a) @ f32(b)).astype(np.float16), dt)
 
 
+def test_pipeline_fields_are_checked_and_stored():
+    ast = simplify(K.matmul(512, 512, 512, dtype=dtypes.float16))
+    scan = scan_kernel(ast)
+    base = Schedule("tiled", group=128, matmul_tile=(128, 128, 32, 64, 64), tensor_core=MMA_M16N8K16)
+    for st, sw in [(2, True), (3, False), (4, True), (0, True)]:
+        s = dataclasses.replace(base, tc_stages=st, tc_swizzle=sw)
+        check_schedule(s, ast, CAPS, scan)
+        assert Schedule.from_json(s.to_json()) == s
+    for bad in [dict(tc_stages=1), dict(tc_stages=8), dict(matmul_tile=(96, 128, 32, 32, 64), tc_swizzle=True, group=384)]:
+        with pytest.raises(ValueError):      # one stage; 8 stages past the shared memory; a swizzle of 96 rows
+            check_schedule(dataclasses.replace(base, **bad), ast, CAPS, scan)
+    with pytest.raises(ValueError):
+        Schedule("tiled", group=256, matmul_tile=(128, 128, 8, 8, 8), tc_stages=3)     # no tensor core
+    with pytest.raises(ValueError):
+        Schedule.from_json(dataclasses.replace(base, tc_stages=3).to_json().replace('"tc_stages": 3', '"tc_stages": "3"'))
+    cands = candidate_schedules(ast, CAPS, scan)
+    assert {(c.tc_stages, c.tc_swizzle) for c in cands if c.tensor_core} >= {(4, True), (3, True), (2, True), (0, False)}
+    # unaligned strides cannot be 16-byte copies: the default is the register-staged, padded form
+    odd = simplify(K.matmul(4000, 3001, 1023, dtype=dtypes.float16))
+    s = default_schedule(odd, CAPS, scan_kernel(odd))
+    assert s.tensor_core == MMA_M16N8K16 and s.matmul_tile == TC_TILE_STATIC and (s.tc_stages, s.tc_swizzle) == (0, False)
+
+
+def _staged(tile, stages, swizzle):
+    from morok_py.codegen.strategies.tensor_core import tc_threads
+    return Schedule("tiled", group=tc_threads(tile, MMA_M16N8K16), matmul_tile=tile, tensor_core=MMA_M16N8K16,
+                    tc_stages=stages, tc_swizzle=swizzle)
+
+
+@pytest.mark.parametrize("tile,stages,swizzle", [((64, 64, 32, 32, 32), 2, True), ((64, 64, 32, 32, 32), 3, True),
+                                                 ((64, 64, 32, 32, 32), 4, False), ((32, 64, 64, 32, 32), 3, True),
+                                                 ((64, 64, 16, 32, 16), 4, True), ((64, 64, 32, 32, 32), 0, True)])
+@pytest.mark.parametrize("M,N,Kd", [(72, 40, 200), (64, 64, 32), (33, 48, 88), (8 * 17, 24, 8)])
+def test_staged_pipeline_interpreted(rng, tile, stages, swizzle, M, N, Kd):
+    """The cp.async pipeline (copies land at their group's wait, the interpreter flags reads before that):
+    K = 200 is no multiple of the stage depth times BK (a partial last round and a zero-padded tail), 32 one
+    tile (fewer tiles than the prologue issues), 8 only a tail; odd M and N clamp the fills."""
+    dt = dtypes.float16
+    ast = simplify(K.matmul(M, N, Kd, dtype=dt))
+    kernel, info = lower(ast, CAPS, "mm", schedule=_staged(tile, stages, swizzle))
+    assert any(i.kind is L.CP_ASYNC for i in kernel.walk()) == (stages >= 2)
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    out = np.zeros(M * N, np.float16)
+    w = LI.run(kernel, info, [a.reshape(-1), b.reshape(-1), out])
+    assert (w[2] == 1).all()
+    check(out.reshape(M, N), (f32(a) @ f32(b)).astype(np.float16), dt)
+
+
+@pytest.mark.parametrize("a_t,b_t", [(True, False), (False, True)])
+def test_staged_pipeline_k_major_and_batched(rng, a_t, b_t):
+    """Swizzled k-major tiles (ldmatrix .trans) under the pipeline, batched, bfloat16."""
+    dt, B, M, N, Kd = dtypes.bfloat16, 2, 48, 40, 104
+    ast = simplify(contraction(dt, M, N, Kd, a_t=a_t, b_t=b_t, batch=B))
+    kernel, info = lower(ast, CAPS, "mm", schedule=_staged((32, 64, 32, 32, 32), 3, True))
+    assert any(i.kind is L.CP_ASYNC for i in kernel.walk())
+    a, b = operands(rng, dt, (B, Kd, M) if a_t else (B, M, Kd), (B, N, Kd) if b_t else (B, Kd, N))
+    out = np.zeros(B * M * N, to_numpy(dt))
+    LI.run(kernel, info, [a.reshape(-1), b.reshape(-1), out])
+    A = f32(a).transpose(0, 2, 1) if a_t else f32(a)
+    Bm = f32(b).transpose(0, 2, 1) if b_t else f32(b)
+    check(out.reshape(B, M, N), (A @ Bm).astype(to_numpy(dt)), dt)
+
+
+def test_interpreter_catches_an_early_read_of_the_pipeline():
+    """A wait that lets the tile being computed still be in flight is a race the interpreter reports."""
+    import copy
+    ast = simplify(K.matmul(64, 64, 256, dtype=dtypes.float16))
+    kernel, info = lower(ast, CAPS, "mm", schedule=_staged((64, 64, 32, 32, 32), 3, True))
+    rng = np.random.default_rng(1)
+    a, b = operands(rng, dtypes.float16, (64, 256), (256, 64))
+    bad = copy.deepcopy(kernel)
+    waits = [i for i in bad.walk() if i.kind is L.CP_WAIT and i.arg == 1]
+    assert waits
+    waits[0].arg = 2            # S - 1 groups may be pending: tile t itself
+    with pytest.raises(LI.InterpError, match="cp.async"):
+        LI.run(bad, info, [a.reshape(-1), b.reshape(-1), np.zeros(64 * 64, np.float16)])
+
+
 # ---- the lowering, interpreted --------------------------------------------------------------------
 
 @pytest.mark.parametrize("dt", HALVES, ids=lambda d: d.name)
@@ -168,8 +247,14 @@ def test_lowering_is_ldmatrix_and_mma():
     kernel, _ = lower(K.matmul(256, 256, 256, dtype=dtypes.float16), CAPS, "mm")
     kinds = [i.kind for i in kernel.walk()]
     assert kinds.count(L.MMA) >= 16 and kinds.count(L.LDMATRIX) >= 4
-    # aligned static strides: the full tiles are filled by 16-byte (8-element) global loads
-    assert any(i.kind is L.LOAD and i.arg == 8 and i.src[0].kind is L.PARAM for i in kernel.walk())
+    # aligned static strides: the full tiles are filled by 16-byte cp.async copies, S - 1 tiles ahead
+    assert kernel.schedule.tc_stages >= 2 and kinds.count(L.CP_ASYNC) >= 2
+    assert L.CP_COMMIT in kinds and any(i.kind is L.CP_WAIT and i.arg == kernel.schedule.tc_stages - 2 for i in kernel.walk())
+    # the register-staged form (tc_stages=0): 16-byte (8-element) global loads
+    reg, _ = lower(K.matmul(256, 256, 256, dtype=dtypes.float16), CAPS, "mm",
+                   schedule=dataclasses.replace(kernel.schedule, tc_stages=0))
+    assert any(i.kind is L.LOAD and i.arg == 8 and i.src[0].kind is L.PARAM for i in reg.walk())
+    assert not any(i.kind is L.CP_ASYNC for i in reg.walk())
     sym, _ = lower(K.matmul(dtype=dtypes.float16), CAPS, "mm")
     assert not any(i.kind is L.LOAD and i.arg for i in sym.walk())    # symbolic strides: scalar fills
 
@@ -290,8 +375,13 @@ def test_cuda_compiles_mma(key, arch, dt, which):
     else:
         ptx = c.ptx(spec)
         assert mma in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and ".local" not in ptx
-    res = cubin_resources(c.compile(spec).bytes)
-    assert res.get("frame", 0) == 0 and res.get("stack", 0) == 0 and res["regs"] <= 128, res
+    cubin = c.compile(spec).bytes
+    if which == "static":     # the cp.async pipeline, in shared memory past the static 48 KiB (dynamic)
+        text = spec.src if key == "nvrtc" else ptx
+        assert "cp.async" in text and spec.linear.schedule.tc_stages >= 2
+        assert b"morok_dyn_smem" in cubin
+    res = cubin_resources(cubin)
+    assert res.get("frame", 0) == 0 and res.get("stack", 0) == 0 and res["regs"] <= (255 if which == "static" else 128), res
 
 
 def test_cuda_before_sm_80_keeps_the_cuda_core_path():
@@ -334,6 +424,25 @@ def test_device_matmul(gpu, rng, dt, M, N, Kd, static):
     out = gpu.empty(M * N, dt)
     prog = gpu.compile(K.matmul(M, N, Kd, dtype=dt) if static else K.matmul(dtype=dt))
     prog(gpu.buf(a), gpu.buf(b), out, **({} if static else {"M": M, "N": N, "K": Kd}))
+    check(out.numpy().reshape(M, N), _reference(a, b), dt)
+
+
+@pytest.mark.parametrize("tile,stages,swizzle", [(TC_TILE, 4, True), (TC_TILE, 3, False), ((128, 128, 32, 64, 64), 2, True),
+                                                 (TC_TILE_STATIC, 0, True), ((128, 128, 64, 64, 64), 3, True)])
+def test_device_pipeline_forms(gpu, rng, tile, stages, swizzle):
+    """Each (stages, swizzle) form on the GPU: odd M, K = 1000 (no multiple of stages x BK: a partial last
+    round and a zero-padded tail), N aligned for 16-byte copies; the dynamic shared memory of 4-stage tiles."""
+    from morok_py.codegen.schedule import using
+    dt, M, N, Kd = dtypes.float16, 999, 520, 1000
+    a, b = operands(rng, dt, (M, Kd), (Kd, N))
+    out = gpu.empty(M * N, dt)
+    renderer, compiler = gpu.pair()
+    sched = _staged(tile, stages, swizzle)
+    with using(sched):
+        spec = renderer.render(K.matmul(M, N, Kd, dtype=dt), "mm")
+    assert spec.linear.schedule == sched
+    prog = gpu.dev.runtime(compiler.compile(spec))
+    prog(gpu.buf(a), gpu.buf(b), out, wait=True)
     check(out.numpy().reshape(M, N), _reference(a, b), dt)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from morok_py.codegen.c_like import GPU_BF16_HELPERS, GPUCPrinter
-from morok_py.codegen.linear import Instr, LinearKernel
+from morok_py.codegen.linear import Instr, L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
 from morok_py.device import DeviceSpec, Renderer
@@ -39,6 +39,24 @@ def cuda_caps(arch: str) -> Capabilities:
     return CUDA_CAPS
 
 
+# ---- shared memory past the static limit -------------------------------------------------------
+
+STATIC_SMEM = 48 << 10          # a group's static shared memory; more only as dynamic shared memory
+DYN_SMEM_SYMBOL = "morok_dyn_smem"   # a 4-byte global in the module: the dynamic shared bytes a launch passes
+                                     # (runtime.py reads it at load and opts the function in)
+
+
+def shared_layout(kernel: LinearKernel) -> tuple[dict[int, int], int]:
+    """({LOCAL id: byte offset}, total bytes) when the kernel's shared arrays exceed the static limit (they
+    are then carved out of one dynamic array, 16-byte aligned each); ({}, 0) otherwise."""
+    offs, total = {}, 0
+    for ins in kernel.walk():
+        if ins.kind is L.LOCAL and ins.id not in offs:
+            offs[ins.id] = total
+            total += -(-ins.arg * ins.dtype.itemsize // 16) * 16
+    return (offs, total) if total > STATIC_SMEM else ({}, 0)
+
+
 # ---- CUDA C ----------------------------------------------------------------------------------
 
 _CUDA_HALF_HELPERS = {
@@ -59,6 +77,44 @@ class CUDACPrinter(GPUCPrinter):
 
     half_helpers = _CUDA_HALF_HELPERS
 
+    def render(self) -> str:
+        self.dyn, self.dyn_bytes = shared_layout(self.k)
+        text = super().render()
+        if self.dyn:
+            text = text.replace(self.signature() + " {",
+                                f'extern "C" __device__ unsigned {DYN_SMEM_SYMBOL} = {self.dyn_bytes}u;\n'
+                                + self.signature() + " {", 1)
+        return text
+
+    def shared_decl(self, ins: Instr) -> str:
+        t = self.mem_type(ins.dtype)
+        if self.dyn:
+            # one dynamic array (the launch passes its size), carved 16-byte aligned
+            head = "extern __shared__ __align__(16) unsigned char morok_dyn[]; " if self.dyn[ins.id] == 0 else ""
+            decl = f"{head}{t}* smem{ins.id} = ({t}*)(morok_dyn + {self.dyn[ins.id]});"
+        else:
+            decl = super().shared_decl(ins)
+        # the array's 32-bit shared-window address, for ldmatrix and cp.async
+        return (decl + f' unsigned smem{ins.id}_sa; asm("{{ .reg .u64 t; cvta.to.shared.u64 t, %1; '
+                f'cvt.u32.u64 %0, t; }}" : "=r"(smem{ins.id}_sa) : "l"(smem{ins.id}));')
+
+    def shared_addr(self, buf: Instr, idx: Instr) -> str:
+        return f"({self.ref(buf)}_sa + {self.ref(idx)} * {buf.dtype.itemsize}u)"
+
+    def instr(self, ins: Instr) -> None:
+        k = ins.kind
+        if k is L.CP_ASYNC:
+            local, sidx, buf, gidx = ins.src
+            self.emit(f'asm volatile("{{ .reg .u64 g; cvta.to.global.u64 g, %1; cp.async.cg.shared.global [%0], [g], '
+                      f'{ins.arg}; }}" :: "r"({self.shared_addr(local, sidx)}), "l"({self.ref(buf)} + {self.ref(gidx)}) '
+                      f': "memory");')
+        elif k is L.CP_COMMIT:
+            self.emit('asm volatile("cp.async.commit_group;" ::: "memory");')
+        elif k is L.CP_WAIT:
+            self.emit(f'asm volatile("cp.async.wait_group {int(ins.arg)};" ::: "memory");')
+        else:
+            super().instr(ins)
+
     def ldmatrix(self, ins: Instr) -> None:
         (buf, idx), (count, trans) = ins.src, ins.arg
         r = self.ref(ins)
@@ -66,10 +122,8 @@ class CUDACPrinter(GPUCPrinter):
         self.emit(f"unsigned {', '.join(regs)};")
         outs = ", ".join(f'"=r"({x})' for x in regs)
         dst = ", ".join(f"%{n}" for n in range(count))
-        # the shared-window address of the lane's row (cvta: generic -> .shared)
-        self.emit(f'asm volatile("{{ .reg .u64 sa; cvta.to.shared.u64 sa, %{count}; '
-                  f'ldmatrix.sync.aligned.m8n8.x{count}{".trans" if trans else ""}.shared.b16 {{{dst}}}, [sa]; }}" '
-                  f': {outs} : "l"({self.ref(buf)} + {self.ref(idx)}) : "memory");')
+        self.emit(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{".trans" if trans else ""}.shared.b16 '
+                  f'{{{dst}}}, [%{count}];" : {outs} : "r"({self.shared_addr(buf, idx)}) : "memory");')
 
     def mma(self, ins: Instr) -> None:
         a, b, *accs = ins.src
@@ -139,6 +193,46 @@ class NVPTXPrinter(LLVMIRPrinter):
         self.emit(f"{self.ref(ins)} = call {t} @{name}(i32 -1, {t} {self.ref(ins.src[0])}, i32 {ins.arg[0]}, i32 31)")
 
     _FRAG = "{i32, i32, i32, i32}"
+
+    def render(self) -> str:
+        import re
+        self.dyn, dyn_bytes = shared_layout(self.k)
+        text = super().render()
+        if not self.dyn:
+            return text
+        # shared arrays past the static limit: offsets into one external (dynamic) array; the module's
+        # DYN_SMEM_SYMBOL tells the runtime how many bytes to pass
+        def at(m: re.Match) -> str:
+            off = self.dyn[int(m.group(1))]
+            return "@morok_dyn" if off == 0 else f"getelementptr (i8, {self.local_ptr} @morok_dyn, i32 {off})"
+        text = re.sub(r"@smem(\d+)\b", at, text)
+        head = (f"@morok_dyn = external addrspace(3) global [0 x i8], align 16\n"
+                f"@{DYN_SMEM_SYMBOL} = addrspace(1) global i32 {dyn_bytes}, align 4\n")
+        i = text.index("define ptx_kernel")
+        return text[:i] + head + text[i:]
+
+    def instr(self, ins: Instr) -> None:
+        k = ins.kind
+        if k is L.LOCAL and self.dyn:
+            return                      # carved out of @morok_dyn (see render)
+        if k is L.CP_ASYNC:
+            local, sidx, buf, gidx = ins.src
+            r = f"%cp{ins.id}"
+            name = f"llvm.nvvm.cp.async.cg.shared.global.{ins.arg}"
+            self.declare(name, "void", self.local_ptr, self.ptr)
+            self.emit(f"{r}.s = getelementptr inbounds {self.mem_ty(local.dtype)}, {self.local_ptr} @smem{local.id}, "
+                      f"i32 {self.ref(sidx)}")
+            self.emit(f"{r}.g = getelementptr inbounds {self.mem_ty(local.dtype)}, {self.ptr} {self.ref(buf)}, "
+                      f"i32 {self.ref(gidx)}")
+            self.emit(f"call void @{name}({self.local_ptr} {r}.s, {self.ptr} {r}.g)")
+        elif k is L.CP_COMMIT:
+            self.declare("llvm.nvvm.cp.async.commit.group", "void")
+            self.emit("call void @llvm.nvvm.cp.async.commit.group()")
+        elif k is L.CP_WAIT:
+            self.declare("llvm.nvvm.cp.async.wait.group", "void", "i32")
+            self.emit(f"call void @llvm.nvvm.cp.async.wait.group(i32 {int(ins.arg)})")
+        else:
+            super().instr(ins)
 
     def ldmatrix(self, ins: Instr) -> None:
         (buf, idx), (count, trans) = ins.src, ins.arg

@@ -100,6 +100,7 @@ class CUDAProgram(Program):
         self._module = check(cu.cuModuleLoadData(compiled.bytes), "cuModuleLoadData")
         self.symbol = compiled.symbol
         self._fn = check(cu.cuModuleGetFunction(self._module, self.symbol.encode()), "cuModuleGetFunction")
+        self._smem = self._dynamic_shared()         # bytes of dynamic shared memory every launch passes
         self._nbufs = compiled.buf_count
         self._nvars = len(compiled.var_names)
         self._hidden_ptrs = self.alloc_hidden()     # passed after the caller's buffers
@@ -115,6 +116,20 @@ class CUDAProgram(Program):
         self._stream = device.stream
         self._events = None
         self._tls = _tls      # whose context is current on each thread: checked inline per launch
+
+    def _dynamic_shared(self) -> int:
+        """The module's DYN_SMEM_SYMBOL (renderer.py: kernels whose shared arrays pass the static 48 KiB
+        carve them from dynamic shared memory), with the function opted in to that much; 0 without it."""
+        from .renderer import DYN_SMEM_SYMBOL
+        err, dptr, size = cu.cuModuleGetGlobal(self._module, DYN_SMEM_SYMBOL.encode())
+        if err == cu.CUresult.CUDA_ERROR_NOT_FOUND:
+            return 0
+        check((err,), "cuModuleGetGlobal")
+        word = ctypes.c_uint32(0)
+        check(cu.cuMemcpyDtoH(ctypes.addressof(word), dptr, 4), "cuMemcpyDtoH")
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(cu.cuFuncSetAttribute(self._fn, attr, int(word.value)), "cuFuncSetAttribute")
+        return int(word.value)
 
     @property
     def function(self):
@@ -142,7 +157,7 @@ class CUDAProgram(Program):
         if 0 in global_size:
             return None          # nothing to do: CUDA refuses empty grids
         (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
-                              local_size[0], local_size[1], local_size[2], 0, self._stream, self.kernel_params, 0)
+                              local_size[0], local_size[1], local_size[2], self._smem, self._stream, self.kernel_params, 0)
         if err:
             self._launch_failed(err, global_size, local_size)
         return None
@@ -164,7 +179,7 @@ class CUDAProgram(Program):
         slots = (ctypes.c_uint64 * n)(*[a & 0xFFFFFFFFFFFFFFFF for a in args])
         base = ctypes.addressof(slots)
         argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-        launch = functools.partial(self._launch, self._fn, *gs, *ls, 0, self._stream, ctypes.addressof(argv), 0)
+        launch = functools.partial(self._launch, self._fn, *gs, *ls, self._smem, self._stream, ctypes.addressof(argv), 0)
         launch.keep = (slots, argv)     # the argument memory lives as long as the launch
         return launch
 
@@ -205,7 +220,7 @@ class CUDAProgram(Program):
         start, end = self._events_pair()
         check(cu.cuEventRecord(start, stream), "cuEventRecord")
         (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
-                              local_size[0], local_size[1], local_size[2], 0, stream, self.kernel_params, 0)
+                              local_size[0], local_size[1], local_size[2], self._smem, stream, self.kernel_params, 0)
         if err:
             self._launch_failed(err, global_size, local_size)
         check(cu.cuEventRecord(end, stream), "cuEventRecord")

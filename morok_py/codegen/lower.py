@@ -504,7 +504,8 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         from .gpu_tile import tile_contraction
         if schedule.tensor_core is not None:
             from .strategies.tensor_core import tile_mma
-            tiled = tile_mma(ast, caps, name, scan, schedule.matmul_tile, schedule.tensor_core)
+            tiled = tile_mma(ast, caps, name, scan, schedule.matmul_tile, schedule.tensor_core,
+                             schedule.tc_stages, schedule.tc_swizzle)
         else:
             tiled = tile_contraction(ast, caps, name, scan, schedule.matmul_tile)
         if tiled is not None:

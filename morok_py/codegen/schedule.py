@@ -62,6 +62,9 @@ class Schedule:
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
     tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
                    "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
+    tc_stages      tensor_core (NVIDIA): shared-memory buffers of the cp.async pipeline (>= 2); 0: the
+                   register-staged double buffer (also what a kernel without provably aligned fills runs).
+    tc_swizzle     tensor_core (NVIDIA): XOR-swizzled 16-byte chunks in the shared tiles instead of padded rows.
     stream_block   reduce "stream": output columns per block.
     """
 
@@ -76,6 +79,8 @@ class Schedule:
     tile_lanes: int = 0
     matmul_tile: tuple[int, int, int, int, int] | None = None
     tensor_core: str | None = None
+    tc_stages: int = 0
+    tc_swizzle: bool = False
     stream_block: int = 0
     row_groups: int = 0
     min_groups: int = 0
@@ -98,6 +103,8 @@ class Schedule:
             raise ValueError("mapping 'tiled' and matmul_tile go together")
         if self.tensor_core is not None and self.mapping != "tiled":
             raise ValueError("tensor_core needs mapping 'tiled'")
+        if (self.tc_stages or self.tc_swizzle) and self.tensor_core is None:
+            raise ValueError("tc_stages and tc_swizzle need a tensor_core")
         if self.register_tile is not None and self.mapping != "threads":
             raise ValueError("register_tile is a CPU ('threads') schedule")
         if self.tile_lanes and (self.register_tile is None or self.tile_lanes < 4
@@ -150,6 +157,10 @@ class Schedule:
                 raise ValueError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
             raise ValueError(f"bad tensor_core {d['tensor_core']!r}")
+        if "tc_stages" in d and (not isinstance(d["tc_stages"], int) or isinstance(d["tc_stages"], bool)):
+            raise ValueError(f"bad tc_stages {d['tc_stages']!r}")
+        if "tc_swizzle" in d and not isinstance(d["tc_swizzle"], bool):
+            raise ValueError(f"bad tc_swizzle {d['tc_swizzle']!r}")
         try:
             return Schedule(**d)
         except TypeError as e:
@@ -221,11 +232,12 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
             tile = tile_for(ast, tile)
         return Schedule("threads", register_tile=tile, tile_lanes=default_lanes(ast, caps, tile))
     if caps.tensor_cores and caps.has_shared:
-        from .strategies.tensor_core import choose_tc_tile, tc_threads
+        from .strategies.tensor_core import choose_tc_tile, tc_pipeline, tc_threads
         tc = choose_tc_tile(ast, caps, scan)
         if tc is not None:
+            stages, swizzle = tc_pipeline(caps, tc, ast, scan)
             return Schedule("tiled", group=tc_threads(tc, caps.tensor_cores[0]), matmul_tile=tc,
-                            tensor_core=caps.tensor_cores[0])
+                            tensor_core=caps.tensor_cores[0], tc_stages=stages, tc_swizzle=swizzle)
     if caps.matmul_tile is not None and caps.has_shared:
         from .gpu_tile import deeper_tile, plan_tile
         tile = plan_tile(ast, caps, scan)
@@ -300,7 +312,7 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
-                or tc_plan(ast, caps, scan, schedule.matmul_tile) is None):
+                or tc_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle) is None):
             raise ValueError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
     elif schedule.mapping == "tiled":
         from .gpu_tile import plan_tile
@@ -350,8 +362,11 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
         if base.tensor_core is not None:
-            from .strategies.tensor_core import TC_TILE_CANDIDATES, tc_threads
-            out += [replace(base, group=tc_threads(t, base.tensor_core), matmul_tile=t) for t in TC_TILE_CANDIDATES]
+            from .strategies.tensor_core import TC_PIPELINES, TC_TILE_CANDIDATES, tc_pipeline, tc_threads
+            out += [replace(base, tc_stages=st, tc_swizzle=sw) for st, sw in TC_PIPELINES]
+            for t in TC_TILE_CANDIDATES:
+                st, sw = tc_pipeline(caps, t, ast, scan)
+                out.append(replace(base, group=tc_threads(t, base.tensor_core), matmul_tile=t, tc_stages=st, tc_swizzle=sw))
             out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
         elif base.mapping == "tiled":
             BM, BN, BK, TM, TN = base.matmul_tile

@@ -37,11 +37,19 @@ WMMA_16X16X16 = "wmma_16x16x16"        # AMD gfx11 (wave32): v_wmma_f32_16x16x16
 # per instruction: (wave size, rows of A per fragment, columns of B per fragment load, k per instruction)
 MMAS = {MMA_M16N8K16: (32, 16, 16, 16), MFMA_32X32X8: (64, 32, 32, 8), WMMA_16X16X16: (32, 16, 16, 16)}
 TC_PAD = 8                             # elements added to each tile row: 16 bytes (see the module doc)
-TC_TILE = (128, 128, 32, 64, 32)       # (BM, BN, BK, WM, WN): 8 warps of 64x32 outputs
+TC_TILE = (128, 256, 32, 64, 64)       # (BM, BN, BK, WM, WN): 8 warps of 64x64 outputs (NVIDIA, staged)
+TC_TILE_STATIC = (128, 128, 32, 64, 32)  # 8 warps of 64x32: the register-staged tile (no cp.async fills)
+TC_STAGES = 4                          # NVIDIA: shared-memory stages of the cp.async pipeline (0: register-
+                                       # staged double buffering, the only form where 16-byte fills are unproven)
+TC_SWIZZLE = True                      # NVIDIA: XOR-swizzled 16-byte chunks instead of padded rows
+TC_DYN_SMEM = 96 << 10                 # NVIDIA sm_80+: shared memory a group may take with the dynamic opt-in
+                                       # (sm_86/sm_89 allow 99 KiB, sm_80 163 KiB, sm_90 227 KiB)
 TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small problems
 TC_TILE_MFMA = (128, 128, 32, 64, 64)  # 4 waves of 64 lanes, 2x2 32x32 fragments each
-TC_TILE_CANDIDATES = [TC_TILE, TC_SMALL_TILE, (128, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
-                      (64, 64, 64, 32, 32), (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
+TC_TILE_CANDIDATES = [TC_TILE, TC_TILE_STATIC, TC_SMALL_TILE, (128, 128, 32, 64, 64), (256, 128, 32, 64, 64),
+                      (128, 64, 32, 64, 32), (64, 128, 32, 32, 64), (64, 64, 64, 32, 32), (128, 128, 64, 64, 64),
+                      (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
+TC_PIPELINES = [(4, True), (3, True), (2, True), (0, True), (0, False), (3, False)]   # (stages, swizzle) searched
 TC_DTYPES = ("float16", "bfloat16")
 
 
@@ -52,15 +60,35 @@ def _raw_load(unit: UOp) -> UOp | None:
     return unit if unit.op is Ops.LOAD and unit.dtype.name in TC_DTYPES else None
 
 
-def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma: str | None = None) -> bool:
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def tc_smem_bytes(tile: tuple[int, int, int, int, int], stages: int = 0, swizzle: bool = False) -> int:
+    """Shared memory of the A and B tiles: `stages` buffers (0: two, register-staged) of 2-byte elements,
+    rows padded by TC_PAD elements unless swizzled (the larger of the two layouts)."""
+    BM, BN, BK = tile[:3]
+    pad = 0 if swizzle else TC_PAD
+    per = sum(max(BK * (W + pad), W * (BK + pad)) for W in (BM, BN))
+    return max(2, stages) * per * 2
+
+
+def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma: str | None = None,
+                  stages: int = 0, swizzle: bool = False) -> bool:
+    mma = mma or caps.tensor_cores[0]
     BM, BN, BK, WM, WN = tile
-    _, fm, fn, _ = MMAS[mma or caps.tensor_cores[0]]
+    _, fm, fn, _ = MMAS[mma]
     if min(tile) < 1 or BM % WM or BN % WN or WM % fm or WN % fn or BK % 16:
         return False
-    tiles = sum(max(BK * (W + TC_PAD), W * (BK + TC_PAD)) for W in (BM, BN))   # either layout
-    if 2 * tiles * 2 > SMEM_LIMIT:                  # double-buffered, 2 bytes an element
+    if (stages or swizzle) and mma != MMA_M16N8K16:
+        return False                   # cp.async and the swizzled ldmatrix layout are NVIDIA's
+    if stages == 1 or stages < 0 or (swizzle and not all(_pow2(x) for x in (BM, BN, BK))):
         return False
-    return tc_threads(tile, mma or caps.tensor_cores[0]) <= min(caps.max_threads_per_group, caps.local_max[0])
+    # more than the static 48 KiB only through the dynamic opt-in (the CUDA renderers, the staged form)
+    limit = TC_DYN_SMEM if stages and mma == MMA_M16N8K16 else SMEM_LIMIT
+    if tc_smem_bytes(tile, stages, swizzle) > limit:
+        return False
+    return tc_threads(tile, mma) <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
 def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
@@ -69,10 +97,11 @@ def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
     return (BM // WM) * (BN // WN) * MMAS[mma][0]
 
 
-def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int]):
+def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int],
+            stages: int = 0, swizzle: bool = False):
     """gpu_tile's plan, its units narrowed to the raw 16-bit loads, when the kernel is a plain float32 sum of
     products of two float16 (or two bfloat16) operands; else None."""
-    if not caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps):
+    if not caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps, None, stages, swizzle):
         return None
     BM, BN, BK, WM, WN = tile
     # gpu_tile's recognition with a tile it accepts (one work-item per warp: same block, same k depth)
@@ -94,12 +123,35 @@ def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
     return plan
 
 
+def tc_pipeline(caps: Capabilities, tile: tuple[int, int, int, int, int], ast: UOp | None = None,
+                scan: KernelScan | None = None) -> tuple[int, bool]:
+    """The heuristic (stages, swizzle) of a tile: NVIDIA's cp.async pipeline TC_STAGES deep (fewer where the
+    shared memory would not hold them), swizzled; a kernel (`ast`) whose fills cannot be 16-byte copies
+    and AMD: (0, False), the register-staged padded tiles (swizzled scalar fills would each hold an
+    address register)."""
+    if not caps.tensor_cores or caps.tensor_cores[0] != MMA_M16N8K16:
+        return 0, False
+    if ast is not None:
+        plan = next((pl for st in range(TC_STAGES, 1, -1) for pl in (tc_plan(ast, caps, scan, tile, st, TC_SWIZZLE),)
+                     if pl is not None), None)
+        if plan is None or not staged_fills(plan):
+            return 0, False
+    for stages in range(TC_STAGES, 1, -1):
+        if valid_tc_tile(tile, caps, None, stages, TC_SWIZZLE):
+            return stages, TC_SWIZZLE
+    return 0, TC_SWIZZLE and valid_tc_tile(tile, caps, None, 0, True)
+
+
 def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int, int, int, int] | None:
-    """The heuristic tensor-core tile: 128x128 blocks, 64x64 where that leaves fewer than 2 blocks per SM
-    (about 264 blocks on an H100) and the extents are constant; None when the kernel cannot take one.
-    MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    """The heuristic tensor-core tile: NVIDIA 128x256 blocks of 8 64x64 warps (staged by cp.async: see
+    `staged_fills`; 128x128 of 64x32 warps where the fills cannot be), 64x64 where 128x128 blocks would
+    leave fewer than 2 per SM (about 264 blocks on an H100) and the extents are constant; None when the
+    kernel cannot take one. MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    mfma = caps.tensor_cores and caps.tensor_cores[0] != MMA_M16N8K16
     big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
-    plan = tc_plan(ast, caps, scan, big)
+    if mfma and big == TC_TILE:
+        big = TC_TILE_STATIC
+    plan = tc_plan(ast, caps, scan, big, *tc_pipeline(caps, big))
     if plan is None:
         return None
     M, N = plan.i.src[0], plan.j.src[0]
@@ -108,7 +160,27 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
             return None          # too small for a 16-row fragment to pay: the general path
         if -(-M.arg // 128) * -(-N.arg // 128) < 264 and tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None:
             return TC_SMALL_TILE
+    if big == TC_TILE and not staged_fills(plan):
+        return TC_TILE_STATIC    # register-staged fills: 64x64 warps would spill under their registers
     return big
+
+
+def staged_fills(plan) -> bool:
+    """Whether full tiles of both operands can be filled by 16-byte copies (cp.async): constant strides
+    that keep 8-element runs aligned, as _MMABuilder.fill_vector decides."""
+    BK = plan.tile[2]
+    for u, kind in plan.units.items():
+        fast = plan.fast.get(u, "k")
+        rng = plan.k if fast == "k" else plan.i if kind == "A" else plan.j
+        width = plan.tile[0] if kind == "A" else plan.tile[1]
+        if fast == "k":
+            if BK % 8:
+                return False
+        elif width % 8 or rng.src[0].op is not Ops.CONST or rng.src[0].arg % 8:
+            return False
+        if not _vector_aligned(u.src[1], rng, 8):
+            return False
+    return True
 
 
 class _MMABuilder(_Builder):
@@ -118,6 +190,10 @@ class _MMABuilder(_Builder):
     layout). Subclasses replace `fragments` and `mma_step` for other instructions."""
 
     mma = MMA_M16N8K16
+
+    def __init__(self, ast: UOp, caps: Capabilities, name: str, plan, stages: int = 0, swizzle: bool = False) -> None:
+        super().__init__(ast, caps, name, plan)
+        self.stages, self.swizzle = stages, swizzle
 
     def build(self):
         p = self.p
@@ -155,18 +231,60 @@ class _MMABuilder(_Builder):
         self.tiles = [self.tile(u, kind, BM if kind == "A" else BN, tid, top) for u, kind in p.units.items()]
         self.tiles.sort(key=lambda t: t.kind)
         self.db = True
+        # the cp.async pipeline where every full tile is filled by 16-byte runs; else register staging
+        self.staged = self.stages >= 2 and all(t.vpasses for t in self.tiles)
         for t in self.tiles:
-            t.smem.arg = 2 * t.size
+            t.smem.arg = (self.stages if self.staged else 2) * t.size
+            # swizzled places: the 16-byte passes here; scalar ones here only where the main loop fills
+            # with them, else in the tail (fill_zero_padded), where they are not live across the loop
+            t.swizzled_passes = self.swizzle and not self.staged and not t.vpasses
+            if self.swizzle:
+                for ps in t.vpasses + (t.passes if t.swizzled_passes else []):
+                    ps.sidx = self.swizzled(t, ps.sidx, top)
         self.fragments(top, lane, wm0, wn0)
 
         zero = self.c(0)
         has_k = If(self.op(top, Ops.CMPLT, zero, K))
         top.append(has_k)
         work = has_k.body
-        self.main_loop(work, K)
+        if self.staged:
+            self.staged_loop(work, K)
+        else:
+            self.main_loop(work, K)
         self.epilogue(top)
-        # gpu_tile's occupancy hint (two groups per SM): without spills for every candidate tile on sm_80/sm_90
-        return self.finish(body)
+        kernel, info = self.finish(body)
+        # occupancy hint: two groups per SM (gpu_tile's, 128 registers for 256 items) while a work-item's
+        # accumulators leave room for its fragments; 64x64 warp tiles (128 accumulators) take 255
+        accs = sum(len(r) for r in self.accs)
+        kernel.min_groups = 2 if accs <= 64 and self.T * 2 <= 1024 else 1
+        return kernel, info
+
+    # the swizzled layout: a tile row of C 16-byte chunks keeps chunk c at c ^ ((row // g) % min(C, 8)),
+    # g = max(1, 8 // C): the 8 rows an ldmatrix reads (and 8 consecutive 16-byte stores) fall in 8
+    # distinct 16-byte bank groups. Rows 8 apart share the pattern, so row offsets of 8 keep it.
+    def swz_consts(self, t: _Tile) -> tuple[int, int]:
+        C = t.ld // 8
+        return max(1, 8 // C), min(C, 8)
+
+    def swz_term(self, t: _Tile, row: Instr, out: list[Item]) -> Instr:
+        g, m = self.swz_consts(t)
+        r = self.op(out, Ops.IDIV, row, self.c(g)) if g > 1 else row
+        return self.op(out, Ops.MOD, r, self.c(m))
+
+    def swz_col(self, t: _Tile, col: Instr, term: Instr | None, out: list[Item]) -> Instr:
+        """Column `col` (a multiple of 8) of a row with swizzle term `term` (None: unswizzled)."""
+        if term is None:
+            return col
+        chunk = self.op(out, Ops.IDIV, col, self.c(8))
+        return self.op(out, Ops.MUL, self.op(out, Ops.XOR, chunk, term), self.c(8))
+
+    def swizzled(self, t: _Tile, sidx: Instr, out: list[Item]) -> Instr:
+        """The swizzled place of element `sidx` (row * ld + column) of a buffer."""
+        row = self.op(out, Ops.IDIV, sidx, self.c(t.ld))
+        col = self.op(out, Ops.MOD, sidx, self.c(t.ld))
+        c8 = self.op(out, Ops.SUB, col, self.op(out, Ops.MOD, col, self.c(8)))
+        moved = self.swz_col(t, c8, self.swz_term(t, row, out), out)
+        return self.op(out, Ops.ADD, sidx, self.op(out, Ops.SUB, moved, c8))
 
     def fragments(self, top: list[Item], lane: Instr, wm0: Instr, wn0: Instr) -> None:
         """The lane's fragment addresses, its accumulators and the epilogue's view of them."""
@@ -176,13 +294,20 @@ class _MMABuilder(_Builder):
         q, r = self.op(top, Ops.IDIV, lane, self.c(8)), self.op(top, Ops.MOD, lane, self.c(8))
         q_lo, q_hi = self.op(top, Ops.MOD, q, self.c(2)), self.op(top, Ops.IDIV, q, self.c(2))
         # [w][k] tiles (no .trans): A q -> (m + 8 * (q % 2), k + 8 * (q // 2)); B q -> (n + 8 * (q // 2), k + 8 * (q % 2))
-        self.lm_base = {}
+        # the lane's address per ldmatrix: lm_at[kind][j] + a constant, j the 16-k step along a [w][k] row
+        # (16 more rows: + 16 ld) or the 16-wide column block of a k-major row (16 more k: + 16 ld)
+        self.lm_at = {}
         for t in self.tiles:
             k_sel, w_sel, w0 = (q_hi, q_lo, wm0) if t.kind == "A" else (q_lo, q_hi, wn0)
             k8 = self.op(top, Ops.MUL, k_sel, self.c(8))
             w8 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, w_sel, self.c(8)), w0)
             row, col = (self.op(top, Ops.ADD, k8, r), w8) if t.kmajor else (self.op(top, Ops.ADD, w8, r), k8)
-            self.lm_base[t.kind] = self.op(top, Ops.ADD, self.op(top, Ops.MUL, row, self.c(t.ld)), col)
+            rowb = self.op(top, Ops.MUL, row, self.c(t.ld))
+            term = self.swz_term(t, row, top) if self.swizzle else None
+            n = ((self.WM if t.kind == "A" else self.WN) if t.kmajor else self.BK) // 16
+            self.lm_at[t.kind] = [self.op(top, Ops.ADD, rowb, self.swz_col(t, self.op(top, Ops.ADD, col, self.c(16 * j))
+                                                                            if j else col, term, top))
+                                  for j in range(n)]
         # accumulators and the epilogue's view of them (PTX m16n8 C fragment: row lane / 4 (+8),
         # columns 2 * (lane % 4) + {0, 1})
         TM, TN = 2 * (WM // 16), 2 * (WN // 8)
@@ -233,17 +358,91 @@ class _MMABuilder(_Builder):
         for t in self.tiles:
             self.fill_zero_padded(t, k_full, k_rem, tail.body)
         tail.body.append(self.new(L.BARRIER, None))
-        steps = self.op(tail.body, Ops.IDIV, self.op(tail.body, Ops.ADD, k_rem, self.c(KS - 1)), self.c(KS))
-        inner = Loop(self.new(L.LOOPVAR, dtypes.index), zero, steps, AxisType.REDUCE)
-        tail.body.append(inner)
-        self.mma_step(inner.body, {t.kind: None for t in self.tiles}, inner.var)
+        self.tail_steps(tail.body, k_rem)
+
+    def tail_steps(self, out: list[Item], k_rem: Instr) -> None:
+        """The ceil(k_rem / KS) steps of the zero-padded tail tile in buffer 0: each step under a uniform guard."""
+        KS = MMAS[self.mma][3]
+        for s in range(self.BK // KS):
+            g = If(self.op(out, Ops.CMPLT, self.c(s * KS), k_rem)) if s else None
+            if g is not None:
+                out.append(g)
+            self.mma_step(g.body if g is not None else out, {t.kind: None for t in self.tiles}, self.c(s))
+
+    def staged_loop(self, work: list[Item], K: Instr) -> None:
+        """Full tiles through a cp.async pipeline of S = `stages` shared buffers, then the zero-padded k tail:
+
+            tiles 0 .. S-2 issued (one group each, committed even when empty)
+            for tile t:  wait until tile t's group has landed (S-2 younger ones may be in flight); barrier
+                         (every copy visible, and every warp done with tile t-1, whose buffer is reused);
+                         issue tile t+S-1 into buffer (t+S-1) % S; commit; mma over buffer t % S
+            wait for every group; barrier (the tail refills buffer 0)
+
+        Global loads stay in flight under S-1 tiles of mma and take no registers."""
+        p, BK, S, zero = self.p, self.BK, self.stages, self.c(0)
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        from ..launch_check import SteppedLoop
+        Ke = p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
+        full = If(self.op(work, Ops.CMPLT, zero, k_full))
+        work.append(full)
+        fb = full.body
+        for s in range(S - 1):
+            blk = fb
+            if s:
+                g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
+                fb.append(g)
+                blk = g.body
+            self.fill_async(blk, self.c(s * BK), s)
+            fb.append(self.new(L.CP_COMMIT, None))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        fb.append(main)
+        lb = main.body
+        lb += [self.new(L.CP_WAIT, None, (), S - 2), self.new(L.BARRIER, None)]
+        t_now = self.op(lb, Ops.IDIV, main.var, self.c(BK))
+        kp = self.op(lb, Ops.ADD, main.var, self.c((S - 1) * BK))
+        g = If(self.op(lb, Ops.CMPLT, kp, k_full))
+        lb.append(g)
+        self.fill_async(g.body, kp, self.op(g.body, Ops.MOD, self.op(g.body, Ops.ADD, t_now, self.c(S - 1)), self.c(S)))
+        lb.append(self.new(L.CP_COMMIT, None))
+        stage = self.op(lb, Ops.MOD, t_now, self.c(S))
+        rd = {t.kind: self.op(lb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
+        self.mma_steps(lb, rd, BK // MMAS[self.mma][3])
+        fb += [self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+        for t in self.tiles:
+            self.fill_zero_padded(t, k_full, k_rem, tail.body)
+        tail.body.append(self.new(L.BARRIER, None))
+        self.tail_steps(tail.body, k_rem)
+
+    def fill_async(self, out: list[Item], k0: Instr, stage: "int | Instr") -> None:
+        """cp.async of the full tiles at k0 .. k0 + BK into buffer `stage`: one 16-byte copy per vector pass."""
+        p = self.p
+        for t in self.tiles:
+            off = (self.c(stage * t.size) if stage else None) if isinstance(stage, int) else \
+                self.op(out, Ops.MUL, stage, self.c(t.size))
+            for ps in t.vpasses:
+                blk = out
+                if ps.guard is not None:
+                    g = If(ps.guard)
+                    out.append(g)
+                    blk = g.body
+                kc = self.op(blk, Ops.ADD, k0, ps.lk)
+                env = {**self.bind, p.k: kc, (p.i if t.kind == "A" else p.j): ps.w}
+                memo: dict[UOp, Instr] = {}
+                gidx = self.expr(t.unit.src[1], env, blk, memo)
+                buf = self.expr(t.unit.src[0], env, blk, memo)
+                sidx = self.op(blk, Ops.ADD, ps.sidx, off) if off is not None else ps.sidx
+                blk.append(self.new(L.CP_ASYNC, None, (t.smem, sidx, buf, gidx), 16))
 
     def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
         """A shared tile of the raw 16-bit inputs, [width][BK + TC_PAD] for an operand contiguous along k,
         else [BK][width + TC_PAD], and its fill passes."""
         fast = self.p.fast.get(unit, "k")
         kmajor = fast != "k"
-        ld = (width if kmajor else self.BK) + TC_PAD
+        ld = (width if kmajor else self.BK) + (0 if self.swizzle else TC_PAD)
         size = (self.BK if kmajor else width) * ld
         smem = self.new(L.LOCAL, unit.dtype, (), size)
         top.append(smem)
@@ -312,32 +511,45 @@ class _MMABuilder(_Builder):
             ok = self.op(blk, Ops.CMPLT, ps.lk, k_rem)
             z = self.leaf(L.CONST, t.unit.dtype, 0.0)
             vz = self.new(L.ALU, t.unit.dtype, (ok, v, z), Ops.WHERE)
-            blk += [vz, self.new(L.STORE, None, (t.smem, ps.sidx, vz))]
+            sidx = self.swizzled(t, ps.sidx, blk) if self.swizzle and not t.swizzled_passes else ps.sidx
+            blk += [vz, self.new(L.STORE, None, (t.smem, sidx, vz))]
 
     def mma_steps(self, out: list[Item], rd: dict[str, Instr], steps: int) -> None:
+        """Every 16-k step of a full tile; staged (cp.async) kernels load the fragments of step s + 1 before
+        step s's mma (the register-staged ones hold the next tile's loads instead: no registers for both)."""
+        if not self.staged:
+            for s in range(steps):
+                self.mma_step(out, rd, self.c(s))
+            return
+        nxt = self.mma_frags(out, rd, self.c(0))
         for s in range(steps):
-            self.mma_step(out, rd, self.c(s))
+            cur = nxt
+            if s + 1 < steps:
+                nxt = self.mma_frags(out, rd, self.c(s + 1))
+            self.mma_issue(out, cur)
 
     def mma_step(self, out: list[Item], rd: dict[str, Instr | None], step: Instr) -> None:
         """16 k of the tiles (k rows 16 * step ...) into every accumulator fragment of the warp."""
+        self.mma_issue(out, self.mma_frags(out, rd, step))
+
+    def mma_frags(self, out: list[Item], rd: dict[str, Instr | None], step: Instr) -> dict[str, list[Instr]]:
+        """The warp's A and B fragments of 16-k step `step` (a constant) of the buffers at offsets rd."""
         frags: dict[str, list[Instr]] = {}
+        s = step.arg
         for t in self.tiles:
-            base = self.lm_base[t.kind]
-            if rd.get(t.kind) is not None:
-                base = self.op(out, Ops.ADD, base, rd[t.kind])
-            kstride, wstride = (16 * t.ld, 16) if t.kmajor else (16, 16 * t.ld)   # 16 k, 16 rows (columns)
-            if step.kind is L.CONST:
-                kofs = self.c(kstride * step.arg) if step.arg else None
-            else:
-                kofs = self.op(out, Ops.MUL, step, self.c(kstride))
-            if kofs is not None:
-                base = self.op(out, Ops.ADD, base, kofs)
+            at = self.lm_at[t.kind]
             frags[t.kind] = []
             for n16 in range((self.WM if t.kind == "A" else self.WN) // 16):
-                idx = self.op(out, Ops.ADD, base, self.c(wstride * n16)) if n16 else base
+                base, const = (at[n16], 16 * s * t.ld) if t.kmajor else (at[s], 16 * n16 * t.ld)
+                if rd.get(t.kind) is not None:
+                    base = self.op(out, Ops.ADD, base, rd[t.kind])
+                idx = self.op(out, Ops.ADD, base, self.c(const)) if const else base
                 fr = self.new(L.LDMATRIX, t.smem.dtype, (t.smem, idx), (4, t.kmajor))
                 out.append(fr)
                 frags[t.kind].append(fr)
+        return frags
+
+    def mma_issue(self, out: list[Item], frags: dict[str, list[Instr]]) -> None:
         for mi, a in enumerate(frags["A"]):
             for ni in range(self.WN // 8):
                 b = frags["B"][ni // 2]
@@ -381,6 +593,10 @@ class _AMDBuilder(_MMABuilder):
             self.offs = {"A": [F * (rr // 8) + 2 * (rr % 8) for rr in range(TM)], "B": [F * cc for cc in range(TN)]}
             first_a = self.op(top, Ops.ADD, wm0, grp)
         self.first = {"A": first_a, "B": self.op(top, Ops.ADD, wn0, idx)}
+
+    def mma_steps(self, out: list[Item], rd: dict[str, Instr], steps: int) -> None:
+        for s in range(steps):
+            self.mma_step(out, rd, self.c(s))
 
     def mma_step(self, out: list[Item], rd: dict[str, Instr | None], step: Instr) -> None:
         """KS k of the tiles (k rows KS * step ...) into every accumulator fragment of the wave."""
@@ -443,14 +659,19 @@ class _WMMABuilder(_AMDBuilder):
 _BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X16: _WMMABuilder}
 
 
-def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, tile, mma: str):
-    """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), or None."""
+def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, tile, mma: str,
+             stages: int = 0, swizzle: bool = False):
+    """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), `stages` cp.async
+    buffers (0: register-staged double buffering) and the swizzled (else padded) layout; or None."""
     if mma not in _BUILDERS or mma not in caps.tensor_cores:
         return None
-    plan = tc_plan(ast, caps, scan, tile)
+    plan = tc_plan(ast, caps, scan, tile, stages, swizzle)
     if plan is None:
         return None
-    return _BUILDERS[mma](ast, caps, name, plan).build()
+    if mma != MMA_M16N8K16:
+        return _BUILDERS[mma](ast, caps, name, plan).build()
+    return _BUILDERS[mma](ast, caps, name, plan, stages, swizzle).build()
 
 
-__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WMMA_16X16X16", "TC_TILE", "TC_TILE_CANDIDATES", "choose_tc_tile", "tc_plan", "tc_threads", "tile_mma", "valid_tc_tile"]
+__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
+           "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "tile_mma", "valid_tc_tile"]
