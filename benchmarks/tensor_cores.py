@@ -38,6 +38,9 @@ def main() -> None:
                     help="the CUDA-core tiles (the schedule before issue 13), for comparison")
     ap.add_argument("--beam", type=int, default=0, help="also search this many schedules of float16 4096^3")
     ap.add_argument("--beam-seconds", type=float, default=25.0)
+    ap.add_argument("--sweep", action="store_true",
+                    help="only time the tensor-core pipeline forms (tile x stages x swizzle) of 4096^3 float16/bfloat16")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
     args = ap.parse_args()
     import torch
     dev = Device["CUDA"]
@@ -46,6 +49,8 @@ def main() -> None:
         for r, _c in dev.compilers:
             r.caps = dataclasses.replace(r.caps, tensor_cores=())
     rng = np.random.default_rng(0)
+    if args.sweep:
+        return sweep(dev, torch, rng, args)
     rows = []
     cases = [("matmul", 4096, 4096, 4096, True), ("matmul", 4096, 4096, 4096, False),
              ("dense", 4000, 3001, 1023, True)]
@@ -117,6 +122,58 @@ def main() -> None:
             "compiler": dev.compiler.cache_key, "tensor_cores": not args.no_tensor_cores, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     with open(args.results + ".json", "w") as f:
         json.dump({"machine": info, "rows": rows, "search": search}, f, indent=1)
+
+
+SWEEP = [((128, 256, 32, 64, 64), 4, True), ((128, 256, 32, 64, 64), 3, True), ((128, 256, 32, 64, 64), 3, False),
+         ((256, 128, 32, 64, 64), 4, True), ((128, 128, 32, 64, 64), 4, True), ((128, 128, 64, 64, 64), 3, True),
+         ((128, 128, 32, 64, 32), 4, True), ((128, 128, 32, 64, 32), 0, False)]
+
+
+def sweep(dev, torch, rng, args) -> None:
+    """Each pipeline form of 4096^3 (the first is the default) beside torch.matmul: TFLOP/s and the error."""
+    from morok_py.codegen.schedule import Schedule, using
+    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, tc_threads
+    M = N = Kd = 4096
+    flops = 2.0 * M * N * Kd
+    renderer, compiler = dev.renderer, dev.compiler
+    rows = []
+    for name in args.dtypes.split(","):
+        dt = getattr(dtypes, name)
+        tdt = getattr(torch, name)
+        tx = torch.randn(M, Kd, device="cuda").to(tdt)
+        tw = (torch.randn(Kd, N, device="cuda") / 64).to(tdt)
+        ref = (tx @ tw).float()
+
+        def t_torch():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); torch.matmul(tx, tw); e.record(); e.synchronize()
+            return s.elapsed_time(e) / 1e3
+        tt = median_time(t_torch, repeats=args.repeats)
+        print(json.dumps({"dtype": name, "torch_tflops": flops / tt / 1e12}), flush=True)
+        bufs = [dev.buffer(M * Kd, dt), dev.buffer(Kd * N, dt)]
+        for b, t in zip(bufs, (tx, tw)):
+            b.copyin(t.float().cpu().numpy().astype(to_numpy(dt)).reshape(-1))
+        out = dev.buffer(M * N, dt)
+        for tile, stages, swz in SWEEP:
+            sched = Schedule("tiled", group=tc_threads(tile, MMA_M16N8K16), matmul_tile=tile, tensor_core=MMA_M16N8K16,
+                             tc_stages=stages, tc_swizzle=swz)
+            row = {"dtype": name, "schedule": str(sched), "torch_s": tt}
+            try:
+                with using(sched):
+                    spec = renderer.render(K.matmul(M, N, Kd, dtype=dt), "mm")
+                prog = dev.runtime(compiler.compile(spec))
+                prog(*bufs, out, wait=True)
+                got = torch.from_numpy(out.numpy().astype(np.float32).reshape(M, N)).cuda()
+                err = float((got - ref).abs().max() / ref.abs().max())
+                t = median_time(lambda: prog(*bufs, out, wait=True), repeats=args.repeats)
+                row.update(s=t, tflops=flops / t / 1e12, vs_torch=tt / t, max_rel_err=err)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    with open(args.results + ".json", "w") as f:
+        json.dump({"machine": {"compiler": compiler.cache_key, "torch": torch.__version__,
+                               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "sweep": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
