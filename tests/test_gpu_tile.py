@@ -693,7 +693,7 @@ def test_device_matmul(gpu, rng, M, N, Kd):
 
 def test_device_symbolic_program_many_sizes(gpu, rng):
     prog = gpu.compile(K.matmul())
-    for M, N, Kd in [(3, 200, 9), (129, 1, 16), (64, 130, 1), (257, 129, 40)]:
+    for M, N, Kd in [(3, 200, 9), (129, 1, 16), (64, 130, 1), (257, 129, 40), (256, 132, 44)]:   # the last: aligned variant
         a, b, _, _ = operands(rng, M, N, Kd)
         out = gpu.empty(M * N, dtypes.float32)
         prog(gpu.buf(a), gpu.buf(b), out, M=M, N=N, K=Kd)
