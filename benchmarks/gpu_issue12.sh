@@ -4,7 +4,7 @@
 # benchmarks/kernels.py's general suite (column sum, batch-8 GEMV, vocabulary softmax, static,
 # symbolic and odd matmuls, the demo MLP shapes) against torch and CuPy with the default schedules and
 # with a search (--beam), and the five tuned kernels for regressions. STEP picks the part:
-# STEP: a comma list of tests,suite,five (default all three); PAIR: the CUDA compiler of the benchmarks. Logs and JSON land in $OUT.
+# STEP: a comma list of tests,suite,five,variants (default tests,suite,five; variants: benchmarks/schedule_variants.py); PAIR: the CUDA compiler of the benchmarks. Logs and JSON land in $OUT.
 set -u
 # the carried wheels, PYTHONPATH and $OUT/env.txt (the machine's description)
 source tests/gpu_env.sh
@@ -30,6 +30,11 @@ if has suite; then
   MOROK_CUDA_COMPILER=$PAIR MOROK_CACHE_DIR=/tmp/morok-bench-$PAIR timeout ${SUITE_TIMEOUT:-200} python3 \
     benchmarks/kernels.py --device CUDA --suite --no-sweep --beam ${BEAM:-6} --beam-seconds ${BEAM_SECONDS:-15} \
     --repeats 7 --results "$OUT/suite-$PAIR" 2>&1 | grep -v "^kernels \[" | tee "$OUT/kernels-suite-$PAIR.log" | tail -40
+fi
+if has variants; then
+  (cd benchmarks && MOROK_CUDA_COMPILER=$PAIR timeout ${VARIANTS_TIMEOUT:-150} python3 schedule_variants.py --device CUDA \
+    --cases ${VARIANT_CASES:-softmax_vocab,gemv8,matmul,matmul_sym} --rounds ${ROUNDS:-5} --json "$OUT/variants-$PAIR.json" 2>&1 \
+    | tee "$OUT/variants-$PAIR.log" | tail -30)
 fi
 if has five; then
   MOROK_CUDA_COMPILER=$PAIR MOROK_CACHE_DIR=/tmp/morok-five-$PAIR timeout ${FIVE_TIMEOUT:-150} python3 \
