@@ -134,8 +134,8 @@ class CStylePrinter:
 
     def vector_type(self, dt: DType, width: int) -> str:
         """The built-in vector type of `width` elements of dt (float4, int4, uint4)."""
-        if dt.name in _HALF and width == 8:
-            return "uint4"          # 8 16-bit elements as 16 bytes (tensor-core tile fills)
+        if dt.name in _HALF and width in (2, 4, 8):     # 16-bit elements packed in pairs into 32-bit words
+            return f"uint{width // 2}"
         base = self._VECTOR_BASE.get(dt.name)
         if base is None or width not in (2, 4):
             raise NotImplementedError(f"{type(self).__name__} has no {width}-wide vector of {dt.name}")
@@ -263,7 +263,10 @@ class CStylePrinter:
             self.emit(f"{self.ref(buf)}[{self.ref(idx)}] = {v};")
         elif k is L.VECTOR:
             vt = self.vector_type(ins.dtype, len(ins.src))
-            self.emit(f"{vt} v{ins.id} = make_{vt}({', '.join(self.ref(x) for x in ins.src)});")
+            parts = [self.ref(x) for x in ins.src]
+            if ins.dtype.name in _HALF:     # 16-bit patterns, two to a word, the lower index in the low half
+                parts = [f"((unsigned){lo} | ((unsigned){hi} << 16))" for lo, hi in zip(parts[::2], parts[1::2])]
+            self.emit(f"{vt} v{ins.id} = make_{vt}({', '.join(parts)});")
         elif k is L.EXTRACT:
             if ins.dtype.name in _HALF:    # a lane of 16-bit elements packed into a uint4
                 word = f"(&{self.ref(ins.src[0])}.x)[{ins.arg // 2}]"

@@ -264,9 +264,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
                             caps.local_max[0]), row_cache=row_cache, row_groups=row_groups)
         return Schedule("group_per_row", reduce="group", group=group, row_cache=row_cache)
     if caps.vector_width > 1:
-        from .strategies.vectorize import vector_plan
+        from .strategies.vectorize import vector_plan, widened
         if vector_plan(ast, shape.globals_, scan, caps.vector_width) is not None:
-            return Schedule("groups", group=group, vector_width=caps.vector_width)
+            return Schedule("groups", group=group, vector_width=widened(ast, shape.globals_, scan, caps.vector_width))
     return Schedule("groups", group=group)
 
 

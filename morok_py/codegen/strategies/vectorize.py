@@ -9,7 +9,9 @@ from ..linear import If, Instr, L
 from ..scan import KernelScan, store_groups, x_coefficient
 from ..scope import Scope
 
-_VECTOR_DTYPES = ("float32", "int32", "uint32")
+# 32-bit elements as w-vectors (float4 at w=4); 16-bit ones as w-vectors of halves, which the C printers
+# keep as packed 32-bit words (uint2 / uint4)
+_VECTOR_DTYPES = ("float32", "int32", "uint32", "float16", "bfloat16")
 
 
 def vector_plan(ast: UOp, globals_, scan: KernelScan, w: int):
@@ -27,6 +29,17 @@ def vector_plan(ast: UOp, globals_, scan: KernelScan, w: int):
     if not loads and not vstores:
         return None
     return x, w, loads, vstores
+
+
+def widened(ast: UOp, globals_, scan: KernelScan, w: int) -> int:
+    """The vector width for a target whose 32-bit vectors are w wide: 2w when every vector access
+    is to 16-bit elements (so each access still moves w * 4 bytes), else w."""
+    plan = vector_plan(ast, globals_, scan, w)
+    if plan is None:
+        return w
+    _, _, loads, stores = plan
+    sizes = {n.dtype.itemsize for n in loads} | {st.src[2].dtype.itemsize for st in stores}
+    return 2 * w if sizes == {2} else w
 
 
 class Vectorize:
