@@ -27,6 +27,8 @@ for pair in nvrtc llvm-nvptx; do [ -f "$OUT/onnx_cuda_$pair.log" ] && tail -3 "$
 set -o pipefail
 timeout ${BENCH_TIMEOUT:-100} python3 benchmarks/launch.py --device CUDA --results "$OUT" 2>&1 \
   | grep -v "\[####" > "$OUT/bench_launch.log"; grep -E "pair|Program|bare|ExecutionPlan|MISSED|met|DLPack|torch ->|from_dlpack" "$OUT/bench_launch.log" | head -30
+timeout ${HALF_TIMEOUT:-150} python3 benchmarks/half_bandwidth.py --device CUDA --results "$OUT" 2>&1 | grep -v "\[#" \
+  | tee -a "$OUT/bench_launch.log" | tail -22
 timeout 40 python3 benchmarks/cpu_launch.py --calls 5000 --repeats 5 --results "$OUT" 2>&1 | grep -v "\[#" \
   | tee -a "$OUT/bench_launch.log" | tail -6
 if [ -z "${NO_CPU_SUITE:-}" ]; then
