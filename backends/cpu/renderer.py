@@ -37,6 +37,7 @@ def streams_output(kernel: LinearKernel) -> bool:
 
 class CPULLVMPrinter(LLVMIRPrinter):
     param_attrs = "noalias nocapture"
+    split_addresses = True
 
     def trailer(self) -> list[str]:
         out = super().trailer()

@@ -53,6 +53,7 @@ class LLVMIRPrinter:
         self.metadata: list[str] = []
         self.globals: list[str] = []
         self.helpers: dict[str, str] = {}   # IR functions the kernel calls, printed after it
+        self.defined_at: dict[int, int] = {}   # instruction id -> loop depth where it is printed
 
     # ---- target hooks ---------------------------------------------------------------------
     def signature(self) -> str:
@@ -169,15 +170,21 @@ class LLVMIRPrinter:
         self.metadata += [f"!{n} = distinct !{{!{n}, !{n + 1}}}", f"!{n + 1} = !{{{prop}}}"]
         return n
 
+    loop_depth = 0
+
     def items(self, items) -> None:
         if self.block == "entry":
             self.block = "body"
         for it in items:
             if isinstance(it, Loop):
+                self.defined_at[it.var.id] = self.loop_depth + 1
+                self.loop_depth += 1
                 self.loop(it)
+                self.loop_depth -= 1
             elif isinstance(it, If):
                 self.branch(it)
             else:
+                self.defined_at[it.id] = self.loop_depth
                 self.instr(it)
 
     def loop(self, lp: Loop) -> None:
@@ -241,7 +248,7 @@ class LLVMIRPrinter:
             mt = self.mem_ty(ins.dtype)
             pt = self.local_ptr if buf.kind is L.LOCAL else self.ptr
             base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
-            self.emit(f"{r}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
+            self.address(f"{r}.p", mt, pt, base, idx)
             vol = "volatile " if ins.volatile else ""
             if ins.arg:
                 w = ins.arg
@@ -257,7 +264,7 @@ class LLVMIRPrinter:
             mt = self.mem_ty(dt)
             pt = self.local_ptr if buf.kind is L.LOCAL else self.ptr
             base = f"@smem{buf.id}" if buf.kind is L.LOCAL else self.ref(buf)
-            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
+            self.address(f"%s{ins.id}.p", mt, pt, base, idx)
             v = self.ref(val)
             if ins.arg:
                 w = ins.arg
@@ -306,6 +313,26 @@ class LLVMIRPrinter:
         else:
             raise NotImplementedError(k)
 
+    split_addresses = False    # CPU: an index `outer + inner` becomes two 64-bit steps (see address)
+
+    def address(self, name: str, mt: str, pt: str, base: str, idx: Instr) -> None:
+        """`name` = &base[idx]. With split_addresses, an index that is an nsw sum of a value defined
+        outside the current loop and one defined in it is two GEPs over sign-extended halves: the
+        outer half's pointer is loop-invariant (the backend hoists it) and the inner one is the loop
+        counter shared by every row (a symbolic-stride tile otherwise adds and sign-extends once per
+        row and step)."""
+        if self.split_addresses and idx.kind is L.ALU and idx.arg is Ops.ADD and idx.index_math:
+            a, b = idx.src
+            da, db = self.defined_at.get(a.id, 0), self.defined_at.get(b.id, 0)
+            if da != db:
+                outer, inner = (a, b) if da < db else (b, a)
+                self.emit(f"{name}.o = sext i32 {self.ref(outer)} to i64")
+                self.emit(f"{name}.q = getelementptr {mt}, {pt} {base}, i64 {name}.o")
+                self.emit(f"{name}.i = sext i32 {self.ref(inner)} to i64")
+                self.emit(f"{name} = getelementptr {mt}, {pt} {name}.q, i64 {name}.i")
+                return
+        self.emit(f"{name} = getelementptr inbounds {mt}, {pt} {base}, i32 {self.ref(idx)}")
+
     def lane_instr(self, ins: Instr, r: str) -> None:
         """An instruction on register-tile lanes (`ins.lanes` elements; codegen/strategies/tile_lanes.py):
         loads and stores of contiguous elements aligned to one element, accumulators and ALU ops on
@@ -314,7 +341,7 @@ class LLVMIRPrinter:
         if k is L.LOAD:
             buf, idx = ins.src
             mt = self.mem_ty(dt)
-            self.emit(f"{r}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            self.address(f"{r}.p", mt, self.ptr, self.ref(buf), idx)
             if dt.is_bool:
                 self.emit(f"{r}.m = load <{w} x i8>, {self.ptr} {r}.p, align 1")
                 self.emit(f"{r} = icmp ne <{w} x i8> {r}.m, zeroinitializer")
@@ -324,7 +351,7 @@ class LLVMIRPrinter:
             buf, idx, val = ins.src
             dt = val.dtype
             mt = self.mem_ty(dt)
-            self.emit(f"%s{ins.id}.p = getelementptr inbounds {mt}, {self.ptr} {self.ref(buf)}, i32 {self.ref(idx)}")
+            self.address(f"%s{ins.id}.p", mt, self.ptr, self.ref(buf), idx)
             v = self.ref(val)
             if dt.is_bool:
                 self.emit(f"%s{ins.id}.m = zext <{w} x i1> {v} to <{w} x i8>")

@@ -38,6 +38,8 @@ def _below(n: UOp, w: int) -> UOp:
     return (UOp.const(w, dtypes.index) - n).maximum(0).minimum(1)
 
 
+# the narrowest lane vector: remainder columns of a static width run as one of these
+LANE_REMAINDER = 4
 # outer work units the tile walk aims for, so that up to this many threads share a narrow matrix
 SPLIT_UNITS = 16
 
@@ -209,7 +211,10 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int) -> tuple[UOp, d
         col0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
         out += tile_stores(col0, tj)
         if rem:
-            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - rem, rem, columns)
+            # with lanes, the last `rem` (< 4) columns are one 4-lane vector ending at N: it overlaps its
+            # neighbour (those outputs are written twice, the same value) instead of scalar columns
+            width = LANE_REMAINDER if lanes >= LANE_REMAINDER and rem < LANE_REMAINDER <= n_static else rem
+            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
     else:
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
         g = axes.range(_at_least(N, tj))
