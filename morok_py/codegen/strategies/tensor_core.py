@@ -370,16 +370,25 @@ class _MMABuilder(_Builder):
             self.mma_step(g.body if g is not None else out, {t.kind: None for t in self.tiles}, self.c(s))
 
     def staged_loop(self, work: list[Item], K: Instr) -> None:
-        """Full tiles through a cp.async pipeline of S = `stages` shared buffers, then the zero-padded k tail:
+        """Full tiles through a cp.async pipeline of S = `stages` shared buffers, then the zero-padded k tail.
+        Tile t lives in buffer t % S; f(t, s) are the warp's fragments of its 16-k step s (ldmatrix), of
+        `steps` per tile:
 
-            tiles 0 .. S-2 issued (one group each, committed even when empty)
-            for tile t:  wait until tile t's group has landed (S-2 younger ones may be in flight); barrier
-                         (every copy visible, and every warp done with tile t-1, whose buffer is reused);
-                         issue tile t+S-1 into buffer (t+S-1) % S; commit; mma over buffer t % S
+            issue tiles 0 .. S-1 (one group each, committed even when empty); wait for tile 0; barrier
+            f(0, 0); mma f(0, 0)
+            for tile t:  f(t, 1 .. steps-1), each mma'd after the next one's ldmatrix is issued
+                         wait for tile t+1 (S-2 younger groups may be in flight); barrier (tile t+1
+                         visible, and every warp done reading buffer t % S)
+                         issue tile t+S into buffer t % S; commit
+                         f(t+1, 0) (buffer t % S on the last tile: read, never used); mma f(t, steps-1)
+                         mma f(t+1, 0) unless t is the last tile
             wait for every group; barrier (the tail refills buffer 0)
 
-        Global loads stay in flight under S-1 tiles of mma and take no registers."""
+        The loop turns between the first and second mma step of a tile, so each warp has a step of mma in
+        flight while it waits at the barrier and while the next tile's first fragments load; the global
+        loads stay in flight under S-1 tiles of mma and take no registers."""
         p, BK, S, zero = self.p, self.BK, self.stages, self.c(0)
+        steps = BK // MMAS[self.mma][3]
         k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
         from ..launch_check import SteppedLoop
         Ke = p.k.src[0]
@@ -387,7 +396,7 @@ class _MMABuilder(_Builder):
         full = If(self.op(work, Ops.CMPLT, zero, k_full))
         work.append(full)
         fb = full.body
-        for s in range(S - 1):
+        for s in range(S):
             blk = fb
             if s:
                 g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
@@ -395,19 +404,38 @@ class _MMABuilder(_Builder):
                 blk = g.body
             self.fill_async(blk, self.c(s * BK), s)
             fb.append(self.new(L.CP_COMMIT, None))
+        fb += [self.new(L.CP_WAIT, None, (), S - 1), self.new(L.BARRIER, None)]
+        self.mma_issue(fb, self.mma_frags(fb, {}, self.c(0)))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         fb.append(main)
         lb = main.body
-        lb += [self.new(L.CP_WAIT, None, (), S - 2), self.new(L.BARRIER, None)]
         t_now = self.op(lb, Ops.IDIV, main.var, self.c(BK))
-        kp = self.op(lb, Ops.ADD, main.var, self.c((S - 1) * BK))
-        g = If(self.op(lb, Ops.CMPLT, kp, k_full))
-        lb.append(g)
-        self.fill_async(g.body, kp, self.op(g.body, Ops.MOD, self.op(g.body, Ops.ADD, t_now, self.c(S - 1)), self.c(S)))
-        lb.append(self.new(L.CP_COMMIT, None))
         stage = self.op(lb, Ops.MOD, t_now, self.c(S))
         rd = {t.kind: self.op(lb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
-        self.mma_steps(lb, rd, BK // MMAS[self.mma][3])
+        cur = None
+        for s in range(1, steps):
+            nxt = self.mma_frags(lb, rd, self.c(s))
+            if cur is not None:
+                self.mma_issue(lb, cur)
+            cur = nxt
+        lb += [self.new(L.CP_WAIT, None, (), S - 2), self.new(L.BARRIER, None)]
+        kp = self.op(lb, Ops.ADD, main.var, self.c(S * BK))
+        g = If(self.op(lb, Ops.CMPLT, kp, k_full))
+        lb.append(g)
+        self.fill_async(g.body, kp, stage)
+        lb.append(self.new(L.CP_COMMIT, None))
+        k_next = self.op(lb, Ops.ADD, main.var, self.c(BK))
+        more = self.op(lb, Ops.CMPLT, k_next, k_full)
+        nstage = self.op(lb, Ops.MOD, self.op(lb, Ops.ADD, t_now, self.c(1)), self.c(S))
+        nstage = self.new(L.ALU, dtypes.index, (more, nstage, stage), Ops.WHERE)
+        lb.append(nstage)
+        nrd = {t.kind: self.op(lb, Ops.MUL, nstage, self.c(t.size)) for t in self.tiles}
+        first = self.mma_frags(lb, nrd, self.c(0))
+        if cur is not None:
+            self.mma_issue(lb, cur)
+        g2 = If(more)
+        lb.append(g2)
+        self.mma_issue(g2.body, first)
         fb += [self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
         tail = If(self.op(work, Ops.CMPLT, k_full, K))
         work.append(tail)
