@@ -331,7 +331,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
             self.min_depth = len(chain) - 1
         else:
             chain, dims = self.map_to_loops(globals_, chain)
-        for group in ([] if vector is not None else store_groups(list(ast.src), self.loads_from)):
+        for group in ([] if vector is not None else self.merge_lane_groups(store_groups(list(ast.src), self.loads_from))):
             gchain = chain
             if globals_ and not any(r.axis_type is AxisType.GLOBAL for r in group[0].free_ranges):
                 gchain = self.first_worker_chain(chain, caps)

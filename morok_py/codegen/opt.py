@@ -81,8 +81,9 @@ def _tile_roles(ast: UOp) -> "tuple[UOp, UOp | None, UOp] | None":
 
 def tile_for(ast: UOp, tile: tuple[int, int]) -> tuple[int, int]:
     """The register tile a kernel gets from the target's `tile`: a static width N below the tile's is
-    covered by the largest power-of-two width <= N (>= 4) plus a remainder region, not by one N-wide
-    tile (N = 10: 8 + 2 columns; a 10-wide tile made odd vectors, 2.1x slower on AVX2)."""
+    covered by the largest power-of-two width <= N (>= 4) plus a remainder, not by one N-wide tile
+    (N = 10: 8 + 2 columns; a 10-wide tile made odd vectors, 2.1x slower on AVX2), with 2/3 of the
+    rows when there is a remainder."""
     roles = _tile_roles(ast)
     if roles is None or roles[1] is None:
         return tile
@@ -90,7 +91,12 @@ def tile_for(ast: UOp, tile: tuple[int, int]) -> tuple[int, int]:
     ti, tj = tile
     if n is None or n >= tj or n < 4:
         return tile
-    return ti, 1 << (n.bit_length() - 1)
+    w = 1 << (n.bit_length() - 1)
+    if _tile_width(n, w)[1]:
+        # the remainder joins the tile as one more vector per row (register_tile's `merged`): fewer
+        # rows keep the accumulators and operands in registers (6 rows x 2 vectors spilled on AVX2)
+        ti = max(1, ti * 2 // 3)
+    return ti, w
 
 
 def register_tile_applies(ast: UOp) -> bool:
@@ -198,8 +204,13 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int) -> tuple[UOp, d
     if not (_const(left) is not None and _const(P) is not None and _const(left) % _const(P) == 0):
         tail_row = tail_row.minimum(M - 1)
 
+    # a narrow static matrix (one column tile) with a remainder: the remainder's 4-lane vector ending at
+    # N joins the tile, so each row's element of the left matrix is loaded once for all N columns
+    merged = bool(rem) and lanes >= LANE_REMAINDER and _const(Cj) == 1 and n_static >= LANE_REMAINDER
+    extra = columns(N - LANE_REMAINDER, LANE_REMAINDER) if merged else []
+
     def tile_stores(col0: UOp, width: int) -> list[UOp]:
-        cols = columns(col0, width)
+        cols = columns(col0, width) + extra
         main = [substitute(st, {i: tile_rows[a], j: c}) for a in range(ti) for c in cols]
         if _const(left) == 0:
             return main
@@ -210,7 +221,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int) -> tuple[UOp, d
         # the last column tile overlaps its neighbour when N % tj != 0 (and no remainder region)
         col0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
         out += tile_stores(col0, tj)
-        if rem:
+        if rem and not merged:
             # with lanes, the last `rem` (< 4) columns are one 4-lane vector ending at N: it overlaps its
             # neighbour (those outputs are written twice, the same value) instead of scalar columns
             width = LANE_REMAINDER if lanes >= LANE_REMAINDER and rem < LANE_REMAINDER <= n_static else rem

@@ -79,6 +79,25 @@ class TileLanes:
         self.place(ins, chain, depth)
         return ins
 
+    def merge_lane_groups(self, groups: list[list[UOp]]) -> list[list[UOp]]:
+        """Consecutive store groups that differ only in their lane ranges (a tile row of 8 lanes and a
+        4-lane remainder vector) share their loops and fused reductions, as store_groups allows for
+        stores over the same ranges: none reads a buffer another one writes."""
+        if not self.lane_axes:
+            return groups
+        strip = lambda st: frozenset(r for r in st.free_ranges if r.axis not in self.lane_axes)  # noqa: E731
+        out: list[list[UOp]] = []
+        for g in groups:
+            prev = out[-1] if out else None
+            if prev is not None and strip(prev[0]) == strip(g[0]):
+                written = {st.src[0].arg for st in prev + g}
+                reads = set().union(*(self.loads_from.get(id(st), frozenset()) for st in prev + g))
+                if not written & reads:
+                    prev.extend(g)
+                    continue
+            out.append(list(g))
+        return out
+
     def store_lanes(self, store: UOp, lane: UOp, chain: list[Scope]) -> list[Instr]:
         """The STOREs of one lane-vector store: one w-wide store where the index steps by 1 along the
         lane, else one scalar store per lane."""
