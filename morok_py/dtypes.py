@@ -212,11 +212,12 @@ def accumulation_dtype(dt: DType, additive: bool = True) -> DType:
     """The dtype a reduction of `dt` values accumulates in by default: float16 and bfloat16 in
     float32, int8/int16 in int32 and uint8/uint16 in uint32 (sums and products of narrow values leave
     their range, or their precision, after a few terms). MAX and MIN (`additive=False`) are exact in
-    any dtype and keep it; storage-only formats (float8, int4, ...) are always widened, since nothing
-    computes on them directly."""
+    any dtype: integers keep theirs, float16/bfloat16 take float32 all the same (the result is the
+    same, and no target has to round an accumulator back to 16 bits at every step); storage-only
+    formats (float8, int4, ...) are always widened, since nothing computes on them directly."""
     if dt.storage_only:
         return dtypes.float32 if dt.is_float else (dtypes.uint32 if dt.is_unsigned else dtypes.int32)
-    if not additive or dt.itemsize >= 4 or dt.is_bool:
+    if dt.itemsize >= 4 or dt.is_bool or (not additive and not dt.is_float):
         return dt
     if dt.is_float:
         return dtypes.float32

@@ -38,7 +38,11 @@ def test_default_accumulation_dtypes():
     assert accumulation_dtype(dtypes.int16) is dtypes.int32
     assert accumulation_dtype(dtypes.uint8) is dtypes.uint32
     assert accumulation_dtype(dtypes.float32) is dtypes.float32
-    assert accumulation_dtype(dtypes.float16, additive=False) is dtypes.float16     # MAX/MIN are exact
+    # MAX/MIN are exact in any dtype: integers keep theirs, 16-bit floats take float32 all the same (no
+    # rounding of the accumulator back to 16 bits at every step; the same result)
+    assert accumulation_dtype(dtypes.float16, additive=False) is dtypes.float32
+    assert accumulation_dtype(dtypes.bfloat16, additive=False) is dtypes.float32
+    assert accumulation_dtype(dtypes.int8, additive=False) is dtypes.int8
 
 
 def test_the_reduce_node_carries_its_accumulation_dtype_and_rounds_once():
@@ -51,8 +55,10 @@ def test_the_reduce_node_carries_its_accumulation_dtype_and_rounds_once():
     assert red.op is Ops.REDUCE and red.dtype is dtypes.float32
     # the product itself is computed in float32: the casts sit on the loads
     assert red.src[0].op is Ops.MUL and all(s.op is Ops.CAST and s.src[0].op is Ops.LOAD for s in red.src[0].src)
-    # max is exact in any dtype: no widening
-    assert x.load(k).reduce(k, op=Ops.MAX).op is Ops.REDUCE
+    # max is exact in any dtype, but a 16-bit float one runs in float32 too, and rounds (exactly) once
+    m = x.load(k).reduce(k, op=Ops.MAX)
+    assert m.op is Ops.CAST and m.src[0].op is Ops.REDUCE and m.src[0].dtype is dtypes.float32
+    assert UOp.param(2, dtypes.int8).load(k).reduce(k, op=Ops.MAX).op is Ops.REDUCE
     # asked for explicitly
     assert x.load(k).reduce(k, acc_dtype=dtypes.float16).dtype is dtypes.float16
     assert x.load(k).reduce(k, acc_dtype=dtypes.float64).src[0].dtype is dtypes.float64
@@ -119,6 +125,24 @@ def test_half_reduce_axis(device, rng, half, op, axis):
     out = device.empty(301, dt)
     device.compile(K.reduce_axis(op, [None, None], axis, dtype=dt))(device.buf(x), out, d0=shape[0], d1=shape[1])
     _close(out.numpy(), ref, rtol)
+
+
+@pytest.mark.parametrize("half", HALVES)
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_half_max_and_min_are_exact(device, rng, half, op):
+    """Run in float32 (the default accumulation of 16-bit floats), rounded once at the end: bit for bit
+    numpy's answer, infinities and NaN rows included."""
+    dt, npdt, _ = half
+    x = (rng.standard_normal((67, 1001)) * 100).astype(npdt)
+    x[3, 17], x[5, 0], x[9, 1000] = np.inf, -np.inf, np.nan
+    x[11, :] = -np.inf
+    out = device.empty(67, dt)
+    device.compile(K.reduce_axis(op, [None, None], 1, dtype=dt))(device.buf(x), out, d0=67, d1=1001)
+    got = out.numpy().astype(np.float32)
+    ref = getattr(np, op)(x.astype(np.float32), axis=1)
+    assert np.isnan(got[9]) and np.isnan(ref[9])
+    keep = ~np.isnan(ref)
+    assert np.array_equal(got[keep].view(np.uint32), ref.astype(npdt).astype(np.float32)[keep].view(np.uint32))
 
 
 def test_half_softmax(device, rng):

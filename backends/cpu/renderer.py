@@ -38,6 +38,7 @@ def streams_output(kernel: LinearKernel) -> bool:
 class CPULLVMPrinter(LLVMIRPrinter):
     param_attrs = "noalias nocapture"
     split_addresses = True
+    bf16_rounding_in_ir = True      # x86 without AVX512-BF16 (and other CPUs) would call __truncsfbf2 per element
 
     def trailer(self) -> list[str]:
         out = super().trailer()

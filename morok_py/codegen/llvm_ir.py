@@ -105,6 +105,30 @@ class LLVMIRPrinter:
         t = dt.llvm if llvm is None else llvm
         return t if self.lanes <= 1 else f"<{self.lanes} x {t}>"
 
+    # whether to round float32 -> bfloat16 in IR (integer round-to-nearest-even, vectorizable) rather than
+    # with LLVM's fptrunc, which targets without a bf16 conversion (x86 before AVX512-BF16) turn into a
+    # library call per element
+    bf16_rounding_in_ir = False
+
+    def fptrunc(self, r: str, v: str, to: DType) -> None:
+        """`r` = the float32 value `v` rounded to `to` (float16 or bfloat16), in the current lanes."""
+        f32 = self.vt(dtypes.float32)
+        if to.name != "bfloat16" or not self.bf16_rounding_in_ir:
+            self.emit(f"{r} = fptrunc {f32} {v} to {self.vt(to)}")
+            return
+        i32, c = self.vt(dtypes.int32), (lambda k: self.splat(str(k), dtypes.int32))   # noqa: E731
+        self.emit(f"{r}.b = bitcast {f32} {v} to {i32}")
+        self.emit(f"{r}.l = lshr {i32} {r}.b, {c(16)}")
+        self.emit(f"{r}.o = and {i32} {r}.l, {c(1)}")
+        self.emit(f"{r}.a = add {i32} {r}.b, {c(0x7FFF)}")
+        self.emit(f"{r}.s = add {i32} {r}.a, {r}.o")
+        self.emit(f"{r}.h = lshr {i32} {r}.s, {c(16)}")
+        self.emit(f"{r}.n = fcmp uno {f32} {v}, {v}")
+        self.emit(f"{r}.q = or {i32} {r}.l, {c(0x40)}")      # NaN: quiet, sign and top payload kept
+        self.emit(f"{r}.m = select {self.vt(dtypes.bool)} {r}.n, {i32} {r}.q, {i32} {r}.h")
+        self.emit(f"{r}.t = trunc {i32} {r}.m to {self.vt(dtypes.int16)}")
+        self.emit(f"{r} = bitcast {self.vt(dtypes.int16)} {r}.t to {self.vt(to)}")
+
     def splat(self, text: str, dt: DType) -> str:
         """A constant operand (LLVM literal `text` of `dt`) in the current instruction's lanes."""
         return text if self.lanes <= 1 else f"splat ({dt.llvm} {text})"
@@ -402,7 +426,10 @@ class LLVMIRPrinter:
                 # half <-> bfloat16 go through float32
                 f32 = self.vt(dtypes.float32)
                 self.emit(f"{r}.w = fpext {self.vt(fr)} {self.ref(srcs[0])} to {f32}")
-                self.emit(f"{r} = fptrunc {f32} {r}.w to {self.vt(dt)}")
+                self.fptrunc(r, f"{r}.w", dt)
+                return
+            if fr.name == "float32" and dt.name in _HALF:
+                self.fptrunc(r, self.ref(srcs[0]), dt)
                 return
             self.emit(f"{r} = {self.cast(srcs[0], dt)}")
             return
@@ -427,7 +454,7 @@ class LLVMIRPrinter:
                 self.emit(f"{r} = {res}")
             else:
                 self.emit(f"{r}.f = {res}")
-                self.emit(f"{r} = fptrunc {f32} {r}.f to {self.vt(odt)}")
+                self.fptrunc(r, f"{r}.f", odt)
             return
         self.emit(f"{r} = {self.alu_text(op, odt, [self.ref(s) for s in srcs], ins)}")
 
