@@ -137,3 +137,25 @@ def test_the_time_budget_bounds_the_search(cpu):
     res = time_schedules(cpu.dev, cands, lambda s: prog, {"n": 1 << 12}, seconds=0.0)
     assert list(res.times) == [str(cands[0])]
     assert all(res.rejected[str(s)] == "over the time budget" for s in cands[1:])
+
+
+@pytest.mark.parametrize("dt,close,far", [
+    ("float32", 1 + 5e-4, 1 + 5e-3),
+    ("float16", 1 + 2 ** -10, 1 + 2 ** -6),     # an ulp passes, 16 fail
+    ("bfloat16", 1 + 2 ** -7, 1 + 2 ** -4),     # likewise in bfloat16's ulps of 2^-7
+    ("float8_e4m3fn", 1.125, 1.5),
+])
+def test_output_comparison_tolerates_reordered_sums_by_the_output_type(dt, close, far):
+    """A candidate that sums in another order may differ from the default by a few units in the last
+    place of its output type: the comparison scales with that type (numpy sees bfloat16 and the float8s
+    as opaque, so the morok dtype decides), and integers compare exactly."""
+    from morok_py.search import _same
+    from morok_py.dtypes import to_numpy
+    d = getattr(dtypes, dt)
+    npdt = to_numpy(d)
+    base = np.linspace(1, 2, 33, dtype=np.float32)
+    want = base.astype(npdt)
+    assert _same((base * close).astype(npdt), want, d)
+    assert not _same((base * far).astype(npdt), want, d)
+    ints = np.arange(10, dtype=np.int32)
+    assert _same(ints.copy(), ints, dtypes.int32) and not _same(ints + (ints == 3), ints, dtypes.int32)
