@@ -28,17 +28,15 @@ def variants(name: str):
     from morok_py.codegen.schedule import Schedule as S
     gpr = lambda **k: S("group_per_row", reduce="group", **k)  # noqa: E731
     if name == "softmax_vocab":
-        return [("default", None, None), ("one group per row, 256 (before)", gpr(group=256), None),
-                ("one group per row, 64 (searched before)", gpr(group=64), None),
-                ("rows 64 x 1024", gpr(group=1024, row_groups=64), None),
+        return [("default", None, None), ("one group per row, 256 (session 5)", gpr(group=256), None),
                 ("rows 132 x 1024", gpr(group=1024, row_groups=132), None),
-                ("rows 264 x 512", gpr(group=512, row_groups=264), None),
-                ("rows 256 x 1024", gpr(group=1024, row_groups=256), None),
-                ("rows 528 x 256", gpr(group=256, row_groups=528), None)]
+                ("rows 256 x 1024", gpr(group=1024, row_groups=256), None)]
     if name == "gemv8":
-        return [("default", None, None), ("no min_groups (before)", S("groups", group=256, unroll=8, split=8), None),
-                ("split 8, group 128, min 16", S("groups", group=128, unroll=8, split=8, min_groups=16), None),
-                ("split 16, min 8", S("groups", group=256, unroll=8, split=16, min_groups=8), None)]
+        up = lambda g, sp, u: S("groups", group=g, unroll=u, split=sp, upcast=8)  # noqa: E731
+        return [("default", None, None), ("split 8, no upcast (session 5)", S("groups", group=256, unroll=8, split=8), None),
+                ("upcast, 256/8/4", up(256, 8, 4), None), ("upcast, 128/4/8", up(128, 4, 8), None),
+                ("upcast, 512/16/4", up(512, 16, 4), None), ("upcast, 512/16/8", up(512, 16, 8), None),
+                ("upcast, 1024/32/4", up(1024, 32, 4), None)]
     if name in ("matmul", "matmul_sym"):
         from morok_py.codegen import gpu_tile
         out = [("default", None, None)]

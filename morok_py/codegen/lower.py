@@ -258,14 +258,21 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
             chain = self.open_loop(r, chain, len(chain) - 1, distributed=self.group_mode and n_r == 0)
         if len(stores) > 1:
             buckets: dict[tuple, list[UOp]] = {}
+            coop: dict[tuple, list[UOp]] = {}     # split mode (upcast): cooperative reduces share one loop too
             for red in top_reduces(stores):
                 if self.lookup(red, chain) is None and not ((self.group_mode or self.split_mode) and
                                                           self.at_group_top(chain, self.depth_of(red, chain))):
                     key = (tuple(sorted(red.src[1:], key=lambda r: r.axis)), self.depth_of(red, chain))
                     buckets.setdefault(key, []).append(red)
+                elif self.lookup(red, chain) is None and self.split_mode:
+                    key = (tuple(sorted(red.src[1:], key=lambda r: r.axis)), self.depth_of(red, chain))
+                    coop.setdefault(key, []).append(red)
             for (_, depth), reds in buckets.items():
                 if len(reds) > 1:
                     self.emit_reduces(reds, chain, depth)
+            for (_, depth), reds in coop.items():
+                if len(reds) > 1:
+                    self.emit_reduces(reds, chain, depth, cooperative=True)
         for store in stores:
             buf, idx, val = store.src
             lane = self.lane_of(store) if self.lane_axes else None
@@ -499,6 +506,10 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     elif schedule.reduce == "stream":
         from .opt import stream_columns
         ast = simplify(stream_columns(ast, schedule.stream_block))
+        scan = scan_kernel(ast)
+    elif schedule.upcast:
+        from .strategies.split_reduce import upcast, upcast_plan
+        ast = simplify(upcast(ast, upcast_plan(ast, scan)))
         scan = scan_kernel(ast)
     if schedule.mapping == "tiled":
         from .gpu_tile import tile_contraction

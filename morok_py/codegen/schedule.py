@@ -55,6 +55,9 @@ class Schedule:
                    several passes read stay in L2 between passes. 0: one work-group per row.
     min_groups     GPU, general path: work-groups the compiler should fit on one SM at once (it caps
                    registers per item: CUDA's __launch_bounds__ second argument); 0: no hint.
+    upcast         split: each work-item computes every output along the GLOBAL range of this constant
+                   extent (strategies/split_reduce.upcast_plan: a GEMV's batch), its accumulators in
+                   registers, so a load that does not depend on that range (W) is read once for all. 0: off.
     register_tile  CPU: (rows, columns) of outputs a reduction computes per iteration (upcast).
     tile_lanes     CPU: the register tile's columns computed as vectors of this many lanes (accumulators,
                    loads, FMAs printed as LLVM vectors; strategies/tile_lanes.py); 0: one scalar per
@@ -84,6 +87,7 @@ class Schedule:
     stream_block: int = 0
     row_groups: int = 0
     min_groups: int = 0
+    upcast: int = 0
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
@@ -116,6 +120,8 @@ class Schedule:
             raise ValueError("row_groups needs reduce 'group' (and is not negative)")
         if self.min_groups < 0 or self.min_groups and self.mapping in ("threads", "tiled"):
             raise ValueError("min_groups is a hint of the general GPU path (the tiled path sets its own)")
+        if self.upcast and (self.split < 2 or self.upcast < 2):
+            raise ValueError("upcast needs a split reduction and an extent of at least 2")
         if self.split > 1 and (self.mapping != "groups" or self.vector_width != 1 or self.group % self.split
                                or self.split & (self.split - 1)):
             raise ValueError("split needs mapping 'groups', no vector width and a power of two dividing group")
@@ -152,7 +158,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ValueError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "tile_lanes"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
@@ -213,6 +219,12 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
                        # against NVRTC's 31 registers, one wave, 68.5 us, on an H100)
 
 
+UPCAST_SPLIT = (256, 8, 8)     # (group, split, unroll) of an upcast split: 32 columns x 8 items down k each,
+                               # 8 W loads in flight per item, no register cap (8 accumulators and the loaded x
+                               # values need more than 32). A split of 16/32 spilled on llvm-nvptx (LLVM sinks
+                               # the partials' adds below every reduce's shared loads: split x batch values live)
+
+
 def split_min_groups(group: int) -> int:
     return max(1, SPLIT_RESIDENT // group)
 
@@ -247,6 +259,12 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
+        from .strategies.split_reduce import upcast_plan
+        up = upcast_plan(ast, scan)
+        if up is not None:      # a GEMV's batch: W read once for all its rows (see UPCAST_SPLIT)
+            g, sp, u = UPCAST_SPLIT
+            return Schedule("groups", group=min(g, caps.max_threads_per_group, caps.local_max[0]), unroll=u,
+                            split=sp, upcast=up.src[0].arg)
         return Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT, min_groups=split_min_groups(group))
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
@@ -329,6 +347,14 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
                 raise ValueError(f"{schedule}: not a full reduction")
         if schedule.row_groups and len(shape.globals_) != 1:
             raise ValueError(f"{schedule}: row_groups needs one GLOBAL range (the rows)")
+    if schedule.upcast:
+        from .strategies.split_reduce import upcast, upcast_plan
+        up = upcast_plan(ast, scan)
+        if up is None or up.src[0].arg != schedule.upcast:
+            raise ValueError(f"{schedule}: the kernel has no GLOBAL range of extent {schedule.upcast} to upcast")
+        from .scan import scan_kernel
+        ast = upcast(ast, up)
+        scan = scan_kernel(ast)
     if schedule.split > 1 and (not gpu or not caps.has_shared or not split_applies(ast, scan)):
         raise ValueError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
     if schedule.vector_width > 1:
@@ -401,6 +427,10 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     for sp in (4, 8, 16):
                         out.append(Schedule("groups", group=g, unroll=8, split=sp))
                         out.append(Schedule("groups", group=g, unroll=8, split=sp, min_groups=split_min_groups(g)))
+                if base.upcast:
+                    for sp, u in ((g // 32, 4), (g // 32, 8), (g // 32, 2)):
+                        if sp >= 2:
+                            out.append(Schedule("groups", group=g, unroll=u, split=sp, upcast=base.upcast))
             if base.vector_width > 1:
                 out += [replace(base, vector_width=1), replace(base, vector_width=2)]
     seen, uniq = set(), []

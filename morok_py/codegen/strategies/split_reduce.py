@@ -14,11 +14,40 @@ contiguous in j) many more loads in flight than one work-item per output, withou
 from __future__ import annotations
 
 from ...dtypes import dtypes
-from ...ir import AxisType, Ops, UOp
+from ...ir import AxisType, Ops, UOp, substitute
 from ..linear import Instr, L
-from ..scan import KernelScan, merged_order, top_reduces
+from ..scan import KernelScan, merged_order, top_reduces, x_coefficient
 from ..scope import Scope
 from ..symbolic import simplify
+
+UPCAST_MAX = 16     # Schedule.upcast: at most this many outputs of one work-item
+
+
+def upcast_plan(ast: UOp, scan: KernelScan) -> UOp | None:
+    """Schedule.upcast: a GLOBAL range of constant extent (2..UPCAST_MAX) that no store is contiguous in,
+    beside another GLOBAL range, such that some load inside the reductions does not depend on it (the
+    batch of a GEMV: W[k, n] is the same for every b). Computing all of its outputs in one work-item reads
+    that load once for all of them. None: no such range."""
+    globals_ = sorted((r for r in scan.ranges.values() if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
+    stores = list(ast.src)
+    if len(globals_) < 2:
+        return None
+    reds = top_reduces(stores)
+    for r in globals_:
+        ext = r.src[0]
+        if ext.op is not Ops.CONST or not 2 <= ext.arg <= UPCAST_MAX:
+            continue
+        if any(x_coefficient(st.src[1], r) == 1 for st in stores):
+            continue
+        if any(n.op is Ops.LOAD and r not in n.free_ranges and set(red.src[1:]) & n.free_ranges
+               for red in reds for n in red.src[0].toposort()):
+            return r
+    return None
+
+
+def upcast(ast: UOp, r: UOp) -> UOp:
+    """The kernel with range r unrolled into its stores: one store per value of r."""
+    return UOp.sink(*[substitute(st, {r: UOp.const(i, r.dtype)}) for i in range(r.src[0].arg) for st in ast.src])
 
 
 def split_applies(ast: UOp, scan: KernelScan) -> bool:
