@@ -164,6 +164,45 @@ def matmul_bias_relu(M=None, N=None, K=None, relu: bool = True, dtype=dtypes.flo
     return UOp.sink(out.store(i * _end(N) + j, v.relu() if relu else v))
 
 
+def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1, dilation: int = 1,
+           bias: bool = False, relu: bool = False, dtype=dtypes.float32) -> UOp:
+    """out[N, CO, OH, OW] = sum over (c, kh, kw) of x[n, c, oh*stride + kh*dilation, ow*stride + kw*dilation]
+    * w[co, c, kh, kw] (NCHW, unpadded: pad the input first for a 'same' convolution), then + b[co] and
+    max(., 0) when asked. Params: x, w, (b,) out.
+
+    Written as an implicit GEMM: the output pixels (n, oh, ow) are the rows of a matmul, the output
+    channels its columns and the taps (c, kh, kw) its k. No im2col buffer exists: each A element's
+    input address is computed where the tile is filled. The contraction has matmul's shape, so a
+    float16/bfloat16 convolution takes the tensor cores where matmul does (float32 accumulation) and
+    a float32 one the shared-memory tiles. The batch N may be symbolic (None); the rest is static."""
+    dt = as_dtype(dtype)
+    geo = {"C": C, "H": H, "W": W, "CO": CO, "KH": KH, "KW": KW, "stride": stride, "dilation": dilation}
+    for k, v in geo.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"conv2d: {k} must be a positive int, got {v!r}")
+    OH = (H - (KH - 1) * dilation - 1) // stride + 1
+    OW = (W - (KW - 1) * dilation - 1) // stride + 1
+    if OH < 1 or OW < 1:
+        raise ValueError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
+                         f"pad the input first")
+    N = size(N, "N")
+    params = [UOp.param(s, dt) for s in range(4 if bias else 3)]
+    x, w, out = params[0], params[1], params[-1]
+    P, K = OH * OW, C * KH * KW
+    i = UOp.range(_end(N) * P, 0)                  # (n, oh, ow)
+    j = UOp.range(CO, 1)                           # co
+    k = UOp.range(K, 2, AxisType.REDUCE)           # (c, kh, kw)
+    n, oh, ow = i // P, (i // OW) % OH, i % OW
+    c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
+    xi = ((n * C + c) * H + oh * stride + kh * dilation) * W + ow * stride + kw * dilation
+    v = (x.load(xi) * w.load(j * K + k)).reduce(k)
+    if bias:
+        v = v + params[2].load(j)
+    if relu:
+        v = v.relu()
+    return UOp.sink(out.store((n * CO + j) * P + oh * OW + ow, v))
+
+
 def bias_relu(M=None, N=None, dtype=dtypes.float32) -> UOp:
     """out[i,j] = max(x[i,j] + b[j], 0): broadcasting a row vector."""
     dt = as_dtype(dtype)
@@ -226,6 +265,7 @@ NAMED: dict[str, Callable[[], UOp]] = {
     "matmul": lambda: matmul(),
     "dense": lambda: matmul_bias_relu(),
     "bias_relu": lambda: bias_relu(),
+    "conv2d": lambda: conv2d(None, 16, 18, 18, 32, 3, 3, bias=True, relu=True),
     "broadcast_add": lambda: broadcast_binary("add", (37, 1, 19), (5, 19)),
     "gather": lambda: gather(),
     "embedding": lambda: gather_rows(),

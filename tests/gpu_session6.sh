@@ -29,6 +29,8 @@ timeout ${BENCH_TIMEOUT:-100} python3 benchmarks/launch.py --device CUDA --resul
   | grep -v "\[####" > "$OUT/bench_launch.log"; grep -E "pair|Program|bare|ExecutionPlan|MISSED|met|DLPack|torch ->|from_dlpack" "$OUT/bench_launch.log" | head -30
 timeout ${HALF_TIMEOUT:-150} python3 benchmarks/half_bandwidth.py --device CUDA --results "$OUT" 2>&1 | grep -v "\[#" \
   | tee -a "$OUT/bench_launch.log" | tail -22
+timeout ${CONV_TIMEOUT:-120} python3 benchmarks/conv.py --device CUDA --results "$OUT" 2>&1 | grep -v "\[#" \
+  | tee -a "$OUT/bench_launch.log" | tail -14
 timeout 40 python3 benchmarks/cpu_launch.py --calls 5000 --repeats 5 --results "$OUT" 2>&1 | grep -v "\[#" \
   | tee -a "$OUT/bench_launch.log" | tail -6
 if [ -z "${NO_CPU_SUITE:-}" ]; then
