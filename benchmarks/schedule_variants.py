@@ -32,11 +32,12 @@ def variants(name: str):
                 ("rows 132 x 1024", gpr(group=1024, row_groups=132), None),
                 ("rows 256 x 1024", gpr(group=1024, row_groups=256), None)]
     if name == "gemv8":
+        from morok_py.codegen.strategies import split_reduce
         up = lambda g, sp, u: S("groups", group=g, unroll=u, split=sp, upcast=8)  # noqa: E731
-        return [("default", None, None), ("split 8, no upcast (session 5)", S("groups", group=256, unroll=8, split=8), None),
-                ("upcast, 256/8/4", up(256, 8, 4), None), ("upcast, 128/4/8", up(128, 4, 8), None),
-                ("upcast, 512/16/4", up(512, 16, 4), None), ("upcast, 512/16/8", up(512, 16, 8), None),
-                ("upcast, 1024/32/4", up(1024, 32, 4), None)]
+        return [("default", None, None),
+                ("split 8, loop unroll hint (session 5)", S("groups", group=256, unroll=8, split=8),
+                 (split_reduce, "MANUAL_UNROLL", False)),
+                ("upcast, 512/16/4", up(512, 16, 4), None), ("upcast, 1024/32/4", up(1024, 32, 4), None)]
     if name in ("matmul", "matmul_sym"):
         from morok_py.codegen import gpu_tile
         out = [("default", None, None)]

@@ -10,6 +10,7 @@ import pytest
 
 from morok_py import kernels as K
 from morok_py import dtypes
+from morok_py.ir import Ops
 from morok_py.codegen import schedule as S
 from morok_py.codegen.linear import L
 from morok_py.codegen.lower import lower, scan_kernel
@@ -46,8 +47,7 @@ def default_for(ast, caps) -> Schedule:
     (lambda: K.matmul(dtype=dtypes.float64), True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
     ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
     ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),     # a column reduction
-    # batch-8 GEMV: each item computes the 8 batch rows of its column (W read once)
-    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8, upcast=8)"),
+    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),   # batch-8 GEMV
     (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),
     (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
@@ -219,16 +219,56 @@ def test_upcast_gemv_matches_numpy(rng, B, Kd, N, group, split):
     assert (writes[2] == 1).all()
 
 
-def test_upcast_is_the_gemv_default_and_refused_elsewhere():
+def test_upcast_is_a_gemv_candidate_and_refused_elsewhere():
     ast = simplify(K.matmul(8, 4096, 4096))
-    base = default_schedule(ast, GPU, scan_kernel(ast))
-    assert base.upcast == 8 and base.split > 1
-    assert any(c.upcast for c in candidate_schedules(ast, GPU, scan_kernel(ast))[1:])
-    assert Schedule.from_json(base.to_json()) == base
+    ups = [c for c in candidate_schedules(ast, GPU, scan_kernel(ast))[1:] if c.upcast]
+    assert ups and all(c.upcast == 8 and c.split > 1 for c in ups)
+    assert Schedule.from_json(ups[0].to_json()) == ups[0]
     with pytest.raises(ValueError, match="upcast"):      # the batch depends on every load: nothing to share
         lower(K.reduce_axis("sum", [5, 7, 9], 1), GPU, "r", schedule=Schedule("groups", group=64, split=2, upcast=5))
     with pytest.raises(ValueError, match="upcast"):
         Schedule("groups", group=64, upcast=8)
+
+
+def _loops(items):
+    from morok_py.codegen.linear import If, Loop
+    for it in items:
+        if isinstance(it, (Loop, If)):
+            if isinstance(it, Loop):
+                yield it
+            yield from _loops(it.body)
+
+
+@pytest.mark.parametrize("ast,shape,ins,sched,dt", [
+    (lambda: K.reduce_axis("sum", [64, 37], 0), (64, 37), 1, Schedule("groups", group=64, unroll=4, split=4), np.float32),
+    (lambda: K.reduce_axis("max", [96, 5], 0, dtype=dtypes.int32), (96, 5), 1, Schedule("groups", group=64, unroll=4, split=8),
+     np.int32),
+    (lambda: K.matmul(3, 45, 64), (3, 64, 45), 2, Schedule("groups", group=256, unroll=8, split=8, min_groups=8), np.float32),
+])
+def test_split_loops_unrolled_by_the_lowering(rng, ast, shape, ins, sched, dt):
+    """A constant trip count that is a multiple of split x unroll: the lowering unrolls the loop itself (one
+    step of split*unroll, each copy's loads at copy 0's index + a constant, no unroll hint); outputs as numpy."""
+    kernel, info = lower(ast(), GPU, "u", schedule=sched)
+    (loop,) = [lp for lp in _loops(kernel.body) if lp.step is not None]
+    assert loop.step.arg == sched.split * sched.unroll and loop.unroll == 0
+    loads = [i for i in loop.body if i.kind is L.LOAD]
+    assert len(loads) == ins * sched.unroll
+    for i in loads[ins:]:      # copies 1..: base index + constant
+        assert i.src[1].kind is L.ALU and i.src[1].arg is Ops.ADD and i.src[1].src[1].kind is L.CONST
+    if ins == 1:
+        x = random_array(rng, shape, dt)
+        out = np.zeros(shape[1], dt)
+        writes = LI.run(kernel, info, [x.reshape(-1), out], {})
+        want = x.max(0) if dt == np.int32 else x.astype(np.float64).sum(0)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        assert (writes[1] == 1).all()
+    else:
+        B, Kd, N = shape
+        a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+        out = np.zeros(B * N, np.float32)
+        writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
+        np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+        assert (writes[2] == 1).all()
 
 
 def test_split_refuses_kernels_with_loop_ranges_in_stores():

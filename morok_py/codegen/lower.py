@@ -103,6 +103,10 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         hit = self.lookup(node, chain)
         if hit is not None:
             return hit
+        if self.unroll_copy is not None and node.op is Ops.LOAD:    # split loops unrolled here (split_reduce)
+            hit = self.emit_unrolled_load(node, chain)
+            if hit is not None:
+                return hit
         if self.lane_axes and node.op is not Ops.REDUCE:
             lane = self.lane_of(node)
             if lane is not None:
@@ -220,21 +224,28 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
             accs.append(acc)
         inner = chain[:depth + 1]
         serial_unroll = self.schedule.unroll if not cooperative else 0
-        for n_r, r in enumerate(ranges):
-            inner = self.open_loop(r, inner, len(inner) - 1, distributed=cooperative and n_r == 0,
-                                   unroll=serial_unroll if n_r == len(ranges) - 1 else 0)
-        for node, acc in zip(nodes, accs):
-            val = self.emit(node.src[0], inner)
-            if acc.lanes > 1:
-                val = self.as_lanes(val, node.src[0], inner, acc.lanes)
-            cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
-            upd = self.new(L.ALU, node.dtype, (cur, val), node.arg)
-            upd.reassoc = True
-            put = self.new(L.ACC_STORE, None, (acc, upd))
-            cur.lanes = upd.lanes = put.lanes = acc.lanes
-            for ins in (cur, upd, put):
-                self.place(ins, inner, len(inner) - 1)
-        self.close_loops(inner, len(ranges))
+        by = self.split_unroll(ranges) if cooperative and self.split_mode else 0
+        if by:      # unrolled by the lowering (strategies/split_reduce.py): one scope per copy
+            copies = self.open_unrolled(ranges[0], inner, by)
+        else:
+            for n_r, r in enumerate(ranges):
+                inner = self.open_loop(r, inner, len(inner) - 1, distributed=cooperative and n_r == 0,
+                                       unroll=serial_unroll if n_r == len(ranges) - 1 else 0)
+            copies = [inner]
+        for inner in copies:
+            for node, acc in zip(nodes, accs):
+                val = self.emit(node.src[0], inner)
+                if acc.lanes > 1:
+                    val = self.as_lanes(val, node.src[0], inner, acc.lanes)
+                cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
+                upd = self.new(L.ALU, node.dtype, (cur, val), node.arg)
+                upd.reassoc = True
+                put = self.new(L.ACC_STORE, None, (acc, upd))
+                cur.lanes = upd.lanes = put.lanes = acc.lanes
+                for ins in (cur, upd, put):
+                    self.place(ins, inner, len(inner) - 1)
+        self.unroll_copy = None
+        self.close_loops(copies[0], len(ranges))
         for node, acc in zip(nodes, accs):
             res = self.new(L.ACC_LOAD, node.dtype, (acc,))
             res.lanes = acc.lanes

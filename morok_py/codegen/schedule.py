@@ -219,10 +219,10 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
                        # against NVRTC's 31 registers, one wave, 68.5 us, on an H100)
 
 
-UPCAST_SPLIT = (256, 8, 8)     # (group, split, unroll) of an upcast split: 32 columns x 8 items down k each,
-                               # 8 W loads in flight per item, no register cap (8 accumulators and the loaded x
-                               # values need more than 32). A split of 16/32 spilled on llvm-nvptx (LLVM sinks
-                               # the partials' adds below every reduce's shared loads: split x batch values live)
+# Schedule.upcast is a candidate, not a default: measured on an H100 (session 6, run 2) the batch-8 GEMV took
+# 210 / 122 us (nvrtc / llvm-nvptx) with group 256 x split 8 (too few items: 128 groups of 256), 60 / 85 us with
+# 1024 x 32 (llvm-nvptx spills: LLVM sinks the combine's adds below every reduce's shared loads), against the
+# plain split's 66 / 86 us.
 
 
 def split_min_groups(group: int) -> int:
@@ -259,12 +259,6 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
-        from .strategies.split_reduce import upcast_plan
-        up = upcast_plan(ast, scan)
-        if up is not None:      # a GEMV's batch: W read once for all its rows (see UPCAST_SPLIT)
-            g, sp, u = UPCAST_SPLIT
-            return Schedule("groups", group=min(g, caps.max_threads_per_group, caps.local_max[0]), unroll=u,
-                            split=sp, upcast=up.src[0].arg)
         return Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT, min_groups=split_min_groups(group))
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
@@ -420,6 +414,8 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 if base.reduce == "grid":
                     out.append(Schedule("group_per_row", reduce="grid", group=g))
         else:
+            from .strategies.split_reduce import upcast_plan
+            up = upcast_plan(ast, scan) if base.split > 1 else None
             for g in groups:
                 out.append(replace(base, group=g))
                 if shape.has_reduce:
@@ -427,10 +423,10 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     for sp in (4, 8, 16):
                         out.append(Schedule("groups", group=g, unroll=8, split=sp))
                         out.append(Schedule("groups", group=g, unroll=8, split=sp, min_groups=split_min_groups(g)))
-                if base.upcast:
-                    for sp, u in ((g // 32, 4), (g // 32, 8), (g // 32, 2)):
+                if up is not None:      # each item all of a GEMV's batch rows (split g/32: 32 columns a group)
+                    for sp, u in ((g // 32, 4), (g // 32, 8)):
                         if sp >= 2:
-                            out.append(Schedule("groups", group=g, unroll=u, split=sp, upcast=base.upcast))
+                            out.append(Schedule("groups", group=g, unroll=u, split=sp, upcast=up.src[0].arg))
             if base.vector_width > 1:
                 out += [replace(base, vector_width=1), replace(base, vector_width=2)]
     seen, uniq = set(), []

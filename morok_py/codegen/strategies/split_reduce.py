@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp, substitute
-from ..linear import Instr, L
+from ..launch_check import Access, SteppedLoop
+from ..linear import Instr, L, Loop
 from ..scan import KernelScan, merged_order, top_reduces, x_coefficient
 from ..scope import Scope
 from ..symbolic import simplify
 
 UPCAST_MAX = 16     # Schedule.upcast: at most this many outputs of one work-item
+MANUAL_UNROLL = True   # a split loop whose trip count is a known multiple of Schedule.unroll is unrolled by
+                       # the lowering, each copy's load index = copy 0's + a constant (see SplitReduce.unrolled)
 
 
 def upcast_plan(ast: UOp, scan: KernelScan) -> UOp | None:
@@ -64,6 +67,67 @@ def split_applies(ast: UOp, scan: KernelScan) -> bool:
 
 
 class SplitReduce:
+    unroll_copy = None      # (range, the chain of copy 0, {id(scope): copy number}) while copies are emitted
+
+    def split_unroll(self, ranges: list[UOp]) -> int:
+        """Schedule.unroll when the split loop over `ranges` (one range of constant extent, a multiple of split x
+        unroll, so every item runs whole rounds) is unrolled by the lowering; else 0 (the loop carries an unroll
+        hint). Why: the llvm-nvptx pair's own unrolling of `(k + 8u) * N + n` recomputed a 64-bit address per
+        load (an IMAD.WIDE each, loads trickling between the FMAs: batch-8 GEMV 90 us against NVRTC's 64);
+        `base + 8uN` with one base per round gives NVRTC's [R + imm] loads, all in flight."""
+        u, split = self.schedule.unroll, self.schedule.split
+        if not MANUAL_UNROLL or u < 2 or len(ranges) != 1:
+            return 0
+        end = ranges[0].src[0]
+        return u if end.op is Ops.CONST and end.arg % (split * u) == 0 else 0
+
+    def open_unrolled(self, r: UOp, chain: list[Scope], u: int) -> list[list[Scope]]:
+        """Item y's loop over r: y, y + split*u, ...; one scope per copy c (r = var + c*split), all in the
+        loop's body."""
+        idx, split = dtypes.index, self.schedule.split
+        depth = len(chain) - 1
+        end = self.emit(r.src[0], chain)
+        step_size = UOp.const(split * u, idx)
+        step = self.emit(step_size, chain)
+        self.stepped.append(SteppedLoop(r.src[0], step_size))     # starts: the items' y, all below the step
+        loop = Loop(self.new(L.LOOPVAR, idx), self.lid, end, r.axis_type, step=step)
+        self.place(loop, chain, depth)
+        chain[depth].open_children.append(loop)
+        copies, numbers = [], {}
+        for c in range(u):
+            sc = Scope(loop.body, r, loop)
+            if c:
+                at = self.new(L.ALU, idx, (loop.var, self.emit(UOp.const(c * split, idx), chain)), Ops.ADD)
+                at.index_math = True
+                sc.insert(at)
+            sc.memo[r] = at if c else loop.var
+            numbers[id(sc)] = c
+            copies.append(chain[:depth + 1] + [sc])
+        self.unroll_copy = (r, copies[0], numbers)
+        return copies
+
+    def emit_unrolled_load(self, node: UOp, chain: list[Scope]) -> Instr | None:
+        """In copy c > 0: a load whose index is affine in the unrolled range (coefficient a) reads at copy 0's
+        index + c * split * a. None: emit it the general way."""
+        r, base, numbers = self.unroll_copy
+        sc = chain[-1]
+        c = numbers.get(id(sc), 0)
+        if not c or r not in node.free_ranges:
+            return None
+        a = x_coefficient(node.src[1], r)
+        if not a:
+            return None
+        first = self.emit(node.src[1], base)
+        at = self.new(L.ALU, dtypes.index, (first, self.emit(UOp.const(c * self.schedule.split * a, dtypes.index), chain)),
+                      Ops.ADD)
+        at.index_math = True
+        sc.insert(at)
+        self.record(Access(node.src[0].arg, False, node.src[1], self.open_ranges(chain)))
+        ins = self.new(L.LOAD, node.dtype, (self.emit(node.src[0], chain), at))
+        sc.insert(ins)
+        sc.memo[node] = ins
+        return ins
+
     def map_to_split_groups(self, ast: UOp, globals_: list[UOp], chain: list[Scope]):
         """Launch dims and the clamped output coordinates of each work-item (see the module doc)."""
         split = self.schedule.split
