@@ -24,6 +24,7 @@ launch check are gpu_tile's.
 """
 from __future__ import annotations
 
+
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..capabilities import Capabilities
@@ -37,7 +38,7 @@ WMMA_16X16X16 = "wmma_16x16x16"        # AMD gfx11 (wave32): v_wmma_f32_16x16x16
 # per instruction: (wave size, rows of A per fragment, columns of B per fragment load, k per instruction)
 MMAS = {MMA_M16N8K16: (32, 16, 16, 16), MFMA_32X32X8: (64, 32, 32, 8), WMMA_16X16X16: (32, 16, 16, 16)}
 TC_PAD = 8                             # elements added to each tile row: 16 bytes (see the module doc)
-TC_TILE = (128, 256, 32, 64, 64)       # (BM, BN, BK, WM, WN): 8 warps of 64x64 outputs (NVIDIA, staged)
+TC_TILE = (128, 128, 64, 64, 64)       # (BM, BN, BK, WM, WN): 4 warps of 64x64 outputs (NVIDIA, staged)
 TC_TILE_STATIC = (128, 128, 32, 64, 32)  # 8 warps of 64x32: the register-staged tile (no cp.async fills)
 TC_STAGES = 4                          # NVIDIA: shared-memory stages of the cp.async pipeline (0: register-
                                        # staged double buffering, the only form where 16-byte fills are unproven)
@@ -165,6 +166,65 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     return big
 
 
+def _terms(node: UOp) -> dict | None:
+    """{range or None (the rest): coefficient UOp} when node is an affine form of ranges whose coefficients
+    are free of ranges and loads (constants, variables and their arithmetic); else None."""
+    if not node.free_ranges:
+        return None if any(n.op is Ops.LOAD for n in node.toposort()) else {None: node}
+    op = node.op
+    if op is Ops.RANGE:
+        return {node: UOp.const(1, node.dtype)}
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = _terms(node.src[0]), _terms(node.src[1])
+        if a is None or b is None:
+            return None
+        out = dict(a)
+        for k, v in b.items():
+            v = v if op is Ops.ADD else -v
+            out[k] = out[k] + v if k in out else v
+        return out
+    if op is Ops.MUL:
+        x, c = node.src
+        if x.free_ranges and c.free_ranges:
+            return None
+        if not x.free_ranges:
+            x, c = c, x
+        a = _terms(x)
+        if a is None or any(n.op is Ops.LOAD for n in c.toposort()):
+            return None
+        return {k: v * c for k, v in a.items()}
+    return None
+
+
+def launch_alignment(plan, unit: UOp, kind: str, width: int, BK: int) -> list[UOp] | None:
+    """The launch-time sizes (range-free UOps) that must be multiples of 8 for 8-element (16-byte) fills of
+    `unit`'s full tiles: every stride but the contiguous range's, the offset, and for a fill along rows or
+    columns their extent (a clamped run of 8 must stay inside); None when no sizes make them aligned."""
+    from ..symbolic import simplify
+    fast = plan.fast.get(unit, "k")
+    along = plan.k if fast == "k" else plan.i if kind == "A" else plan.j
+    if (fast == "k" and BK % 8) or (fast != "k" and width % 8):
+        return None
+    form = _terms(unit.src[1])
+    if form is None or along not in form:
+        return None
+    lead = simplify(form[along])
+    if lead.op is not Ops.CONST or lead.arg != 1:
+        return None
+    conds: list[UOp] = []
+    extra = [(None, along.src[0])] if fast != "k" else []
+    for k, v in list(form.items()) + extra:
+        if k is along:
+            continue
+        v = simplify(v)
+        if v.op is Ops.CONST:
+            if int(v.arg) % 8:
+                return None
+        elif all(v is not c for c in conds):
+            conds.append(v)
+    return conds
+
+
 def staged_fills(plan) -> bool:
     """Whether full tiles of both operands can be filled by 16-byte copies (cp.async): constant strides
     that keep 8-element runs aligned, as _MMABuilder.fill_vector decides."""
@@ -176,9 +236,9 @@ def staged_fills(plan) -> bool:
         if fast == "k":
             if BK % 8:
                 return False
-        elif width % 8 or rng.src[0].op is not Ops.CONST or rng.src[0].arg % 8:
+        elif width % 8 or (rng.src[0].op is Ops.CONST and rng.src[0].arg % 8):
             return False
-        if not _vector_aligned(u.src[1], rng, 8):
+        if not _vector_aligned(u.src[1], rng, 8) and not launch_alignment(plan, u, kind, width, BK):
             return False
     return True
 
@@ -207,7 +267,7 @@ class _MMABuilder(_Builder):
         top = body
         gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
         gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
-        tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
+        tid = self.tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
         top += [gx, gy, tid]
         self.bind: dict[UOp, Instr] = {}
         if p.b is not None:
@@ -231,8 +291,14 @@ class _MMABuilder(_Builder):
         self.tiles = [self.tile(u, kind, BM if kind == "A" else BN, tid, top) for u, kind in p.units.items()]
         self.tiles.sort(key=lambda t: t.kind)
         self.db = True
-        # the cp.async pipeline where every full tile is filled by 16-byte runs; else register staging
+        # the cp.async pipeline where every full tile is filled by 16-byte runs (proven, or `conds` at launch);
+        # else register staging
         self.staged = self.stages >= 2 and all(t.vpasses for t in self.tiles)
+        conds = list({id(c): c for t in self.tiles for c in t.vcond}.values()) if self.staged else []
+        if not self.staged:
+            for t in self.tiles:
+                t.vpasses = [] if t.vcond else t.vpasses
+                t.passes = t.make_passes(top)
         for t in self.tiles:
             t.smem.arg = (self.stages if self.staged else 2) * t.size
             # swizzled places: the 16-byte passes here; scalar ones here only where the main loop fills
@@ -247,7 +313,20 @@ class _MMABuilder(_Builder):
         has_k = If(self.op(top, Ops.CMPLT, zero, K))
         top.append(has_k)
         work = has_k.body
-        if self.staged:
+        if self.staged and conds:
+            # symbolic strides: the pipeline when every size it needs is a multiple of 8 (a uniform branch),
+            # else a synchronous loop of scalar fills
+            bits = None
+            memo: dict[UOp, Instr] = {}
+            for cnd in conds:
+                b = self.op(work, Ops.AND, self.expr(cnd, dict(self.bind), work, memo), self.c(7))
+                bits = b if bits is None else self.op(work, Ops.OR, bits, b)
+            fast = If(self.new(L.ALU, dtypes.bool, (bits, zero), Ops.CMPEQ))
+            slow = If(self.op(work, Ops.CMPLT, zero, bits))
+            work += [fast.cond, fast, slow]
+            self.staged_loop(fast.body, K)
+            self.sync_loop(slow.body, K)
+        elif self.staged:
             self.staged_loop(work, K)
         else:
             self.main_loop(work, K)
@@ -437,13 +516,57 @@ class _MMABuilder(_Builder):
         lb.append(g2)
         self.mma_issue(g2.body, first)
         fb += [self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
+        self.padded_tail(work, K, k_full)
+
+    def padded_tail(self, work: list[Item], K: Instr, k_full: Instr) -> None:
+        """The last k_rem = K - k_full < BK rows of k, zero-padded into buffer 0 (scalar passes made here)."""
         tail = If(self.op(work, Ops.CMPLT, k_full, K))
         work.append(tail)
+        self.scalar_passes_in(tail.body)
         k_rem = self.op(tail.body, Ops.SUB, K, k_full)
         for t in self.tiles:
             self.fill_zero_padded(t, k_full, k_rem, tail.body)
         tail.body.append(self.new(L.BARRIER, None))
         self.tail_steps(tail.body, k_rem)
+
+    def sync_loop(self, work: list[Item], K: Instr) -> None:
+        """The fallback of a pipelined kernel whose sizes are not 16-byte aligned at launch: each full tile
+        filled by scalar loads (no registers held across the mma), barrier, mma, barrier; then the tail."""
+        BK = self.BK
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), k_full, AxisType.REDUCE, step=self.c(BK))
+        work.append(main)
+        lb = main.body
+        for t in self.tiles:
+            self.fill_loop(t, main.var, lb)
+        lb.append(self.new(L.BARRIER, None))
+        self.mma_steps(lb, {}, BK // MMAS[self.mma][3])
+        lb.append(self.new(L.BARRIER, None))
+        self.padded_tail(work, K, k_full)
+
+    def fill_loop(self, t: _Tile, k0: Instr, out: list[Item]) -> None:
+        """A full tile at k0 by scalar loads in a run-time loop over the fill passes (element e = tid + pass *
+        T: few registers, unlike unrolled passes, whose loads the compilers hoist all at once)."""
+        p, BK, T = self.p, self.BK, self.T
+        width = self.p.tile[0] if t.kind == "A" else self.p.tile[1]
+        units = BK * width
+        lp = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), self.c(-(-units // T)), AxisType.REDUCE)
+        out.append(lp)
+        body = lp.body
+        tid = self.tid
+        e = self.op(body, Ops.ADD, tid, self.op(body, Ops.MUL, lp.var, self.c(T)))
+        g = If(self.op(body, Ops.CMPLT, e, self.c(units)))
+        body.append(g)
+        b = g.body
+        per = width if t.kmajor else BK
+        inner, outer = self.op(b, Ops.MOD, e, self.c(per)), self.op(b, Ops.IDIV, e, self.c(per))
+        lk, lw = (outer, inner) if t.kmajor else (inner, outer)
+        sidx = self.op(b, Ops.ADD, self.op(b, Ops.MUL, outer, self.c(t.ld)), inner)
+        if self.swizzle:
+            sidx = self.swizzled(t, sidx, b)
+        env = {**self.bind, p.k: self.op(b, Ops.ADD, k0, lk), (p.i if t.kind == "A" else p.j): self.clamped(b, t.kind, lw)}
+        v = self.expr(t.unit, env, b, {})
+        b.append(self.new(L.STORE, None, (t.smem, sidx, v)))
 
     def fill_async(self, out: list[Item], k0: Instr, stage: "int | Instr") -> None:
         """cp.async of the full tiles at k0 .. k0 + BK into buffer `stage`: one 16-byte copy per vector pass."""
@@ -477,10 +600,22 @@ class _MMABuilder(_Builder):
         t = _Tile(unit, kind, smem, ld, size)
         t.kmajor = kmajor
         fill = self.fill_passes if kmajor else self.fill_passes_along_k
-        t.passes = fill(t, width, fast, 1, tid, top)
+        # scalar passes: made where they are used (build decides: top, or only the blocks that fill with them)
+        t.make_passes = lambda out, t=t, width=width, fast=fast: fill(t, width, fast, 1, tid, out)
+        t.vcond = []
         if self.fill_vector(t, width, fast) > 1:
             t.vpasses = fill(t, width, fast, 8, tid, top)
+        elif self.stages >= 2:
+            conds = launch_alignment(self.p, unit, kind, width, self.BK)
+            if conds:            # 16-byte fills when these sizes are multiples of 8 at launch
+                t.vcond = conds
+                t.vpasses = fill(t, width, fast, 8, tid, top)
         return t
+
+    def scalar_passes_in(self, out: list[Item]) -> None:
+        """The tiles' scalar fill passes, computed at the start of `out` (the block that fills with them)."""
+        for t in self.tiles:
+            t.passes = t.make_passes(out)
 
     def fill_passes_along_k(self, t: _Tile, width: int, fast: str, vec: int, tid: Instr, top: list[Item]) -> list[_Pass]:
         """Fill passes of a [w][k] tile: consecutive work-items take consecutive `vec`-element runs of one
