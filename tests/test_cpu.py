@@ -545,3 +545,67 @@ def test_register_tile_lanes_match_numpy_for_every_dtype(cpu, rng, dt, kind):
     got = out.numpy().astype(np.float64).reshape(M, N)
     tol = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-2, "bfloat16": 8e-2, "int32": 0}[dt]
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
+
+
+@pytest.mark.parametrize("dt,kind,M,Kd,N", [
+    ("float32", "matmul", 37, 70, 256), ("float32", "matmul", 100, 64, 512), ("float32", "bias_relu", 61, 96, 256),
+    ("float64", "matmul", 29, 65, 128), ("int32", "matmul", 25, 64, 256), ("float16", "matmul", 20, 64, 512),
+    ("float32", "matmul", 64, 64, 256)])
+@pytest.mark.parametrize("tile", [None, (4, 32)], ids=["default", "4x32"])
+def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, tile):
+    """Schedule.pack: every thread-split unit copies its K x tj column panel of B into a hidden scratch
+    and its tiles read it from there; several threads (and row partitions with the 4 x 32 tile)."""
+    from morok_py.codegen.schedule import Schedule, using
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    dtype = getattr(dtypes, dt)
+    ast = K.matmul(M, N, Kd, dtype=dtype) if kind == "matmul" else K.matmul_bias_relu(M, N, Kd, dtype=dtype)
+    sched = None if tile is None else Schedule("threads", register_tile=tile, tile_lanes=8, pack=True)
+    with using(sched):
+        spec = renderer.render(ast, f"packed_{dt}_{kind}_{M}_{N}")
+    assert spec.linear.schedule.pack and spec.launch.hidden, spec.linear.schedule
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    draw = (lambda s: rng.integers(-4, 5, s)) if dtype.is_int else (lambda s: rng.standard_normal(s))
+    a, b, bias = (x.astype(dtype.np) for x in (draw((M, Kd)), draw((Kd, N)), draw(N)))
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    ins = [a, b] + ([bias] if kind == "bias_relu" else [])
+    if kind == "bias_relu":
+        want = np.maximum(want + bias, 0)
+    bufs = [cpu.buf(x) for x in ins] + [cpu.buf(np.full(M * N, 7, dtype.np))]
+    gs, ls = prog.launch.launch_dims({})
+    for _ in range(2):      # the scratch is reused: the second launch repacks it
+        prog.execute([x.ptr for x in bufs], [], gs, ls, wait=True)
+        got = bufs[-1].numpy().astype(np.float64).reshape(M, N)
+        tol = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-2, "int32": 0}[dt]
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
+
+
+def test_a_packed_matmul_through_the_checked_call(cpu, rng):
+    """The hidden scratch is the runtime's: the caller passes A, B, C only, from several Python threads."""
+    import threading
+    M, Kd, N = 48, 64, 512
+    renderer, _ = cpu.pair()
+    prog = cpu.compile(K.matmul(M, N, Kd), name="packed_checked")
+    if renderer.caps.tile_lanes:
+        assert prog.linear.schedule.pack if getattr(prog, "linear", None) is not None else True
+    a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
+    outs, errs = [cpu.empty(M * N, dtypes.float32) for _ in range(4)], []
+
+    def run(out):
+        try:
+            for _ in range(5):
+                prog(cpu.buf(a), cpu.buf(b), out)
+        except Exception as e:     # noqa: BLE001
+            errs.append(e)
+    threads = [threading.Thread(target=run, args=(o,)) for o in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errs
+    for o in outs:
+        np.testing.assert_allclose(o.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * 8)

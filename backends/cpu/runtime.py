@@ -110,7 +110,9 @@ class CPUProgram(Program):
             raise DeviceError("load object", 0, "SYMBOL_NOT_FOUND",
                               f"{compiled.name}: no symbol {compiled.symbol!r} in the object")
         nvars = len(compiled.var_names)
-        argtypes = [ctypes.c_void_p] * compiled.buf_count + [ctypes.c_int32] * (nvars + 2)
+        info = compiled.launch
+        nhidden = len(info.hidden) if info is not None else 0
+        argtypes = [ctypes.c_void_p] * (compiled.buf_count + nhidden) + [ctypes.c_int32] * (nvars + 2)
         proto = ctypes.CFUNCTYPE(None, *argtypes)
         self._fn = proto(addr)
         self.address = addr
@@ -121,6 +123,9 @@ class CPUProgram(Program):
         self._nvars = nvars
         self._nbuf = compiled.buf_count
         self._plans: dict[tuple, list] = {}
+        # hidden buffers (packed matmul panels) follow the caller's; one launch at a time uses them
+        self._hidden_ptrs = self.alloc_hidden() if nhidden else []
+        self._hidden_lock = threading.Lock()
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
                 global_size: Sequence[int] | None = None, local_size: Sequence[int] | None = None,
@@ -133,6 +138,19 @@ class CPUProgram(Program):
             if global_size is None:
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         extent = global_size[0]
+        if self._hidden_ptrs:
+            with self._hidden_lock:
+                return self._execute([*buffers, *self._hidden_ptrs], vals, extent, wait)
+        return self._execute(buffers, vals, extent, wait)
+
+    def __del__(self) -> None:
+        try:
+            if self._hidden_ptrs:
+                self.free_hidden()
+        except Exception:
+            pass
+
+    def _execute(self, buffers: Sequence[int], vals: Sequence[int], extent: int, wait: bool) -> float | None:
         t0 = time.perf_counter() if wait else 0.0
         threads, fn, plan = 1, self._fn, None
         if extent > 1:
@@ -160,6 +178,8 @@ class CPUProgram(Program):
                               f"got {len(buffers)} and {len(vals)}")
         extent = global_size[0]
         fn = self._fn
+        if self._hidden_ptrs:       # through execute: its lock keeps concurrent launches off the scratch
+            return super().prepare(buffers, vals, global_size, local_size)
         if extent > 1:
             plan = self._plan_for(vals)
             if plan[0] is not _ONE:

@@ -44,9 +44,10 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
     reductions as accumulator loops, stores) lives here, the strategies in their mixins."""
 
     def __init__(self, ast: UOp, caps: Capabilities, name: str, schedule: Schedule,
-                 lane_axes: dict[int, int] | None = None) -> None:
+                 lane_axes: dict[int, int] | None = None, scratch: tuple | None = None) -> None:
         self.ast, self.caps, self.name, self.schedule = ast, caps, name, schedule
         self.lane_axes = lane_axes or {}           # register-tile lane ranges (strategies/tile_lanes)
+        self.scratch = scratch                     # (slot, dtype, elements): packed panels (opt.tile_with_lanes)
         self.next_id = 0
         self.accesses: list[Access] = []
         self.range_depth: dict[int, int] = {}
@@ -159,6 +160,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
     def record(self, a: Access) -> None:
         """One bounds check per distinct access (vector lanes emit the same access several times)."""
         key = (a.slot, a.store, id(a.index), tuple(id(r) for r in a.enclosing))
+        if self.scratch is not None and a.slot == self.scratch[0]:
+            return      # the hidden scratch: indexed within its size by construction, not the caller's
         if key not in self.access_keys:
             self.access_keys.add(key)
             self.accesses.append(a)
@@ -320,6 +323,11 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         self.loads_from, self.index_nodes = scan.loads_from, scan.index_nodes
         pinfo, var_list, ranges = scan.params, scan.variables, scan.ranges
         self.loaded_slots = {p.slot for p in pinfo if p.read}
+        if self.scratch is not None:       # a hidden buffer after the caller's (the runtime allocates it)
+            slot, dt, count = self.scratch
+            pinfo = [p for p in pinfo if p.slot != slot]
+            self.hidden.append(HiddenBuffer(dt, count))
+            self.hidden_params.append(ParamInfo(slot, dt, True, True))
         globals_ = sorted((r for r in ranges.values() if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
 
         body: list[Item] = []
@@ -509,9 +517,10 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         check_schedule(given, ast, caps, scan)
     schedule = given if given is not None else default_schedule(ast, caps, scan)
     lane_axes: dict[int, int] = {}
+    scratch = None
     if schedule.register_tile is not None:
         from .opt import tile_with_lanes
-        ast, lane_axes = tile_with_lanes(ast, schedule.register_tile, schedule.tile_lanes)
+        ast, lane_axes, scratch = tile_with_lanes(ast, schedule.register_tile, schedule.tile_lanes, schedule.pack)
         ast = simplify(ast)
         scan = scan_kernel(ast)
     elif schedule.reduce == "stream":
@@ -536,4 +545,4 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         if given is not None:
             raise ValueError(f"{schedule}: the tiles do not fit the target's shared memory")
         schedule = default_schedule(ast, replace(caps, matmul_tile=None), scan)   # the general path
-    return _Lowerer(ast, caps, name, schedule, lane_axes).run(scan)
+    return _Lowerer(ast, caps, name, schedule, lane_axes, scratch).run(scan)

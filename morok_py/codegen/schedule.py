@@ -62,6 +62,9 @@ class Schedule:
     tile_lanes     CPU: the register tile's columns computed as vectors of this many lanes (accumulators,
                    loads, FMAs printed as LLVM vectors; strategies/tile_lanes.py); 0: one scalar per
                    column, which LLVM's SLP vectorizer packs (several times the IR and compile time).
+    pack           CPU register tile: each thread-split unit copies its column panel of the right-hand
+                   operand into a contiguous scratch first (opt._pack_plan: rows a multiple of 1 KB apart
+                   map a panel onto a few cache sets).
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
     tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
                    "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
@@ -80,6 +83,7 @@ class Schedule:
     row_cache: bool = False
     register_tile: tuple[int, int] | None = None
     tile_lanes: int = 0
+    pack: bool = False
     matmul_tile: tuple[int, int, int, int, int] | None = None
     tensor_core: str | None = None
     tc_stages: int = 0
@@ -114,6 +118,8 @@ class Schedule:
         if self.tile_lanes and (self.register_tile is None or self.tile_lanes < 4
                                 or self.tile_lanes & (self.tile_lanes - 1)):
             raise ValueError("tile_lanes needs a register_tile and is a power of two >= 4")
+        if self.pack and not self.tile_lanes:
+            raise ValueError("pack needs a register_tile with tile_lanes")
         if self.row_cache and self.reduce != "group":
             raise ValueError("row_cache needs reduce 'group'")
         if self.row_groups < 0 or self.row_groups and self.reduce != "group":
@@ -161,6 +167,8 @@ class Schedule:
         for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ValueError(f"bad {k} {d[k]!r}")
+        if "pack" in d and not isinstance(d["pack"], bool):
+            raise ValueError(f"bad pack {d['pack']!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
             raise ValueError(f"bad tensor_core {d['tensor_core']!r}")
         if "tc_stages" in d and (not isinstance(d["tc_stages"], int) or isinstance(d["tc_stages"], bool)):
@@ -242,7 +250,10 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         elif tile is not None:
             from .opt import tile_for
             tile = tile_for(ast, tile)
-        return Schedule("threads", register_tile=tile, tile_lanes=default_lanes(ast, caps, tile))
+        lanes = default_lanes(ast, caps, tile)
+        from .opt import pack_applies
+        return Schedule("threads", register_tile=tile, tile_lanes=lanes,
+                        pack=bool(lanes) and pack_applies(ast, tile, lanes))
     if caps.tensor_cores and caps.has_shared:
         from .strategies.tensor_core import choose_tc_tile, tc_pipeline, tc_threads
         tc = choose_tc_tile(ast, caps, scan)
@@ -317,6 +328,10 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .opt import register_tile_applies
         if not register_tile_applies(ast):
             raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
+    if schedule.pack:
+        from .opt import pack_applies
+        if not pack_applies(ast, schedule.register_tile, schedule.tile_lanes):
+            raise ValueError(f"{schedule}: no operand of the kernel takes packed panels")
     if schedule.tile_lanes:
         from .opt import lanes_apply
         if not caps.tile_lanes or not lanes_apply(ast):
@@ -372,12 +387,17 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             tiles = [(rows, cols), (4, cols), (2, cols), (rows, cols // 2), (8, cols // 2), (1, cols)]
             if len(shape.globals_) == 1:
                 tiles = [(1, cols // 4), (1, cols // 2), (1, 2 * cols)]
+            from .opt import pack_applies
             for t in tiles:
                 if t[0] >= 1 and t[1] >= 1:
-                    out.append(replace(base, register_tile=t, tile_lanes=default_lanes(ast, caps, t)))
+                    lanes = default_lanes(ast, caps, t)
+                    out.append(replace(base, register_tile=t, tile_lanes=lanes,
+                                       pack=bool(lanes) and pack_applies(ast, t, lanes)))
+            if base.pack:
+                out.append(replace(base, pack=False))
             if base.tile_lanes:
-                out.append(replace(base, tile_lanes=0))     # scalar lanes, packed by LLVM
-            out.append(replace(base, register_tile=None, tile_lanes=0))
+                out.append(replace(base, tile_lanes=0, pack=False))     # scalar lanes, packed by LLVM
+            out.append(replace(base, register_tile=None, tile_lanes=0, pack=False))
     else:
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
