@@ -208,6 +208,11 @@ class CPUProgram(Program):
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
         mode = _ONE if work < PARALLEL_MIN_WORK else _SPLIT if work >= PARALLEL_SURE_WORK else _TRIAL
+        if mode is _TRIAL and self._hidden_ptrs:
+            # a packed register tile (the only CPU kernel with a hidden scratch): its panel reads are not
+            # among the counted accesses and each counted one feeds a tile row of FMAs, so it is compute-
+            # bound well before PARALLEL_SURE_WORK; a trial under other load could keep it on one thread
+            mode = _SPLIT
         stream = False
         # every thread's chunk must start on a multiple of STREAM_ALIGN of the outer axis
         if self._stream_fn is not None and gs[0] >= n * STREAM_ALIGN:
