@@ -10,8 +10,8 @@ target's `Capabilities` (the heuristics); `candidate_schedules` lists the valid 
 times; `check_schedule` refuses one the kernel cannot take. Lowering (codegen/lower.py) applies a
 schedule mechanically, each strategy in its own module (codegen/strategies/, opt.py, gpu_tile.py).
 
-Tensor cores would be one more field (an MMA shape for the "tiled" mapping) read by gpu_tile's inner
-product; none of our renderers emit MMA instructions yet, so there is no such field.
+Tensor cores are the "tiled" mapping's `tensor_core` field (an MMA shape), staged by `tc_stages` cp.async
+buffers in an optionally swizzled layout (`tc_swizzle`): strategies/tensor_core.py.
 """
 from __future__ import annotations
 

@@ -15,8 +15,18 @@ codegen/gpu_tile.py with the inner product replaced by warp-wide matrix instruct
   k16n8 B fragments) -- `.trans` for the k-major tiles -- then one `mma.sync.m16n8k16.row.col.f32` per
   accumulator fragment;
 - sizes stay arbitrary (symbolic too): rows and columns past the end are clamped like gpu_tile's, and the
-  k tail is filled with zeros past K (an mma step cannot skip single k; 0 * 0 adds nothing). Double
-  buffering and 16-byte global loads (8 elements) where the strides prove alignment come from gpu_tile.
+  k tail is filled with zeros past K (an mma step cannot skip single k; 0 * 0 adds nothing).
+
+Staging (NVIDIA; the schedule's `tc_stages`, `tc_swizzle`): where every full tile can be filled by 16-byte
+runs -- strides proven multiples of 8, or (symbolic strides) checked at launch by one uniform branch, with
+a synchronous scalar-fill loop as the other side -- the tiles go through `tc_stages` shared buffers filled
+by `cp.async` copies S tiles ahead (`staged_loop`: one wait_group and one barrier per tile; the loop turns
+between a tile's first and second mma step so every warp keeps mma in flight across the barrier). With
+`tc_swizzle` the rows are unpadded and each 16-byte chunk c of row r sits at c ^ ((r // g) % min(C, 8))
+(C chunks a row, g = max(1, 8 // C)): the 8 rows of an ldmatrix and 8 consecutive 16-byte stores hit 8
+distinct bank groups. Shared memory past the static 48 KiB comes from the dynamic opt-in (the CUDA
+renderers and runtime; TC_DYN_SMEM). Elsewhere: gpu_tile's register-staged double buffer with 16-byte
+global loads where the strides prove alignment, padded rows.
 
 `MMA_M16N8K16` is the NVIDIA shape (sm_80 and later: PTX mma.sync, in CUDA C as inline PTX and in NVPTX
 LLVM IR as llvm.nvvm.ldmatrix / llvm.nvvm.mma intrinsics). The epilogue (g, guarded stores) and the
