@@ -57,9 +57,9 @@ TC_DYN_SMEM = 96 << 10                 # NVIDIA sm_80+: shared memory a group ma
                                        # (sm_86/sm_89 allow 99 KiB, sm_80 163 KiB, sm_90 227 KiB)
 TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small problems
 TC_TILE_MFMA = (128, 128, 32, 64, 64)  # 4 waves of 64 lanes, 2x2 32x32 fragments each
-TC_TILE_CANDIDATES = [TC_TILE, TC_TILE_STATIC, TC_SMALL_TILE, (128, 128, 32, 64, 64), (256, 128, 32, 64, 64),
-                      (128, 64, 32, 64, 32), (64, 128, 32, 32, 64), (64, 64, 64, 32, 32), (128, 128, 64, 64, 64),
-                      (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
+TC_TILE_CANDIDATES = [TC_TILE, (128, 256, 64, 64, 64), (128, 128, 32, 64, 64), (128, 256, 32, 64, 64), TC_TILE_STATIC,
+                      TC_SMALL_TILE, (256, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
+                      (64, 64, 64, 32, 32), (128, 128, 16, 64, 32), (64, 64, 32, 32, 16)]   # what a search times
 TC_PIPELINES = [(4, True), (3, True), (2, True), (0, True), (0, False), (3, False)]   # (stages, swizzle) searched
 TC_DTYPES = ("float16", "bfloat16")
 
