@@ -32,12 +32,11 @@ def variants(name: str):
                 ("rows 132 x 1024", gpr(group=1024, row_groups=132), None),
                 ("rows 256 x 1024", gpr(group=1024, row_groups=256), None)]
     if name == "gemv8":
-        from morok_py.codegen.strategies import split_reduce
-        up = lambda g, sp, u: S("groups", group=g, unroll=u, split=sp, upcast=8)  # noqa: E731
+        up = lambda g, sp, u, **k: S("groups", group=g, unroll=u, split=sp, upcast=8, **k)  # noqa: E731
         return [("default", None, None),
-                ("split 8, loop unroll hint (session 5)", S("groups", group=256, unroll=8, split=8),
-                 (split_reduce, "MANUAL_UNROLL", False)),
-                ("upcast, 512/16/4", up(512, 16, 4), None), ("upcast, 1024/32/4", up(1024, 32, 4), None)]
+                ("split 8, unrolled by the lowering", S("groups", group=256, unroll=8, split=8, unrolled=True), None),
+                ("upcast, 512/16/4, unrolled", up(512, 16, 4, unrolled=True), None),
+                ("upcast, 1024/32/4", up(1024, 32, 4), None), ("upcast, 1024/32/4, unrolled", up(1024, 32, 4, unrolled=True), None)]
     if name in ("matmul", "matmul_sym"):
         from morok_py.codegen import gpu_tile
         out = [("default", None, None)]

@@ -47,7 +47,9 @@ def default_for(ast, caps) -> Schedule:
     (lambda: K.matmul(dtype=dtypes.float64), True, "Schedule(tiled, group=256, matmul_tile=128x128x8x8x8)"),
     ("broadcast_add", True, "Schedule(groups, group=256, vector_width=4)"),
     ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),     # a column reduction
-    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),   # batch-8 GEMV
+    (lambda: K.reduce_axis("sum", [8192, 8192], 0), True,
+     "Schedule(groups, group=256, unroll=8, split=8, min_groups=8, unrolled=True)"),       # static: unrolled here
+    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8)"),   # batch-8 GEMV
     (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),
     (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
@@ -240,10 +242,11 @@ def _loops(items):
 
 
 @pytest.mark.parametrize("ast,shape,ins,sched,dt", [
-    (lambda: K.reduce_axis("sum", [64, 37], 0), (64, 37), 1, Schedule("groups", group=64, unroll=4, split=4), np.float32),
-    (lambda: K.reduce_axis("max", [96, 5], 0, dtype=dtypes.int32), (96, 5), 1, Schedule("groups", group=64, unroll=4, split=8),
-     np.int32),
-    (lambda: K.matmul(3, 45, 64), (3, 64, 45), 2, Schedule("groups", group=256, unroll=8, split=8, min_groups=8), np.float32),
+    (lambda: K.reduce_axis("sum", [64, 37], 0), (64, 37), 1, Schedule("groups", group=64, unroll=4, split=4, unrolled=True),
+     np.float32),
+    (lambda: K.reduce_axis("max", [96, 5], 0, dtype=dtypes.int32), (96, 5), 1,
+     Schedule("groups", group=64, unroll=4, split=8, unrolled=True), np.int32),
+    (lambda: K.matmul(3, 45, 64), (3, 64, 45), 2, Schedule("groups", group=256, unroll=8, split=8, unrolled=True), np.float32),
 ])
 def test_split_loops_unrolled_by_the_lowering(rng, ast, shape, ins, sched, dt):
     """A constant trip count that is a multiple of split x unroll: the lowering unrolls the loop itself (one
@@ -271,6 +274,18 @@ def test_split_loops_unrolled_by_the_lowering(rng, ast, shape, ins, sched, dt):
         assert (writes[2] == 1).all()
 
 
+def test_unrolled_needs_a_trip_count_it_divides():
+    with pytest.raises(ValueError, match="unrolled"):
+        Schedule("groups", group=64, split=4, unrolled=True)
+    with pytest.raises(ValueError, match="multiple"):     # 65 rows: no whole rounds of 4 x 4
+        lower(K.reduce_axis("sum", [65, 37], 0), GPU, "u", schedule=Schedule("groups", group=64, unroll=4, split=4,
+                                                                             unrolled=True))
+    ast = simplify(K.matmul(8, 4096, 4096))
+    cands = candidate_schedules(ast, GPU, scan_kernel(ast))
+    assert cands[1].upcast == 8 and cands[1].unrolled                 # searched first after the default
+    assert any(c.unrolled and not c.upcast for c in cands)
+
+
 def test_split_refuses_kernels_with_loop_ranges_in_stores():
     with pytest.raises(ValueError, match="split"):
         lower(K.softmax(), GPU, "sm", schedule=Schedule("groups", group=256, split=8))
@@ -289,8 +304,8 @@ def test_split_reductions_compile_for_sm90(kernel, key):
     from test_gpu_tile import cubin_resources
     res = cubin_resources(c.compile(spec).payload)
     assert spec.linear.schedule.split > 1 and res.get("frame", 0) == 0, res      # no spills
-    if not spec.linear.schedule.upcast:
-        # the occupancy hint: 8 groups of 256 per SM, at most 32 registers per item
+    if spec.linear.schedule.min_groups:
+        # the occupancy hint (column reductions): 8 groups of 256 per SM, at most 32 registers per item
         assert spec.linear.min_groups == spec.linear.schedule.min_groups == 8 and res["regs"] <= 32, res
 
 
