@@ -274,6 +274,15 @@ def test_split_loops_unrolled_by_the_lowering(rng, ast, shape, ins, sched, dt):
         assert (writes[2] == 1).all()
 
 
+def test_h100_timed_defaults_stay_off_amd_targets():
+    """row_groups and the lowering's unroll were timed on an H100 only: AMD-like caps (64-lane waves) keep
+    one work-group per row and the unroll hint."""
+    amd = dataclasses.replace(GPU, warp_size=64, grid_max=(2**31 - 1, 2**31 - 1, 2**31 - 1))
+    assert default_for(K.softmax(1000, 50257), amd).row_groups == 0
+    assert not default_for(K.reduce_axis("sum", [8192, 8192], 0), amd).unrolled
+    assert default_for(K.softmax(1000, 50257), GPU).row_groups == 128
+
+
 def test_unrolled_needs_a_trip_count_it_divides():
     with pytest.raises(ValueError, match="unrolled"):
         Schedule("groups", group=64, split=4, unrolled=True)
