@@ -609,3 +609,30 @@ def test_a_packed_matmul_through_the_checked_call(cpu, rng):
     assert not errs
     for o in outs:
         np.testing.assert_allclose(o.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4 * 8)
+
+
+def test_a_symbolic_packed_matmul_runs_packed_or_not_by_the_scratchs_size(cpu, rng, monkeypatch):
+    """Symbolic sizes: the packed region runs when every unit's panel fits the fixed scratch
+    (opt.PACK_CAP elements), the unpacked one otherwise; one program, both results exact."""
+    from morok_py.codegen import opt
+    monkeypatch.setattr(opt, "PACK_CAP", 4096)
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
+    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    spec = renderer.render(K.matmul(), "packed_symbolic_cap")
+    assert spec.linear.schedule.pack and spec.launch.hidden[0].count == 4096
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    tj = renderer.caps.register_tile[1]
+    for M, Kd, N in [(37, 20, 3 * tj), (37, 100, 3 * tj), (50, 7, 2 * tj + 5), (9, 64, tj - 3), (40, 1, 2 * tj)]:
+        a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
+        out = cpu.buf(np.full(M * N, np.nan, np.float32))
+        vals = {"M": M, "N": N, "K": Kd}
+        gs, ls = prog.launch.launch_dims(vals)
+        prog.launch.check_sizes(prog.launch.prepare(prog.launch.values_from(vals))[2], [M * Kd, Kd * N, M * N])
+        ins = [cpu.buf(a), cpu.buf(b)]
+        prog.execute([x.ptr for x in ins] + [out.ptr], [vals[k] for k in prog.launch.var_names], gs, ls, wait=True)
+        np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
+                                   err_msg=str((M, Kd, N)))

@@ -114,6 +114,7 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
 PACK_ROW_BYTES = 1024       # B rows a multiple of this apart put a column panel in few cache sets
 PACK_MAX_BYTES = 64 << 20   # the scratch (one panel per thread-split unit) at most this big
 PACK_MIN_K = 64
+PACK_CAP = 4 << 20          # symbolic sizes: scratch elements; a launch whose panels need more runs unpacked
 
 
 def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
@@ -128,24 +129,31 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
         return None
     st, i, j = roles
     M, N = _const(i.src[0]), _const(j.src[0])
-    if M is None or N is None:
-        return None
-    tj, rem = _tile_width(N, tile[1])
-    if rem or N % tj or tj % lanes:
-        return None
+    if N is None:           # symbolic columns: tile_with_lanes guards a packed region by the scratch's size
+        tj = tile[1]
+        if tj % lanes:
+            return None
+    else:
+        tj, rem = _tile_width(N, tile[1])
+        if M is None or rem or N % tj or tj % lanes:
+            return None
     reds = [n for n in st.src[2].toposort() if n.op is Ops.REDUCE]
     if len(reds) != 1 or len(reds[0].src) != 2:
         return None
     k = reds[0].src[1]
     K = _const(k.src[0])
-    if K is None or K < PACK_MIN_K:
+    if N is not None and (K is None or K < PACK_MIN_K):
         return None
     from .scan import x_coefficient
     lds = [n for n in reds[0].src[0].toposort() if n.op is Ops.LOAD and j in n.free_ranges and k in n.free_ranges]
     if len(lds) != 1 or i in lds[0].free_ranges or lds[0].dtype.storage_only:
         return None
     ld = lds[0]
-    if x_coefficient(ld.src[1], j) != 1 or (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize % PACK_ROW_BYTES:
+    if x_coefficient(ld.src[1], j) != 1:
+        return None
+    if N is None:
+        return ld, k, tj
+    if (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize % PACK_ROW_BYTES:
         return None
     ti = max(1, min(tile[0], M))
     units = (N // tj) * _partitions(M // ti, N // tj)
@@ -249,7 +257,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     jo, p = u // P, u % P
     packs: list[UOp] = []
     scratch_info = None
-    if plan is not None:
+    if plan is not None and n_static is not None:
         ld, k, _ = plan
         K = k.src[0]
         slot = 1 + max(n.arg for n in ast.toposort() if n.op is Ops.PARAM)
@@ -276,12 +284,13 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     merged = bool(rem) and lanes >= LANE_REMAINDER and _const(Cj) == 1 and n_static >= LANE_REMAINDER
     extra = columns(N - LANE_REMAINDER, LANE_REMAINDER) if merged else []
 
-    def tile_stores(col0: UOp, width: int) -> list[UOp]:
+    def tile_stores(col0: UOp, width: int, store: UOp | None = None) -> list[UOp]:
+        s_ = st if store is None else store
         cols = columns(col0, width) + extra
-        main = [substitute(st, {i: tile_rows[a], j: c}) for a in range(ti) for c in cols]
+        main = [substitute(s_, {i: tile_rows[a], j: c}) for a in range(ti) for c in cols]
         if _const(left) == 0:
             return main
-        return main + [substitute(st, {i: tail_row, j: c}) for c in cols]
+        return main + [substitute(s_, {i: tail_row, j: c}) for c in cols]
 
     out: list[UOp] = []
     if n_static is not None:
@@ -295,8 +304,26 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
             out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
     else:
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
-        g = axes.range(_at_least(N, tj))
-        out += tile_stores((jo * tj).minimum(N - tj) + g, tj)
+        col_base = (jo * tj).minimum(N - tj)
+        if plan is not None:
+            # packed panels where the scratch holds them all (one of the two loops below runs once)
+            ld, k, _ = plan
+            K = k.src[0]
+            fits = ((PACK_CAP // tj) // (Cj * P).maximum(1) // K.maximum(1)).minimum(1)
+            gp = axes.range(fits * _at_least(N, tj))
+            slot = 1 + max(n.arg for n in ast.toposort() if n.op is Ops.PARAM)
+            scratch = UOp.param(slot, ld.dtype)
+            base = u * (K * tj)
+            kp = axes.range(K)
+            packs = [scratch.store(base + kp * tj + off, substitute(ld, {k: kp, j: col_base + gp + off}))
+                     for off in columns(UOp.const(0, dtypes.index), tj)]
+            packed = substitute(st, {ld: scratch.load(base + k * tj + (j - col_base))})
+            out += tile_stores(col_base + gp, tj, packed)
+            scratch_info = (slot, ld.dtype, PACK_CAP)
+            g = axes.range((1 - fits) * _at_least(N, tj))
+        else:
+            g = axes.range(_at_least(N, tj))
+        out += tile_stores(col_base + g, tj)
         # w <= N < tj (then Cj == 1): w-wide tiles along the row
         w = max(1, tj // 4)
         if 1 < w < tj:
