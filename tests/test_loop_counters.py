@@ -90,8 +90,13 @@ KERNELS = {**{f"named-{n}": f for n, f in K.NAMED.items()},
 def test_every_stepped_loop_of_a_gpu_kernel_is_recorded(rid, renderer):
     for name, make in KERNELS.items():
         spec = renderer.render(make(), "k")
+        # loops over the same bounds (the aligned and scalar variants of a symbolic matmul's k loop share
+        # their end, step and start) need one record
+        # loops over the same bounds (the aligned and scalar variants of a symbolic matmul's k loop share
+        # their end, step and start instructions) may share one record
         loops = stepped(spec.linear.body)
-        assert len(spec.launch.stepped_loops) == len(loops), name
+        distinct = {(id(lp.start), id(lp.end), id(lp.step)) for lp in loops}
+        assert len(distinct) <= len(spec.launch.stepped_loops) <= len(loops), name
     # the kernels with strided loops have them (the check is not vacuous)
     assert len(renderer.render(K.sum_all(), "s").launch.stepped_loops) == 2     # stage 1 and stage 2
     assert len(renderer.render(K.softmax(), "s").launch.stepped_loops) == 3     # max, sum, output passes
@@ -173,8 +178,9 @@ def test_tiled_matmul_k_loop_cannot_wrap_and_launches_at_the_largest_k(rid, rend
     BK = spec.linear.schedule.matmul_tile[2]     # the caps' BK, doubled on CUDA by the default schedule
     (lp,) = spec.launch.stepped_loops
     assert lp.start is not None and lp.step.arg == BK          # every item starts at 0; full tiles only
-    (loop,) = stepped(spec.linear.body)
-    assert loop.step.arg == BK
+    loops = stepped(spec.linear.body)      # symbolic strides: an aligned and a scalar variant of the k loop
+    assert 1 <= len(loops) <= 2 and all(lp_.step.arg == BK for lp_ in loops)
+    assert len({id(lp_.end) for lp_ in loops}) == 1                   # over the same full tiles
     info = spec.launch
     assert refused(info, {"M": 1, "N": 1, "K": INT_MAX}) is None
     for k in (1, BK - 1, BK, 1000, INT_MAX - BK, INT_MAX):
