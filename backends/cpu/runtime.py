@@ -123,8 +123,11 @@ class CPUProgram(Program):
         self._nvars = nvars
         self._nbuf = compiled.buf_count
         self._plans: dict[tuple, list] = {}
-        # hidden buffers (packed matmul panels) follow the caller's; one launch at a time uses them
-        self._hidden_ptrs = self.alloc_hidden() if nhidden else []
+        # hidden buffers (packed matmul panels) follow the caller's; one launch at a time uses them.
+        # Allocated at the first launch, not zero-filled (the kernel writes a panel before reading it):
+        # loading the program (a disk-cache hit) stays a few ms whatever their size
+        self._nhidden = nhidden
+        self._hidden_ptrs: list[int] = []
         self._hidden_lock = threading.Lock()
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
@@ -138,8 +141,13 @@ class CPUProgram(Program):
             if global_size is None:
                 raise LaunchError(f"{self.name} has symbolic sizes: pass global_size from spec.launch_dims()")
         extent = global_size[0]
-        if self._hidden_ptrs:
+        if self._nhidden:
             with self._hidden_lock:
+                if not self._hidden_ptrs:
+                    for h in self.launch.hidden:
+                        nbytes = h.count * h.dtype.itemsize
+                        self._hidden.append((self.device.allocator.alloc(nbytes), nbytes))
+                    self._hidden_ptrs = [ptr for ptr, _ in self._hidden]
                 return self._execute([*buffers, *self._hidden_ptrs], vals, extent, wait)
         return self._execute(buffers, vals, extent, wait)
 
@@ -178,7 +186,7 @@ class CPUProgram(Program):
                               f"got {len(buffers)} and {len(vals)}")
         extent = global_size[0]
         fn = self._fn
-        if self._hidden_ptrs:       # through execute: its lock keeps concurrent launches off the scratch
+        if self._nhidden:           # through execute: its lock keeps concurrent launches off the scratch
             return super().prepare(buffers, vals, global_size, local_size)
         if extent > 1:
             plan = self._plan_for(vals)
@@ -208,7 +216,7 @@ class CPUProgram(Program):
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
         mode = _ONE if work < PARALLEL_MIN_WORK else _SPLIT if work >= PARALLEL_SURE_WORK else _TRIAL
-        if mode is _TRIAL and self._hidden_ptrs:
+        if mode is _TRIAL and self._nhidden:
             # a packed register tile (the only CPU kernel with a hidden scratch): its panel reads are not
             # among the counted accesses and each counted one feeds a tile row of FMAs, so it is compute-
             # bound well before PARALLEL_SURE_WORK; a trial under other load could keep it on one thread

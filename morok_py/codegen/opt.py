@@ -114,7 +114,7 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
 PACK_ROW_BYTES = 1024       # B rows a multiple of this apart put a column panel in few cache sets
 PACK_MAX_BYTES = 64 << 20   # the scratch (one panel per thread-split unit) at most this big
 PACK_MIN_K = 64
-PACK_CAP = 4 << 20          # symbolic sizes: scratch elements; a launch whose panels need more runs unpacked
+PACK_CAP = 32 << 20         # symbolic sizes: scratch elements (virtual until used); a launch needing more runs unpacked
 
 
 def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
