@@ -205,15 +205,16 @@ def test_split_gemv_matches_numpy(rng, B, Kd, N):
     assert (writes[2] == 1).all()
 
 
-@pytest.mark.parametrize("B,Kd,N,group,split", [(8, 33, 45, 64, 2), (3, 100, 7, 128, 4), (16, 9, 70, 256, 8)])
-def test_upcast_gemv_matches_numpy(rng, B, Kd, N, group, split):
+@pytest.mark.parametrize("B,Kd,N,group,split,unrolled", [(8, 33, 45, 64, 2, False), (3, 100, 7, 128, 4, False),
+                                                        (16, 9, 70, 256, 8, False), (8, 64, 45, 64, 2, True)])
+def test_upcast_gemv_matches_numpy(rng, B, Kd, N, group, split, unrolled):
     """Schedule.upcast: each work-item computes all B batch rows of its column (one loop, B accumulators,
-    W[k, n] loaded once for all of them); odd sizes; every output stored once."""
+    W[k, n] loaded once for all of them, per unrolled copy); odd sizes; every output stored once."""
     ast = K.matmul(B, N, Kd)
-    sched = Schedule("groups", group=group, unroll=4, split=split, upcast=B)
+    sched = Schedule("groups", group=group, unroll=4, split=split, upcast=B, unrolled=unrolled)
     kernel, info = lower(ast, GPU, "gemv", schedule=sched)
     w_loads = [i for i in kernel.walk() if i.kind is L.LOAD and i.src[0].kind is L.PARAM and i.src[0].arg == 1]
-    assert len(w_loads) == 1 and kernel.schedule == sched
+    assert len(w_loads) == (4 if unrolled else 1) and kernel.schedule == sched
     a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
     out = np.zeros(B * N, np.float32)
     writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
