@@ -123,11 +123,12 @@ class CPUProgram(Program):
         self._nvars = nvars
         self._nbuf = compiled.buf_count
         self._plans: dict[tuple, list] = {}
-        # hidden buffers (packed matmul panels) follow the caller's; one launch at a time uses them.
-        # Allocated at the first launch, not zero-filled (the kernel writes a panel before reading it):
-        # loading the program (a disk-cache hit) stays a few ms whatever their size
+        # hidden buffers (a packed matmul's panel scratch) follow the caller's: one set per chunk of a
+        # split launch (each thread its own), one launch at a time. Allocated when a launch first needs
+        # them, not zero-filled (the kernel writes a panel before reading it): loading the program (a
+        # disk-cache hit) stays a few ms whatever their size
         self._nhidden = nhidden
-        self._hidden_ptrs: list[int] = []
+        self._hidden_sets: list[list[int]] = []
         self._hidden_lock = threading.Lock()
 
     def execute(self, buffers: Sequence[int], vals: Sequence[int] = (),
@@ -143,20 +144,29 @@ class CPUProgram(Program):
         extent = global_size[0]
         if self._nhidden:
             with self._hidden_lock:
-                if not self._hidden_ptrs:
-                    for h in self.launch.hidden:
-                        nbytes = h.count * h.dtype.itemsize
-                        self._hidden.append((self.device.allocator.alloc(nbytes), nbytes))
-                    self._hidden_ptrs = [ptr for ptr, _ in self._hidden]
-                return self._execute([*buffers, *self._hidden_ptrs], vals, extent, wait)
+                return self._execute(buffers, vals, extent, wait)
         return self._execute(buffers, vals, extent, wait)
 
     def __del__(self) -> None:
         try:
-            if self._hidden_ptrs:
+            if self._hidden:
                 self.free_hidden()
         except Exception:
             pass
+
+    def _args(self, buffers: Sequence[int], chunk: int) -> Sequence[int]:
+        """The buffers of one chunk of a launch: the caller's, then the chunk's own hidden buffers."""
+        if not self._nhidden:
+            return buffers
+        while len(self._hidden_sets) <= chunk:
+            one = []
+            for h in self.launch.hidden:
+                nbytes = h.count * h.dtype.itemsize
+                ptr = self.device.allocator.alloc(nbytes)
+                self._hidden.append((ptr, nbytes))
+                one.append(ptr)
+            self._hidden_sets.append(one)
+        return [*buffers, *self._hidden_sets[chunk]]
 
     def _execute(self, buffers: Sequence[int], vals: Sequence[int], extent: int, wait: bool) -> float | None:
         t0 = time.perf_counter() if wait else 0.0
@@ -173,7 +183,7 @@ class CPUProgram(Program):
         elif threads > 1:
             self._parallel(fn, buffers, vals, extent, threads)
         else:
-            fn(*buffers, *vals, 0, extent)
+            fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
 
     def prepare(self, buffers: Sequence[int], vals: Sequence[int], global_size: Sequence[int],
@@ -243,7 +253,7 @@ class CPUProgram(Program):
             self._parallel(fn, buffers, vals, extent, threads)
             split.append(time.perf_counter() - t0)
         else:
-            fn(*buffers, *vals, 0, extent)
+            fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
             alone.append(time.perf_counter() - t0)
         if len(split) >= SPLIT_TRIALS:
             plan[0] = _SPLIT if min(split) < 0.9 * min(alone) else _ONE
@@ -254,8 +264,13 @@ class CPUProgram(Program):
         if fn is self._stream_fn:
             step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
         pool = worker_pool(threads)
-        futures = [pool.submit(fn, *buffers, *vals, s, min(s + step, extent))
-                   for s in range(step, extent, step)]
-        fn(*buffers, *vals, 0, min(step, extent))   # the calling thread takes the first chunk
+        if self._nhidden:     # each chunk its own hidden buffers
+            futures = [pool.submit(fn, *self._args(buffers, c), *vals, s, min(s + step, extent))
+                       for c, s in enumerate(range(step, extent, step), 1)]
+            fn(*self._args(buffers, 0), *vals, 0, min(step, extent))
+        else:
+            futures = [pool.submit(fn, *buffers, *vals, s, min(s + step, extent))
+                       for s in range(step, extent, step)]
+            fn(*buffers, *vals, 0, min(step, extent))   # the calling thread takes the first chunk
         for f in futures:
             f.result()

@@ -112,9 +112,9 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
 # ---- packing the right-hand operand's column panel (CPU) ---------------------------------------------
 
 PACK_ROW_BYTES = 1024       # B rows a multiple of this apart put a column panel in few cache sets
-PACK_MAX_BYTES = 64 << 20   # the scratch (one panel per thread-split unit) at most this big
+PACK_MAX_BYTES = 64 << 20   # a thread's scratch (one K x tj panel) at most this big
 PACK_MIN_K = 64
-PACK_CAP = 32 << 20         # symbolic sizes: scratch elements (virtual until used); a launch needing more runs unpacked
+PACK_CAP = 32 << 20         # symbolic sizes: scratch elements per thread (virtual until used); K * tj above runs unpacked
 
 
 def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
@@ -156,8 +156,7 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     if (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize % PACK_ROW_BYTES:
         return None
     ti = max(1, min(tile[0], M))
-    units = (N // tj) * _partitions(M // ti, N // tj)
-    if units * K * tj * ld.dtype.itemsize > PACK_MAX_BYTES or M // ti < 2:
+    if K * tj * ld.dtype.itemsize > PACK_MAX_BYTES or M // ti < 2:
         return None
     return ld, k, tj
 
@@ -195,8 +194,9 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     Widths that `lanes` does not divide use the largest power of two >= 4 that does, else scalar lanes.
 
     `pack` (where _pack_plan finds an operand): each thread-split unit first copies its column panel
-    of that operand (K x tj, B[k, col0:col0+tj]) into its own contiguous part of a scratch buffer (a
-    hidden kernel parameter after the caller's buffers), and its tiles read the panel from there.
+    of that operand (K x tj, B[k, col0:col0+tj]) into a contiguous scratch (a hidden kernel parameter
+    after the caller's buffers; the CPU runtime gives each thread's chunk of units its own, so a
+    thread's units reuse one panel) and its tiles read the panel from there.
 
     Register blocking for reductions like matmul (CPU).
 
@@ -262,12 +262,11 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
         K = k.src[0]
         slot = 1 + max(n.arg for n in ast.toposort() if n.op is Ops.PARAM)
         scratch = UOp.param(slot, ld.dtype)
-        base = u * (K * tj)
         kp = axes.range(K)
-        packs = [scratch.store(base + kp * tj + off, substitute(ld, {k: kp, j: jo * tj + off}))
+        packs = [scratch.store(kp * tj + off, substitute(ld, {k: kp, j: jo * tj + off}))
                  for off in columns(UOp.const(0, dtypes.index), tj)]
-        st = substitute(st, {ld: scratch.load(base + k * tj + (j - jo * tj))})
-        scratch_info = (slot, ld.dtype, _const(Cj * P) * _const(K) * tj)
+        st = substitute(st, {ld: scratch.load(k * tj + (j - jo * tj))})
+        scratch_info = (slot, ld.dtype, _const(K) * tj)
     io = axes.range(Q)
     tile_rows = [(io + p * Q) * ti + a for a in range(ti)]
     # rows past the partitions' tiles (fewer than (P + 1) * ti), one at a time, dealt round-robin to
@@ -306,24 +305,28 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
         col_base = (jo * tj).minimum(N - tj)
         if plan is not None:
-            # packed panels where the scratch holds them all (one of the two loops below runs once)
+            # packed panels where a thread's scratch holds one (K * tj <= PACK_CAP: one of the two loops
+            # below runs once); past that, rows one at a time dealt to the column tile's partitions
+            # (correct, compact IR; only K * tj > PACK_CAP, K > 2M steps, runs it)
             ld, k, _ = plan
             K = k.src[0]
-            fits = ((PACK_CAP // tj) // (Cj * P).maximum(1) // K.maximum(1)).minimum(1)
+            fits = ((PACK_CAP // tj) // K.maximum(1)).minimum(1)
             gp = axes.range(fits * _at_least(N, tj))
             slot = 1 + max(n.arg for n in ast.toposort() if n.op is Ops.PARAM)
             scratch = UOp.param(slot, ld.dtype)
-            base = u * (K * tj)
             kp = axes.range(K)
-            packs = [scratch.store(base + kp * tj + off, substitute(ld, {k: kp, j: col_base + gp + off}))
+            packs = [scratch.store(kp * tj + off, substitute(ld, {k: kp, j: col_base + gp + off}))
                      for off in columns(UOp.const(0, dtypes.index), tj)]
-            packed = substitute(st, {ld: scratch.load(base + k * tj + (j - col_base))})
+            packed = substitute(st, {ld: scratch.load(k * tj + (j - col_base))})
             out += tile_stores(col_base + gp, tj, packed)
             scratch_info = (slot, ld.dtype, PACK_CAP)
             g = axes.range((1 - fits) * _at_least(N, tj))
+            r = axes.range((M + P - 1) // P)
+            row = (r * P + p).minimum(M - 1)        # the partitions deal the rows (the last clamps)
+            out += [substitute(st, {i: row, j: c}) for c in columns(col_base + g, tj)]
         else:
             g = axes.range(_at_least(N, tj))
-        out += tile_stores(col_base + g, tj)
+            out += tile_stores(col_base + g, tj)
         # w <= N < tj (then Cj == 1): w-wide tiles along the row
         w = max(1, tj // 4)
         if 1 < w < tj:
