@@ -442,6 +442,9 @@ class LLVMIRPrinter:
                       f"{self.ty(dt)} {self.ref(b)}")
             return
         odt = srcs[0].dtype
+        if odt.name in _HALF and op is Ops.NEG:     # exact on the 16-bit value (LLVM folds it through fpext)
+            self.emit(f"{r} = fneg {self.vt(odt)} {self.ref(srcs[0])}")
+            return
         if odt.name in _HALF and op is not Ops.NOT:
             # half and bfloat16 arithmetic is done in float32, rounded back once
             names = []
