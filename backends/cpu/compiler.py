@@ -16,7 +16,7 @@ from .features import feature_string, target_features
 from .renderer import LANES_MARK, STREAM_SUFFIX, CPULLVMPrinter, MLIRCPURenderer, streams_output
 
 # bumped when the object code for the same source changes (part of the disk-cache identity)
-CODEGEN_REVISION = "lanes1"
+CODEGEN_REVISION = "pack2"
 # kernels whose register tile the renderer printed as LLVM vectors (renderer.LANES_MARK) need no
 # vectorizer, unroller or loop-invariant motion (the lowering hoists): this short pipeline makes their
 # code (memory-to-register accumulators, folded index math; FMAs come from the `contract` flags in
