@@ -83,14 +83,18 @@ def tile_for(ast: UOp, tile: tuple[int, int]) -> tuple[int, int]:
     """The register tile a kernel gets from the target's `tile`: a static width N below the tile's is
     covered by the largest power-of-two width <= N (>= 4) plus a remainder, not by one N-wide tile
     (N = 10: 8 + 2 columns; a 10-wide tile made odd vectors, 2.1x slower on AVX2), with 2/3 of the
-    rows when there is a remainder."""
+    rows when there is a remainder. A static M between the tile's rows and twice that is cut into two
+    row tiles (M = 8 on AVX2: 2 x 4 rows, not 6 + 2 rows one at a time, each of which read all of B
+    again: batch-8 GEMV 46 -> 16 ms as search found, and two tiles take packed panels)."""
     roles = _tile_roles(ast)
     if roles is None or roles[1] is None:
         return tile
-    n = _const(roles[2].src[0])
+    n, m = _const(roles[2].src[0]), _const(roles[1].src[0])
     ti, tj = tile
+    if m is not None and ti < m < 2 * ti and m // 2 >= 2:
+        ti = m // 2
     if n is None or n >= tj or n < 4:
-        return tile
+        return ti, tj
     w = 1 << (n.bit_length() - 1)
     if _tile_width(n, w)[1]:
         # the remainder joins the tile as one more vector per row (register_tile's `merged`): fewer
