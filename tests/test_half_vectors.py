@@ -10,31 +10,14 @@ import numpy as np
 import pytest
 
 import linear_interp as LI
-from conftest import open_target, random_array
+from conftest import random_array
+from test_gpu_lowering import gpu, renderers  # noqa: F401  (gpu: the CUDA/ROCm pairs fixture)
 from morok_py import dtypes
 from morok_py import kernels as K
 from morok_py.dtypes import to_numpy
 
 HALVES = ["float16", "bfloat16"]
-
-
-def renderers():
-    from backends.cuda.device import compile_only_pairs as cuda_pairs
-    from backends.rocm.device import compile_only_pairs as rocm_pairs
-    return cuda_pairs("sm_90")[:2] + rocm_pairs("gfx942")[:1]
-
-
 PAIRS = ["nvrtc", "llvm-nvptx", "llvm-amdgpu"]
-GPU_PAIRS = [
-    pytest.param(("CUDA", "nvrtc"), id="CUDA-nvrtc", marks=pytest.mark.cuda),
-    pytest.param(("CUDA", "llvm-nvptx"), id="CUDA-llvm-nvptx", marks=pytest.mark.cuda),
-    pytest.param(("ROCM", "llvm-amdgpu"), id="ROCM-llvm-amdgpu", marks=pytest.mark.rocm),
-]
-
-
-@pytest.fixture(params=GPU_PAIRS)
-def gpu(request):
-    return open_target(*request.param)
 
 
 def _cast_add(dt):

@@ -38,7 +38,7 @@ from __future__ import annotations
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..capabilities import Capabilities
-from ..gpu_tile import SMEM_LIMIT, _Builder, _Pass, _plan, _Tile, _vector_aligned
+from ..gpu_tile import SMEM_LIMIT, _Builder, _Pass, _plan, _terms, _Tile, _vector_aligned
 from ..linear import If, Instr, Item, L, Loop
 from ..scan import KernelScan
 
@@ -174,36 +174,6 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     if big == TC_TILE and not staged_fills(plan):
         return TC_TILE_STATIC    # register-staged fills: 64x64 warps would spill under their registers
     return big
-
-
-def _terms(node: UOp) -> dict | None:
-    """{range or None (the rest): coefficient UOp} when node is an affine form of ranges whose coefficients
-    are free of ranges and loads (constants, variables and their arithmetic); else None."""
-    if not node.free_ranges:
-        return None if any(n.op is Ops.LOAD for n in node.toposort()) else {None: node}
-    op = node.op
-    if op is Ops.RANGE:
-        return {node: UOp.const(1, node.dtype)}
-    if op in (Ops.ADD, Ops.SUB):
-        a, b = _terms(node.src[0]), _terms(node.src[1])
-        if a is None or b is None:
-            return None
-        out = dict(a)
-        for k, v in b.items():
-            v = v if op is Ops.ADD else -v
-            out[k] = out[k] + v if k in out else v
-        return out
-    if op is Ops.MUL:
-        x, c = node.src
-        if x.free_ranges and c.free_ranges:
-            return None
-        if not x.free_ranges:
-            x, c = c, x
-        a = _terms(x)
-        if a is None or any(n.op is Ops.LOAD for n in c.toposort()):
-            return None
-        return {k: v * c for k, v in a.items()}
-    return None
 
 
 def launch_alignment(plan, unit: UOp, kind: str, width: int, BK: int) -> list[UOp] | None:
