@@ -140,3 +140,21 @@ def test_half_conv2d_on_the_device(device, rng, dt, case):
         device.buf(x), device.buf(w), device.buf(b), out, N=N)
     _close(out.numpy().astype(np.float64).reshape(ref.shape), ref.astype(npdt).astype(np.float64),
            1e-3 if dt == "float16" else 8e-3)
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+def test_the_default_schedule_of_a_half_conv2d_in_the_interpreter(rng, pair):
+    """What a GPU would run by default (the 128x128 tensor-core tile, 8 warps), interpreted: odd output
+    channels (130: a partial column tile) and a symbolic batch."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90")[pair]
+    N, C, H, W, CO = 2, 16, 10, 10, 130
+    spec = r.render(K.conv2d(None, C, H, W, CO, 3, 3, dtype=dtypes.float16), "conv_default")
+    assert spec.linear.schedule.tensor_core == "mma_m16n8k16", spec.linear.schedule
+    x = random_array(rng, (N, C, H, W), np.float32).astype(np.float16)
+    w = (random_array(rng, (CO, C, 3, 3), np.float32) / 8).astype(np.float16)
+    ref = ref_conv(x, w)
+    out = np.zeros(ref.size, np.float16)
+    writes = LI.run(spec.linear, spec.launch, [x.ravel(), w.ravel(), out], {"N": N})
+    assert (writes[2] == 1).all()
+    _close(out.astype(np.float64).reshape(ref.shape), ref.astype(np.float16).astype(np.float64), 1e-3)
