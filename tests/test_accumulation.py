@@ -216,3 +216,18 @@ def test_half_matmul_4096_matches_torch(pair, dt):
     got = out.numpy().astype(np.float32).reshape(n, n)
     rtol = 2**-9 if dt == "float16" else 2**-6
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * 8)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("cols", [1003, 20011])
+def test_half_max_and_min_gpu_lowering_in_the_interpreter(rng, op, cols):
+    """The GPU group reduction of a float16 MAX/MIN (float32 accumulator in shared memory, rounded once),
+    interpreted: bit for bit numpy's, with an inf and an all -inf row."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90")[0]
+    spec = r.render(K.reduce_axis(op, [None, None], 1, dtype=dtypes.float16), "half_extreme")
+    x = (rng.standard_normal((4, cols)) * 100).astype(np.float16)
+    x[1, 7], x[2, :] = np.inf, -np.inf
+    out = np.zeros(4, np.float16)
+    LI.run(spec.linear, spec.launch, [x.ravel(), out], {"d0": 4, "d1": cols})
+    assert np.array_equal(out.view(np.uint16), getattr(np, op)(x, axis=1).view(np.uint16))
