@@ -332,6 +332,22 @@ class _Builder:
     aligned = True      # building the variant whose launch-time alignment conditions hold (see `conds`)
     conds: list = []
 
+    def grid_prologue(self, p: "_Plan", top: list) -> tuple:
+        """The work-group ids (x: columns, y: rows, z: the batch, bound to p.b), the work-item id and
+        the M, N, K sizes, emitted at the top of a tiled kernel: (gx, gy, tid, M, N, K)."""
+        gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
+        gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
+        tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
+        top += [gx, gy, tid]
+        self.bind: dict[UOp, Instr] = {}
+        if p.b is not None:
+            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
+            top.append(gz)
+            self.bind[p.b] = gz
+        memo: dict[UOp, Instr] = {}
+        sizes = [self.expr(r.src[0], {}, top, memo) for r in (p.i, p.j, p.k)]
+        return (gx, gy, tid, *sizes)
+
     def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan) -> None:
         self.ast, self.caps, self.name, self.p = ast, caps, name, plan
         self.next_id = 0
@@ -414,19 +430,7 @@ class _Builder:
                      "B": [(c // VN) * NT * VN + c % VN for c in range(TN)]}
         body: list[Item] = []
         top = body
-        gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
-        gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
-        tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
-        top += [gx, gy, tid]
-        self.bind: dict[UOp, Instr] = {}
-        if p.b is not None:
-            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
-            top.append(gz)
-            self.bind[p.b] = gz
-        memo: dict[UOp, Instr] = {}
-        M = self.expr(p.i.src[0], {}, top, memo)
-        N = self.expr(p.j.src[0], {}, top, memo)
-        K = self.expr(p.k.src[0], {}, top, memo)
+        gx, gy, tid, M, N, K = self.grid_prologue(p, top)
         tx = self.op(top, Ops.MOD, tid, self.c(NT))
         ty = self.op(top, Ops.IDIV, tid, self.c(NT))
         # the grid has exactly ceil(M / BM) x ceil(N / BN) groups: row0 <= M - 1, col0 <= N - 1

@@ -245,19 +245,8 @@ class _MMABuilder(_Builder):
         self.plain = True
         body: list[Item] = []
         top = body
-        gx = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 0))
-        gy = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 1))
-        tid = self.tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
-        top += [gx, gy, tid]
-        self.bind: dict[UOp, Instr] = {}
-        if p.b is not None:
-            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
-            top.append(gz)
-            self.bind[p.b] = gz
-        memo: dict[UOp, Instr] = {}
-        M = self.expr(p.i.src[0], {}, top, memo)
-        N = self.expr(p.j.src[0], {}, top, memo)
-        K = self.expr(p.k.src[0], {}, top, memo)
+        gx, gy, tid, M, N, K = self.grid_prologue(p, top)
+        self.tid = tid
         warp = self.op(top, Ops.IDIV, tid, self.c(WARP))
         lane = self.op(top, Ops.MOD, tid, self.c(WARP))
         wm0 = self.op(top, Ops.MUL, self.op(top, Ops.IDIV, warp, self.c(warps_n)), self.c(WM))
