@@ -3,6 +3,7 @@ lowering or rendering on a hit; by rendered source: the compiled bytes), plus th
 LaunchInfo serializers the AST level stores."""
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import os
@@ -22,9 +23,18 @@ from morok_py.cache import DiskCache, disk_key, stats
 from conftest import ROOT
 
 
+_TAGS = itertools.count(1000 + uuid.uuid4().int % 10**6)
+
+
+def fresh_tag(frac: float = 0.5) -> float:
+    """A constant no earlier test of this process used (a counter, not a random draw: two draws from
+    a small range collided once in CI and the second test found its kernel in the memory cache)."""
+    return float(next(_TAGS)) + frac
+
+
 def unique_kernel(tag: float | None = None) -> UOp:
     """out[i] = x[i] * c with a constant no other test uses, so no cache has seen it."""
-    c = tag if tag is not None else float(uuid.uuid4().int % 10**9) + 0.5
+    c = tag if tag is not None else fresh_tag()
     x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
     i = UOp.range(UOp.variable("n", 1, 1 << 20), 0)
     return UOp.sink(out.store(i, x.load(i) * c))
@@ -88,7 +98,7 @@ def test_memory_cleared_compile_hits_the_disk_cache(cpu, cache_dir, rng):
 
 
 def test_a_second_process_hits_the_disk_cache(cpu, cache_dir):
-    tag = 17.5 + (uuid.uuid4().int % 1000)
+    tag = fresh_tag()
     cpu.compile(unique_kernel(tag))
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
@@ -142,7 +152,7 @@ def test_disk_key_includes_toolchain_version(cpu):
 def compiled_entry(cpu, base: float, paths):
     """A kernel no cache has seen, compiled through the caches: (ast, its constant, and the entry's
     .bin path, .json path, key and bytes) for the entry `paths` names."""
-    tag = base + (uuid.uuid4().int % 1000)
+    tag = fresh_tag(base % 1)
     ast = unique_kernel(tag)
     cpu.compile(ast)
     bin_path, meta_path, key = paths(cpu, ast)
@@ -423,7 +433,7 @@ def test_malformed_launch_records_are_launch_io_errors(cpu, damage):
 # ---- the AST level of the disk cache ----------------------------------------------------------------
 
 def test_a_disk_hit_by_ast_neither_lowers_nor_renders(cpu, cache_dir, rng, monkeypatch):
-    ast = unique_kernel(7.25 + uuid.uuid4().int % 1000)
+    ast = unique_kernel(fresh_tag(0.25))
     first = cpu.compile(ast)
     cache.clear_memory_caches()
     render = type(cpu.dev.renderer).render
@@ -561,7 +571,7 @@ def _remove_source_entry(cpu, ast) -> int:
 
 @pytest.mark.parametrize("damage", [_truncate_both, _remove_source_entry], ids=["both corrupt", "source gone"])
 def test_without_usable_compiled_bytes_the_kernel_is_recompiled_and_still_correct(cpu, cache_dir, rng, damage):
-    tag = 900.5 + (uuid.uuid4().int % 1000)
+    tag = fresh_tag()
     ast = unique_kernel(tag)
     cpu.compile(ast)
     corrupt = damage(cpu, ast)
