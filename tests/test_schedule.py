@@ -233,6 +233,35 @@ def test_upcast_is_a_gemv_candidate_and_refused_elsewhere():
         Schedule("groups", group=64, upcast=8)
 
 
+@pytest.mark.parametrize("B,Kd,N", [(8, 4096, 4096), (5, 1000, 333), (2, 640, 97)])
+def test_nvptx_gemv_default_is_the_upcast_split_and_correct(rng, B, Kd, N):
+    """The llvm-nvptx printer's capabilities ask for the upcast split of a small batch (GEMV_UPCAST_SPLIT,
+    the lowering's unroll where K is a multiple of 64); NVRTC's keep the plain split. Both interpreted on odd
+    sizes against numpy, every output stored once."""
+    from backends.cuda.renderer import NVPTXRenderer, CUDARenderer
+    from morok_py.codegen.schedule import GEMV_UPCAST_SPLIT
+    assert NVPTXRenderer.caps.split_upcast == 8 and CUDARenderer.caps.split_upcast == 0
+    nvptx = dataclasses.replace(GPU, split_upcast=8)
+    ast = K.matmul(B, N, Kd)
+    got = default_for(ast, nvptx)
+    assert got == Schedule("groups", **GEMV_UPCAST_SPLIT, upcast=B, unrolled=Kd % 64 == 0)
+    assert default_for(ast, GPU).upcast == 0 and default_for(ast, GPU).split > 1
+    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    for caps in (nvptx, GPU):
+        out = np.zeros(B * N, np.float32)
+        kernel, info = lower(ast, caps, "gemv")
+        writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
+        np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+        assert (writes[2] == 1).all()
+
+
+def test_upcast_default_stays_within_the_batch_and_group_limits():
+    nvptx = dataclasses.replace(GPU, split_upcast=8)
+    assert default_for(K.matmul(12, 4096, 4096), nvptx).upcast == 0           # over split_upcast: no upcast
+    small = dataclasses.replace(nvptx, max_threads_per_group=256)
+    assert default_for(K.matmul(8, 4096, 4096), small).upcast == 0             # a 512-item group cannot launch
+
+
 def _loops(items):
     from morok_py.codegen.linear import If, Loop
     for it in items:
@@ -313,7 +342,11 @@ def test_split_reductions_compile_for_sm90(kernel, key):
     spec = r.render(kernel(), "split")
     from test_gpu_tile import cubin_resources
     res = cubin_resources(c.compile(spec).payload)
-    assert spec.linear.schedule.split > 1 and res.get("frame", 0) == 0, res      # no spills
+    sched = spec.linear.schedule
+    # no spills; but llvm-nvptx's default upcast GEMV (512 items, so at most 128 registers) keeps a 16-byte
+    # frame: that is the form timed at 49-53 us on an H100 against 87-95 for the plain split (no frame)
+    frame = 16 if sched.upcast and key == "llvm-nvptx" else 0
+    assert sched.split > 1 and res.get("frame", 0) <= frame, res
     if spec.linear.schedule.min_groups:
         # the occupancy hint (column reductions): 8 groups of 256 per SM, at most 32 registers per item
         assert spec.linear.min_groups == spec.linear.schedule.min_groups == 8 and res["regs"] <= 32, res

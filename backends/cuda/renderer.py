@@ -8,6 +8,7 @@ process on an unselectable op), so those go through nvvm intrinsics or small IR 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from morok_py.codegen.c_like import GPU_BF16_HELPERS, GPUCPrinter
 from morok_py.codegen.linear import Instr, L, LinearKernel
@@ -299,14 +300,16 @@ class NVPTXPrinter(LLVMIRPrinter):
 
 
 class NVPTXRenderer(Renderer):
-    """LLVM IR for llvmlite's NVPTX backend."""
+    """LLVM IR for llvmlite's NVPTX backend. Its split GEMVs default to the upcast form (capabilities'
+    split_upcast): LLVM recomputes a 64-bit address per load of the plain split, which 8 outputs per load of
+    the weights amortize (H100, batch-8 GEMV: 53 us against 91; NVRTC's plain split is already 66 us)."""
 
-    caps = CUDA_CAPS
+    caps = replace(CUDA_CAPS, split_upcast=8)
 
     def __init__(self, device: DeviceSpec, arch: str = "") -> None:
         super().__init__(device)
         self.arch = arch
-        self.caps = cuda_caps(arch)
+        self.caps = replace(cuda_caps(arch), split_upcast=8)
 
     def render_kernel(self, kernel: LinearKernel) -> str:
         return NVPTXPrinter(kernel).render()

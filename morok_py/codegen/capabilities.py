@@ -27,6 +27,9 @@ class Capabilities:
     vector_width: int = 1         # GPU: elementwise kernels load/store this many contiguous elements per item
     matmul_tile: tuple[int, int, int, int, int] | None = None
     # GPU: (BM, BN, BK, TM, TN) shared-memory tiles of a contraction, TM x TN outputs per work-item
+    split_upcast: int = 0         # GPU: a split reduction with a small constant batch beside its columns (a
+                                  # GEMV) computes up to this many batch outputs per work-item by default
+                                  # (Schedule.upcast; schedule.GEMV_UPCAST_SPLIT); 0: the plain split
     tensor_cores: tuple[str, ...] = ()
     # GPU: the matrix instructions of the target a contraction of float16/bfloat16 may use
     # (codegen/strategies/tensor_core.py), e.g. "mma_m16n8k16" (NVIDIA sm_80+)

@@ -241,20 +241,34 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 # plain split's 66 / 86 us.
 
 
+# The upcast default of a printer whose capabilities set split_upcast (caps.split_upcast >= the batch): group
+# 512, split 16, unroll 4 unrolled by the lowering. Timed on an H100, batch-8 GEMV 8x4096x4096 on llvm-nvptx:
+# 49 us (session 6) and 53 us (session 7, as search's winner) against the plain split's 87-95 us. The same
+# shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
+GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
+
+
 def split_min_groups(group: int) -> int:
     return max(1, SPLIT_RESIDENT // group)
 
 
-def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True) -> Schedule:
+def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, split_upcast: int = 0,
+                  max_group: int = 1024) -> Schedule:
     """The split schedule of a column-like reduction, as measured on an H100 (session 6): one load per step (a
     column sum) with the occupancy hint and the loop unrolled by the lowering where its trip count allows
     (8192^2: 108 -> 97 us); several (a GEMV: x and W) the plain split, which ran 64-66 us on NVRTC where the
-    hint and the lowering's unroll took 92 (on llvm-nvptx 86-90 either way; search finds the upcast shapes)."""
+    hint and the lowering's unroll took 92; on a printer with `split_upcast` (llvm-nvptx, 86-95 us plain) a
+    GEMV whose batch is at most that computes the whole batch per work-item (GEMV_UPCAST_SPLIT)."""
     from .scan import top_reduces
-    from .strategies.split_reduce import lowering_unroll_applies
+    from .strategies.split_reduce import lowering_unroll_applies, upcast, upcast_plan
     loads = {n for red in top_reduces(list(ast.src)) for n in red.src[0].toposort() if n.op is Ops.LOAD}
     base = Schedule("groups", group=group, unroll=SPLIT_UNROLL, split=SPLIT)
     if len(loads) != 1:
+        up = upcast_plan(ast, scan) if split_upcast and GEMV_UPCAST_SPLIT["group"] <= max_group else None
+        if up is not None and up.src[0].arg <= split_upcast:
+            sh = GEMV_UPCAST_SPLIT
+            return Schedule("groups", **sh, upcast=up.src[0].arg,
+                            unrolled=lowering_unroll_applies(upcast(ast, up), sh["split"], sh["unroll"]))
         return base
     return replace(base, min_groups=split_min_groups(group),
                    unrolled=cuda and lowering_unroll_applies(ast, SPLIT, SPLIT_UNROLL))
@@ -294,7 +308,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
         from .gpu_tile import _cuda_like
-        return split_default(ast, scan, group, _cuda_like(caps))     # AMD: no timing backs the lowering's unroll
+        # AMD: no timing backs the lowering's unroll
+        return split_default(ast, scan, group, _cuda_like(caps), caps.split_upcast,
+                             min(caps.max_threads_per_group, caps.local_max[0]))
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
             from .strategies.grid_reduce import grid_plan
