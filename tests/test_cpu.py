@@ -129,7 +129,21 @@ def run_sum_rows_and_matmul(cpu, x, a, b):
     return s.numpy(), c.numpy()
 
 
-def test_one_and_two_threads_give_identical_results(cpu, rng, monkeypatch):
+def split_at(monkeypatch, lo: int, hi: int) -> None:
+    """Split thresholds (in memory accesses) for both pools: the Python executor's and the native one's."""
+    for name, v in (("PARALLEL_MIN_WORK", lo), ("PARALLEL_SURE_WORK", hi), ("NATIVE_MIN_WORK", lo),
+                    ("NATIVE_SURE_WORK", hi)):
+        monkeypatch.setattr(cpu_runtime, name, v)
+
+
+@pytest.fixture(params=["native", "python"])
+def pool(request, monkeypatch):
+    """Each split launch on the native workers (backends/cpu/pool.py) and on the Python executor."""
+    monkeypatch.setenv("MOROK_CPU_POOL", request.param)
+    return request.param
+
+
+def test_one_and_two_threads_give_identical_results(cpu, rng, monkeypatch, pool):
     x = rng.standard_normal((4099, 257)).astype(np.float32)
     a, b = rng.standard_normal((301, 203)).astype(np.float32), rng.standard_normal((203, 299)).astype(np.float32)
     monkeypatch.setenv("MOROK_CPU_THREADS", "1")
@@ -141,14 +155,20 @@ def test_one_and_two_threads_give_identical_results(cpu, rng, monkeypatch):
     np.testing.assert_allclose(c2.reshape(301, 299), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_large_kernels_run_on_the_worker_pool(cpu, rng, monkeypatch):
+def test_large_kernels_run_on_the_worker_pool(cpu, rng, monkeypatch, pool):
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", cpu_runtime.PARALLEL_MIN_WORK)   # no trial zone
+    split_at(monkeypatch, cpu_runtime.PARALLEL_MIN_WORK, cpu_runtime.PARALLEL_MIN_WORK)   # no trial zone
     n = cpu_runtime.PARALLEL_MIN_WORK * 4 + 3
     x = rng.standard_normal(n).astype(np.float32)
     out = cpu.empty(n, dtypes.float32)
-    cpu.compile(K.unary("neg"))(cpu.buf(x), out, n=n)
-    assert cpu_runtime._pool_size == 3
+    prog = cpu.compile(K.unary("neg"))
+    prog(cpu.buf(x), out, n=n)
+    if pool == "python":
+        assert cpu_runtime._pool_size == 3 and prog._native_pool() is None
+    else:
+        from morok_py.backends.cpu.pool import native_pool_error
+        assert prog._native_pool() is not None, native_pool_error()
+        assert prog._native_pool().workers >= 2
     np.testing.assert_array_equal(out.numpy(), -x)
 
 
@@ -202,10 +222,9 @@ def test_kernels_that_reduce_or_read_their_output_have_no_streaming_variant(cpu)
 @x86_only
 @pytest.mark.parametrize("n,threads", [(10007, 3), (64 * 5 + 1, 2), (100, 1)])
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
-def test_streaming_variant_matches_numpy(cpu, rng, monkeypatch, n, threads, symbolic):
+def test_streaming_variant_matches_numpy(cpu, rng, monkeypatch, n, threads, symbolic, pool):
     monkeypatch.setattr(cpu_runtime, "STREAM_MIN_BYTES", 0)      # stream at any size
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # and split whatever can be split
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    split_at(monkeypatch, 1, 1)     # and split whatever can be split
     monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
     prog = cpu.compile(K.add(None if symbolic else n), name=f"stream_add_{n}_{threads}_{int(symbolic)}")
     a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
@@ -247,8 +266,7 @@ TILE_SHAPES = [(1, 5, 1), (7, 3, 9), (13, 17, 10), (9, 31, 33), (33, 20, 65), (1
 @pytest.mark.parametrize("M,Kd,N", TILE_SHAPES)
 @pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
 def test_register_tiled_matmul_matches_numpy(cpu, rng, monkeypatch, M, Kd, N, symbolic):
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)     # split even small ones over threads
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    split_at(monkeypatch, 1, 1)     # split even small ones over threads
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
     a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
     if symbolic:
@@ -294,8 +312,7 @@ def test_work_counts_every_load_and_store_a_launch_executes(cpu):
 
 
 def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, rng, monkeypatch):
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1 << 62)
+    split_at(monkeypatch, 1, 1 << 62)
     monkeypatch.setenv("MOROK_CPU_THREADS", "2")
     n = 100_003
     prog = cpu.compile(K.add(), name="trial_add")
@@ -552,12 +569,11 @@ def test_register_tile_lanes_match_numpy_for_every_dtype(cpu, rng, dt, kind):
     ("float64", "matmul", 29, 65, 128), ("int32", "matmul", 25, 64, 256), ("float16", "matmul", 20, 64, 512),
     ("float32", "matmul", 64, 64, 256)])
 @pytest.mark.parametrize("tile", [None, (4, 32)], ids=["default", "4x32"])
-def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, tile):
+def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, tile, pool):
     """Schedule.pack: every thread-split unit copies its K x tj column panel of B into a hidden scratch
     and its tiles read it from there; several threads (and row partitions with the 4 x 32 tile)."""
     from morok_py.codegen.schedule import Schedule, using
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    split_at(monkeypatch, 1, 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
     renderer, compiler = cpu.pair()
     if not renderer.caps.tile_lanes:
@@ -616,8 +632,7 @@ def test_a_symbolic_packed_matmul_runs_packed_or_not_by_the_scratchs_size(cpu, r
     (opt.PACK_CAP elements), the row-at-a-time fallback otherwise (K = 100 here); one program, all exact."""
     from morok_py.codegen import opt
     monkeypatch.setattr(opt, "PACK_CAP", 1024)
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_MIN_WORK", 1)
-    monkeypatch.setattr(cpu_runtime, "PARALLEL_SURE_WORK", 1)
+    split_at(monkeypatch, 1, 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
     renderer, compiler = cpu.pair()
     if not renderer.caps.tile_lanes:

@@ -18,6 +18,7 @@ from morok_py.errors import DeviceError, LaunchError
 from .builtins import ensure_builtins, undefined_symbols, unresolved
 from .compiler import host_cpu, llvm
 from .features import load_mismatch
+from .pool import NativePool, native_pool, pool_kind, pool_spin
 from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 
 # The work of a launch is counted in memory accesses executed (each load and store, times the
@@ -25,6 +26,10 @@ from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 # Handing work to the pool costs 30-70 us on a small VM, what one core needs for about 1M accesses.
 PARALLEL_MIN_WORK = 1 << 20     # below: the calling thread alone
 PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads without asking
+# The native pool (pool.py) hands work over in 1-10 us (2-vCPU CI machine: 8.9 us for a 2-way split of a
+# 4096-element add against 85 us through the executor), what one core needs for ~32K accesses
+NATIVE_MIN_WORK = 1 << 15
+NATIVE_SURE_WORK = 1 << 22
 SPLIT_TRIALS = 2                # in between: time this many launches each way, then keep the faster
 
 
@@ -118,6 +123,15 @@ class CPUProgram(Program):
         self.address = addr
         stream = self._engine.get_function_address(compiled.symbol + STREAM_SUFFIX)
         self._stream_fn = proto(stream) if stream else None
+        self._stream_addr = stream
+        # split launches on the native workers (pool.py): the argument block of the last split launch
+        self._pool_checked = False
+        self._pool_kind = ""
+        self._pool: NativePool | None = None
+        self._trampoline = 0
+        self._block = None
+        self._block_key: tuple | None = None
+        self._block_chunks = 0
         info = compiled.launch
         self._stream_slots = [] if info is None else [p.slot for p in info.params if p.written]
         self._nvars = nvars
@@ -153,6 +167,19 @@ class CPUProgram(Program):
                 self.free_hidden()
         except Exception:
             pass
+
+    def _native_pool(self) -> NativePool | None:
+        """The native pool and this kernel's trampoline, unless MOROK_CPU_POOL=python or none can exist here."""
+        kind = pool_kind()       # the settings are read at every split launch (two lookups, ~0.5 us)
+        if not self._pool_checked or self._pool_kind != kind:
+            self._pool_kind = kind
+            self._pool = native_pool(llvm()) if kind == "native" else None
+            if self._pool is not None:
+                self._trampoline = self._pool.trampoline(self._nbuf + self._nhidden, self._nvars + 2)
+            self._pool_checked = True
+        if self._pool is not None:
+            self._pool.set_spin(pool_spin())
+        return self._pool
 
     def _args(self, buffers: Sequence[int], chunk: int) -> Sequence[int]:
         """The buffers of one chunk of a launch: the caller's, then the chunk's own hidden buffers."""
@@ -225,7 +252,8 @@ class CPUProgram(Program):
         values = dict(zip(info.var_names, vals))
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
-        mode = _ONE if work < PARALLEL_MIN_WORK else _SPLIT if work >= PARALLEL_SURE_WORK else _TRIAL
+        lo, hi = (NATIVE_MIN_WORK, NATIVE_SURE_WORK) if self._native_pool() else (PARALLEL_MIN_WORK, PARALLEL_SURE_WORK)
+        mode = _ONE if work < lo else _SPLIT if work >= hi else _TRIAL
         if mode is _TRIAL and self._nhidden:
             # a packed register tile (the only CPU kernel with a hidden scratch): its panel reads are not
             # among the counted accesses and each counted one feeds a tile row of FMAs, so it is compute-
@@ -263,6 +291,19 @@ class CPUProgram(Program):
         step = -(-extent // chunks)
         if fn is self._stream_fn:
             step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
+        native = self._native_pool()
+        if native is not None:
+            key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
+            if key != self._block_key:
+                words = [self._stream_addr if key[0] else self.address]
+                for c, s in enumerate(range(0, extent, step)):
+                    words += self._args(buffers, c)
+                    words += vals
+                    words += (s, min(s + step, extent))
+                self._block, self._block_key = (ctypes.c_int64 * len(words))(*words), key
+                self._block_chunks = len(range(0, extent, step))
+            native.run(self._trampoline, self._block, self._block_chunks, threads)
+            return
         pool = worker_pool(threads)
         if self._nhidden:     # each chunk its own hidden buffers
             futures = [pool.submit(fn, *self._args(buffers, c), *vals, s, min(s + step, extent))

@@ -1,0 +1,287 @@
+"""Native worker threads for split CPU launches.
+
+Python's ThreadPoolExecutor hands a chunk to a worker through a queue, a condition variable and the GIL:
+measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per launch and 11 extra chunks
+316 us, which is more than a 256x512x10 matmul takes on one core. Here the workers are native threads
+(pthreads) that run JIT-compiled code only and never touch the interpreter:
+
+- the launching thread writes the job (a trampoline, its argument block, the chunk count), bumps a
+  generation counter and wakes sleeping workers with one futex call;
+- every thread, the launching one included, claims chunks with an atomic add until none is left;
+- each worker counts itself done and the launching thread waits (spinning, then yielding) for all of them.
+
+Idle workers spin for `MOROK_CPU_SPIN` pause instructions (default POOL_SPIN, some tens of microseconds)
+before they sleep on the futex, so back-to-back launches (a graph executor's plan) find them awake.
+
+A trampoline per kernel arity (P pointer arguments, V int32 values with start and end) reads chunk c's
+arguments from row c of the block: `void tramp(i64 *block, i64 c)`, block = [kernel, row words, rows...].
+One launch at a time uses the pool (a lock); Linux on x86-64 and AArch64 only (the futex call's number).
+Elsewhere, or with MOROK_CPU_POOL=python, the runtime keeps the Python executor.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+
+POOL_SPIN = 4096           # pause instructions an idle worker spins before it sleeps (a sched_yield every 64,
+                           # so an oversubscribed or loaded machine still runs the others): ~10-600 us
+# futex system call number, and the spin-wait hint (an intrinsic: MCJIT has no inline-asm parser)
+_X86 = (202, "call void @llvm.x86.sse2.pause()", "declare void @llvm.x86.sse2.pause()")
+_ARM = (98, "call void @llvm.aarch64.hint(i32 1)", "declare void @llvm.aarch64.hint(i32)")
+_FUTEX = {"x86_64": _X86, "amd64": _X86, "aarch64": _ARM, "arm64": _ARM}
+
+
+def pool_kind() -> str:
+    """MOROK_CPU_POOL: 'native' (default where supported) or 'python'."""
+    raw = os.environ.get("MOROK_CPU_POOL", "") or "native"
+    if raw not in ("native", "python"):
+        raise ValueError(f"MOROK_CPU_POOL must be 'native' or 'python', got {raw!r}")
+    return raw
+
+
+def pool_spin() -> int:
+    raw = os.environ.get("MOROK_CPU_SPIN", "")
+    if raw == "":
+        return POOL_SPIN
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"MOROK_CPU_SPIN must be an integer, got {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"MOROK_CPU_SPIN must be >= 0, got {n}")
+    return n
+
+
+def _pool_ir(futex: int, pause: str, declare: str) -> str:
+    return f"""
+{declare}
+@gen = internal global i32 0, align 64
+@left = internal global i64 0, align 64
+@next = internal global i64 0, align 64
+@jfn = internal global ptr null, align 64
+@jarg = internal global ptr null
+@jn = internal global i64 0
+@spin = global i64 {POOL_SPIN}
+
+declare i64 @syscall(i64, ...)
+declare i32 @sched_yield()
+
+define internal void @drain() {{
+entry:
+  %fn = load ptr, ptr @jfn
+  %arg = load ptr, ptr @jarg
+  %n = load i64, ptr @jn
+  br label %loop
+loop:
+  %i = atomicrmw add ptr @next, i64 1 monotonic
+  %more = icmp ult i64 %i, %n
+  br i1 %more, label %run, label %done
+run:
+  call void %fn(ptr %arg, i64 %i)
+  br label %loop
+done:
+  ret void
+}}
+
+; a worker: wait for a generation other than the one it last saw, drain it, count itself done
+define ptr @morok_pool_worker(ptr %start) {{
+entry:
+  %g0 = ptrtoint ptr %start to i32
+  br label %wait
+wait:
+  %seen = phi i32 [ %g0, %entry ], [ %cur, %work ]
+  br label %poll
+poll:
+  %k = phi i64 [ 0, %wait ], [ %k1, %pause ], [ %k1, %yield ], [ %k, %sleep ]
+  %cur = load atomic i32, ptr @gen acquire, align 4
+  %changed = icmp ne i32 %cur, %seen
+  br i1 %changed, label %work, label %idle
+idle:
+  %lim = load atomic i64, ptr @spin monotonic, align 8
+  %under = icmp ult i64 %k, %lim
+  br i1 %under, label %pause, label %sleep
+pause:
+  {pause}
+  %k1 = add i64 %k, 1
+  %nth = and i64 %k1, 63
+  %give = icmp eq i64 %nth, 0
+  br i1 %give, label %yield, label %poll
+yield:
+  %y = call i32 @sched_yield()
+  br label %poll
+sleep:
+  %s64 = zext i32 %seen to i64
+  %r = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 128, i64 %s64, ptr null)
+  br label %poll
+work:
+  call void @drain()
+  %old = atomicrmw sub ptr @left, i64 1 release
+  br label %wait
+}}
+
+; one launch: publish the job, wake the workers, take chunks too, wait until every worker is done
+define void @morok_pool_run(ptr %fn, ptr %arg, i64 %n, i64 %workers) {{
+entry:
+  store ptr %fn, ptr @jfn
+  store ptr %arg, ptr @jarg
+  store i64 %n, ptr @jn
+  store atomic i64 0, ptr @next monotonic, align 8
+  store atomic i64 %workers, ptr @left monotonic, align 8
+  %old = atomicrmw add ptr @gen, i32 1 seq_cst
+  %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 129, i64 2147483647)
+  call void @drain()
+  br label %wait
+wait:
+  %k = phi i64 [ 0, %entry ], [ %k1, %pause ], [ 0, %yield ]
+  %l = load atomic i64, ptr @left acquire, align 8
+  %z = icmp eq i64 %l, 0
+  br i1 %z, label %done, label %spinning
+spinning:
+  %short = icmp ult i64 %k, 64
+  br i1 %short, label %pause, label %yield
+pause:
+  {pause}
+  %k1 = add i64 %k, 1
+  br label %wait
+yield:
+  %y = call i32 @sched_yield()
+  br label %wait
+done:
+  ret void
+}}
+
+define i32 @morok_pool_generation() {{
+  %g = load atomic i32, ptr @gen acquire, align 4
+  ret i32 %g
+}}
+"""
+
+
+def _trampoline_ir(nptr: int, nval: int) -> str:
+    """`void morok_tramp(i64 *block, i64 c)`: calls block[0] with row c's nptr pointers and nval int32s."""
+    row = nptr + nval
+    loads, args = [], []
+    for i in range(row):
+        loads.append(f"  %a{i}p = getelementptr i64, ptr %row, i64 {i}")
+        if i < nptr:
+            loads.append(f"  %a{i} = load ptr, ptr %a{i}p, align 8")
+            args.append(f"ptr %a{i}")
+        else:
+            loads.append(f"  %w{i} = load i64, ptr %a{i}p, align 8")
+            loads.append(f"  %a{i} = trunc i64 %w{i} to i32")
+            args.append(f"i32 %a{i}")
+    body = "\n".join(loads)
+    return f"""
+define void @morok_tramp(ptr %block, i64 %c) {{
+  %fn = load ptr, ptr %block, align 8
+  %off = mul i64 %c, {row}
+  %start = add i64 %off, 1
+  %row = getelementptr i64, ptr %block, i64 %start
+{body}
+  call void %fn({", ".join(args)})
+  ret void
+}}
+"""
+
+
+class NativePool:
+    """The process's native workers (created on demand, never stopped: they sleep when idle and end with
+    the process; a forked child makes its own)."""
+
+    def __init__(self, llvm) -> None:
+        arch = platform.machine().lower()
+        if os.name != "posix" or platform.system() != "Linux" or arch not in _FUTEX:
+            raise OSError(f"no native CPU pool on {platform.system()} {arch}: Linux on x86-64 or AArch64 only")
+        self._llvm = llvm
+        self._engine = self._jit(_pool_ir(*_FUTEX[arch]))
+        self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+            self._engine.get_function_address("morok_pool_run"))
+        self._generation = ctypes.CFUNCTYPE(ctypes.c_int32)(self._engine.get_function_address("morok_pool_generation"))
+        self._worker = self._engine.get_function_address("morok_pool_worker")
+        self._spin = ctypes.c_int64.from_address(self._engine.get_global_value_address("spin"))
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._create = libc.pthread_create
+        self._create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self._create.restype = ctypes.c_int
+        self._detach = libc.pthread_detach
+        self._detach.argtypes = [ctypes.c_ulong]
+        self._trampolines: dict[tuple[int, int], tuple[object, int]] = {}
+        self.workers = 0
+        self.lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _jit(self, ir: str):
+        """An execution engine of `ir`, with a target machine of its own (an engine owns and frees its
+        target machine: one shared with a program would dangle once the program is dropped)."""
+        llvm = self._llvm
+        triple = llvm.get_process_triple()
+        tm = llvm.Target.from_triple(triple).create_target_machine(codemodel="jitdefault")
+        mod = llvm.parse_assembly(ir)
+        mod.triple = triple
+        mod.verify()
+        engine = llvm.create_mcjit_compiler(mod, tm)
+        engine.finalize_object()
+        return engine
+
+    def trampoline(self, nptr: int, nval: int) -> int:
+        """The address of the trampoline for kernels of nptr pointers and nval int32 values (compiled once)."""
+        key = (nptr, nval)
+        got = self._trampolines.get(key)
+        if got is None:
+            with self.lock:
+                got = self._trampolines.get(key)
+                if got is None:
+                    engine = self._jit(_trampoline_ir(nptr, nval))
+                    got = self._trampolines[key] = (engine, engine.get_function_address("morok_tramp"))
+        return got[1]
+
+    def _grow(self, n: int) -> None:
+        """At least n workers (called with the lock held, no launch in flight)."""
+        if os.getpid() != self._pid:        # a forked child: the parent's workers did not come along
+            self.workers, self._pid = 0, os.getpid()
+        while self.workers < n:
+            tid = ctypes.c_ulong()
+            # the worker starts from the current generation (passed in, not read by it: a worker that
+            # starts late must still take part in the next launch, which counts it)
+            err = self._create(ctypes.byref(tid), None, self._worker, self._generation() & 0xFFFFFFFF)
+            if err:
+                raise OSError(err, f"pthread_create failed: {os.strerror(err)}")
+            self._detach(tid.value)
+            self.workers += 1
+
+    def set_spin(self, n: int) -> None:
+        """Pause instructions idle workers spin before sleeping (read by them at their next wait)."""
+        if self._spin.value != n:
+            self._spin.value = n
+
+    def run(self, trampoline: int, block, chunks: int, threads: int) -> None:
+        """Run `chunks` rows of `block` on the launching thread and threads - 1 workers (blocks until done)."""
+        with self.lock:
+            if self.workers < threads - 1 or os.getpid() != self._pid:
+                self._grow(threads - 1)
+            self._run(trampoline, ctypes.addressof(block), chunks, self.workers)
+
+
+_pool_lock = threading.Lock()
+_pool: NativePool | None = None
+_pool_error: str | None = None
+
+
+def native_pool(llvm) -> NativePool | None:
+    """The process's pool, or None where it cannot exist (the reason is kept in `native_pool_error()`)."""
+    global _pool, _pool_error
+    if _pool is not None or _pool_error is not None:
+        return _pool
+    with _pool_lock:
+        if _pool is None and _pool_error is None:
+            try:
+                _pool = NativePool(llvm)
+            except (OSError, RuntimeError, AttributeError) as e:
+                _pool_error = str(e)
+    return _pool
+
+
+def native_pool_error() -> str | None:
+    return _pool_error

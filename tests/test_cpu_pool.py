@@ -1,0 +1,153 @@
+"""The native worker pool of split CPU launches (backends/cpu/pool.py): results identical to one thread for
+every kernel arity, more threads than cores, idle workers that sleep at once, concurrent launches from
+several Python threads, a forked child, and bad settings. Hang-prone cases run in a subprocess with a
+time limit, so a deadlock fails the test instead of stopping the suite."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from morok_py import dtypes, kernels as K
+from morok_py.backends.cpu import runtime as cpu_runtime
+from morok_py.backends.cpu.pool import native_pool_error
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the native pool is Linux-only")
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    for name in ("PARALLEL_MIN_WORK", "PARALLEL_SURE_WORK", "NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
+        monkeypatch.setattr(cpu_runtime, name, 1)
+    monkeypatch.setenv("MOROK_CPU_POOL", "native")
+
+
+def _mlp(cpu, rng, M, Kd, N):
+    """The fused dense layer with symbolic sizes: 4 buffers and 3 values (7-pointer trampolines with the
+    hidden panel scratch of a packed tile, or 4 without)."""
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, Kd), (Kd, N), (N,)))
+    out = cpu.buf(np.full(M * N, np.nan, np.float32))
+    cpu.compile(K.matmul_bias_relu(), name="pool_dense")(cpu.buf(x), cpu.buf(w), cpu.buf(bias), out, M=M, N=N, K=Kd)
+    return out.numpy().reshape(M, N), np.maximum(x.astype(np.float64) @ w + bias, 0)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_split_launches_on_native_workers_equal_one_thread(cpu, rng, monkeypatch, split_everything, threads):
+    """8 threads on this 2-core machine too: more workers than cores must still finish (they yield)."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
+    n = 100_003
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = cpu.empty(n, dtypes.float32)
+    add = cpu.compile(K.add(), name="pool_add")
+    for _ in range(50):
+        add(cpu.buf(a), cpu.buf(b), out, n=n)
+    np.testing.assert_array_equal(out.numpy(), a + b)
+    assert add._native_pool() is not None, native_pool_error()
+    assert add._native_pool().workers >= threads - 1
+    got, want = _mlp(cpu, rng, 97, 70, 131)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "1")
+    one, _ = _mlp(cpu, np.random.default_rng(0), 97, 70, 131)
+    many = _mlp(cpu, np.random.default_rng(0), 97, 70, 131)[0]
+    np.testing.assert_array_equal(one, many)
+
+
+def test_workers_that_sleep_at_once_still_take_every_launch(cpu, rng, monkeypatch, split_everything):
+    monkeypatch.setenv("MOROK_CPU_SPIN", "0")
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    x = rng.standard_normal(40_001).astype(np.float32)
+    out = cpu.empty(x.size, dtypes.float32)
+    neg = cpu.compile(K.unary("neg"), name="pool_neg_sleepy")
+    assert neg._native_pool() is not None, native_pool_error()
+    for i in range(30):
+        out.copyin(np.zeros(x.size, np.float32))
+        neg(cpu.buf(x * i), out, n=x.size)
+        np.testing.assert_array_equal(out.numpy(), -(x * i))
+
+
+def test_concurrent_launches_from_python_threads(cpu, rng, monkeypatch, split_everything):
+    """Four Python threads launch split kernels at once; the pool takes one launch at a time."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    n = 30_011
+    add = cpu.compile(K.add(), name="pool_add_concurrent")
+    errs: list[BaseException] = []
+
+    def work(seed):
+        try:
+            r = np.random.default_rng(seed)
+            for _ in range(40):
+                a, b = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+                out = cpu.empty(n, dtypes.float32)
+                add(cpu.buf(a), cpu.buf(b), out, n=n)
+                np.testing.assert_array_equal(out.numpy(), a + b)
+        except BaseException as e:      # noqa: BLE001
+            errs.append(e)
+    ts = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in ts), "a launch never finished"
+    assert not errs, errs[0]
+
+
+_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from morok_py import Device, Buffer, dtypes, kernels as K
+    from morok_py.backends.cpu import runtime as rt
+    for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
+        setattr(rt, name, 1)
+    os.environ["MOROK_CPU_POOL"] = "native"
+    os.environ["MOROK_CPU_THREADS"] = "3"
+    dev = Device["CPU"]
+    add = dev.compile(K.add(), name="pool_fork_add")
+    def launch(seed, reps):
+        r = np.random.default_rng(seed)
+        n = 50_021
+        a, b = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+        out = dev.buffer(n, dtypes.float32)
+        for _ in range(reps):
+            add(Buffer.from_numpy(a, dev), Buffer.from_numpy(b, dev), out, n=n)
+        assert np.array_equal(out.numpy(), a + b)
+    launch(1, 2000)                 # many back-to-back launches: no lost wake-up
+    assert add._native_pool().workers == 2
+    pid = os.fork()
+    if pid == 0:                    # the child has no workers until it launches: they are made again
+        try:
+            launch(2, 20)
+            os._exit(0 if add._native_pool().workers == 2 else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    launch(3, 20)
+    print("child", os.waitstatus_to_exitcode(status))
+""")
+
+
+def test_many_launches_and_a_forked_child(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=240, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "child 0" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("var,value", [("MOROK_CPU_POOL", "pthreads"), ("MOROK_CPU_SPIN", "-1"),
+                                       ("MOROK_CPU_SPIN", "lots")])
+def test_bad_pool_settings_are_refused_before_any_launch(cpu, rng, monkeypatch, split_everything, var, value):
+    monkeypatch.setenv(var, value)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    x = rng.standard_normal(1001).astype(np.float32)
+    out = cpu.buf(np.zeros(1001, np.float32))
+    prog = cpu.compile(K.unary("neg"), name=f"pool_bad_{var}_{value}")
+    with pytest.raises(ValueError, match=var):
+        prog(cpu.buf(x), out, n=1001)
+    assert (out.numpy() == 0).all()      # nothing ran
