@@ -260,7 +260,10 @@ def matmul_into_nan(cpu, prog, a, b, **sizes):
 
 # (M, K, N): sizes below, at and above the tile (8 x 32 with AVX-512, 6 x 16 with AVX2), not multiples
 TILE_SHAPES = [(1, 5, 1), (7, 3, 9), (13, 17, 10), (9, 31, 33), (33, 20, 65), (100, 64, 47), (8, 5, 32),
-               (17, 9, 8), (65, 13, 4), (129, 40, 100), (16, 16, 31), (512, 64, 10)]
+               (17, 9, 8), (65, 13, 4), (129, 40, 100), (16, 16, 31), (512, 64, 10),
+               # row tiles with no useful divisor (53 on AVX2's 4-row narrow tile, 51 on AVX-512's 5): as
+               # many partitions as wanted, the leftover rows dealt round-robin and clamped
+               (215, 37, 10), (256, 40, 10), (433, 9, 20)]
 
 
 @pytest.mark.parametrize("M,Kd,N", TILE_SHAPES)
