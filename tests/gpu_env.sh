@@ -17,3 +17,13 @@ fi
   python3 -c "from morok_py import Device; d = Device['CUDA']; print(d, d.info())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+
+# step NAME LIMIT_S COMMAND...: run one step into $R/NAME.log, its tail into $B, unless fewer than LIMIT_S
+# seconds remain before $DEADLINE (the callers set R, B and DEADLINE)
+step() {   # step NAME LIMIT_S COMMAND...: run unless fewer than LIMIT_S seconds remain before DEADLINE
+  local name=$1 lim=$2; shift 2
+  if (( SECONDS + lim > DEADLINE )); then echo "== $name: skipped, ${SECONDS}s used" | tee -a "$B"; return; fi
+  echo "== $name (t=${SECONDS}s)" | tee -a "$B"
+  timeout "$lim" "$@" > "$R/$name.log" 2>&1; echo "rc $? after ${SECONDS}s" >> "$R/$name.log"
+  grep -v "\[#\|^kernels \[" "$R/$name.log" | tail -${TAILN:-24} | tee -a "$B"
+}

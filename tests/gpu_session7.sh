@@ -14,13 +14,6 @@ source tests/gpu_env.sh
 DEADLINE=${DEADLINE:-520}
 R=/tmp/res; mkdir -p "$R"
 B="$OUT/bench.log"
-step() {   # step NAME LIMIT_S COMMAND...: run unless fewer than LIMIT_S seconds remain before DEADLINE
-  local name=$1 lim=$2; shift 2
-  if (( SECONDS + lim > DEADLINE )); then echo "== $name: skipped, ${SECONDS}s used" | tee -a "$B"; return; fi
-  echo "== $name (t=${SECONDS}s)" | tee -a "$B"
-  timeout "$lim" "$@" > "$R/$name.log" 2>&1; echo "rc $? after ${SECONDS}s" >> "$R/$name.log"
-  grep -v "\[#\|^kernels \[" "$R/$name.log" | tail -${TAILN:-24} | tee -a "$B"
-}
 ( taskset -c 0-3 /usr/bin/time -f "wall %e s" timeout ${SUITE_TIMEOUT:-200} python3 -m pytest -q -rs -m cuda \
     -p no:cacheprovider tests/ --ignore=tests/test_onnx_nodes.py --ignore=tests/test_onnx_models.py \
     > "$OUT/pytest_cuda.log" 2>&1 ) &
