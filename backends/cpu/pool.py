@@ -196,6 +196,8 @@ class NativePool:
             raise OSError(f"no native CPU pool on {platform.system()} {arch}: Linux on x86-64 or AArch64 only")
         self._llvm = llvm
         self._engine = self._jit(_pool_ir(*_FUTEX[arch]))
+        # never freed: a worker may still be spinning in this code while the interpreter shuts down
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._engine))
         self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
             self._engine.get_function_address("morok_pool_run"))
         self._generation = ctypes.CFUNCTYPE(ctypes.c_int32)(self._engine.get_function_address("morok_pool_generation"))
