@@ -228,14 +228,18 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         inner = chain[:depth + 1]
         serial_unroll = self.schedule.unroll if not cooperative else 0
         by = self.split_unroll(ranges) if cooperative and self.split_mode else 0
-        if by:      # unrolled by the lowering (strategies/split_reduce.py): one scope per copy
+        vplan = self.vector_reduce_plan(nodes, ranges) if cooperative else None
+        if vplan is not None:   # 16-bit loads as 16-byte vectors (strategies/group_reduce.py)
+            self.emit_vector_reduces(nodes, accs, vplan, chain, depth)
+            copies = None
+        elif by:    # unrolled by the lowering (strategies/split_reduce.py): one scope per copy
             copies = self.open_unrolled(ranges[0], inner, by)
         else:
             for n_r, r in enumerate(ranges):
                 inner = self.open_loop(r, inner, len(inner) - 1, distributed=cooperative and n_r == 0,
                                        unroll=serial_unroll if n_r == len(ranges) - 1 else 0)
             copies = [inner]
-        for inner in copies:
+        for inner in copies or ():
             for node, acc in zip(nodes, accs):
                 val = self.emit(node.src[0], inner)
                 if acc.lanes > 1:
@@ -248,7 +252,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
                 for ins in (cur, upd, put):
                     self.place(ins, inner, len(inner) - 1)
         self.unroll_copy = None
-        self.close_loops(copies[0], len(ranges))
+        if copies is not None:
+            self.close_loops(copies[0], len(ranges))
         for node, acc in zip(nodes, accs):
             res = self.new(L.ACC_LOAD, node.dtype, (acc,))
             res.lanes = acc.lanes

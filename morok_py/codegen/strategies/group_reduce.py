@@ -9,18 +9,157 @@ g, g + row_groups, ... So only row_groups rows are in flight at once: a row that
 from __future__ import annotations
 
 from ...dtypes import dtypes
-from ...ir import AxisType, Ops, UOp
+from ...ir import AxisType, Ops, UOp, substitute
 from ..launch_check import SteppedLoop
 from ..linear import If, Instr, L, Loop
+from ..scan import x_coefficient
 from ..scope import Scope
+from ..symbolic import simplify
 
 ROW_GROUPS = 128        # default row_groups: rows in flight (at 1024 work-items each, one per SM of an H100's
                         # 132); x a 201 KB vocabulary row = 26 MB of the H100's 50 MB L2
 ROW_GROUPS_MIN_BYTES = 48 * 1024    # rows shorter than this are left one work-group per row by default
 
 
+_HALF_DTYPES = ("float16", "bfloat16")
+
+
 class GroupReduce:
     row_loop = None     # with Schedule.row_groups: the GLOBAL range the work-group walks in a loop
+
+    def vector_reduce_plan(self, nodes: list[UOp], ranges: list[UOp]):
+        """A cooperative (group or grid) reduction over one range r whose loads of r are all 16-bit and
+        contiguous in r: each work-item takes chunks of w = 2 x the target's 32-bit vector width (8 halves,
+        16 bytes: as many bytes per load as a float4) in one vector load per buffer (issue 13: scalar half
+        loads moved 2 bytes where float32 moves 4, at 0.8x its bytes/s). (r, w, loads, their row bases
+        with r = 0); None for any other reduction, which keeps the scalar group-strided loop."""
+        if (self.split_mode or self.lane_axes or len(ranges) != 1 or self.caps.vector_width < 2
+                or self.unroll_copy is not None):
+            return None
+        r, w = ranges[0], 2 * self.caps.vector_width
+        loads = []
+        for node in nodes:
+            for n in node.src[0].toposort():
+                if r not in n.free_ranges:
+                    continue
+                if n.op is Ops.REDUCE:
+                    return None
+                if n.op is Ops.LOAD:
+                    if (n.dtype is None or n.dtype.name not in _HALF_DTYPES or n.src[0].op is not Ops.PARAM
+                            or x_coefficient(n.src[1], r) != 1 or n in self.row_cache):
+                        return None
+                    if n not in loads:
+                        loads.append(n)
+        if not loads:
+            return None
+        bases = [simplify(substitute(n.src[1], {r: UOp.const(0, dtypes.index)})) for n in loads]
+        if any(b.op is Ops.CONST and b.arg % w for b in bases):
+            return None      # every row starts misaligned: the scalar loop
+        return r, w, loads, bases
+
+    def emit_vector_reduces(self, nodes: list[UOp], accs: list[Instr], plan, chain: list[Scope], depth: int) -> None:
+        """The reduction loop of `vector_reduce_plan`: chunk c of w elements (c from the item's start, by
+        the group's or grid's stride, below nvec = E / w, or 0 when some row base is no multiple of w) is
+        one w-wide load per buffer, its lanes combined pairwise in the accumulation dtype and then into the
+        accumulator; the elements [nvec * w, E) (the tail, or the whole row when misaligned) follow in the
+        scalar strided loop."""
+        from ..lower import GPU_STRIDED_UNROLL, GPU_STRIDED_UNROLL_MAX
+        r, w, loads, bases = plan
+        idx = dtypes.index
+        put = lambda it: self.place(it, chain, depth)  # noqa: E731
+        inner = chain[:depth + 1]
+        end = self.emit(r.src[0], inner)
+        if self.dist is not None:    # grid: the whole grid strides over the range
+            start, step, step_size = self.dist
+        else:
+            start, step_size = self.lid, UOp.const(self.group_size, idx)
+            step = self.emit(step_size, inner)
+        self.stepped.append(SteppedLoop(r.src[0], step_size))   # both loops' counters stay below end + step
+        wc = self.emit(UOp.const(w, idx), inner)
+        shift = self.emit(UOp.const(w.bit_length() - 1, idx), inner)
+        nvec = self.new(L.ALU, idx, (end, shift), Ops.SHR); nvec.index_math = True
+        put(nvec)
+        checked = [b for b in bases if b.op is not Ops.CONST]
+        if checked:
+            mask = self.emit(UOp.const(w - 1, idx), inner)
+            zero = self.emit(UOp.const(0, idx), inner)
+            cond = None
+            for b in checked:
+                bi = self.emit(b, inner)
+                m = self.new(L.ALU, idx, (bi, mask), Ops.AND)
+                c = self.new(L.ALU, dtypes.bool, (m, zero), Ops.CMPEQ)
+                put(m), put(c)
+                if cond is not None:
+                    c = self.new(L.ALU, dtypes.bool, (cond, c), Ops.AND)
+                    put(c)
+                cond = c
+            nvec = self.new(L.ALU, idx, (cond, nvec, zero), Ops.WHERE)
+            put(nvec)
+        static = self.dist is None and r.src[0].op is Ops.CONST
+
+        def unroll_for(trips_total: int | None) -> int:
+            if trips_total is None:
+                return GPU_STRIDED_UNROLL
+            trips = -(-trips_total // self.group_size)
+            return min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
+
+        vloop = Loop(self.new(L.LOOPVAR, idx), start, nvec, AxisType.REDUCE, step=step,
+                     unroll=unroll_for(r.src[0].arg // w if static else None))
+        put(vloop)
+        chain[depth].open_children.append(vloop)
+        xv = self.new(L.ALU, idx, (vloop.var, wc), Ops.MUL); xv.index_math = True
+        vloop.body.append(xv)
+        lanes = []
+        for k in range(w):
+            sc = Scope(vloop.body, r, vloop)
+            if k == 0:
+                sc.memo[r] = xv
+            else:
+                xk = self.new(L.ALU, idx, (xv, self.emit(UOp.const(k, idx), inner)), Ops.ADD)
+                xk.index_math = True
+                vloop.body.append(xk)
+                sc.memo[r] = xk
+            lanes.append(inner + [sc])
+        for ld in loads:
+            v = self.new(L.LOAD, ld.dtype, (self.emit(ld.src[0], inner), self.emit(ld.src[1], lanes[0])), w)
+            vloop.body.append(v)
+            self.vec_loads[ld] = v
+        for node, acc in zip(nodes, accs):
+            vals = []
+            for k in range(w):
+                self.vec_lane = k
+                vals.append(self.emit(node.src[0], lanes[k]))
+            self.vec_lane = None
+            while len(vals) > 1:     # pairwise: a short dependency chain, in the accumulation dtype
+                nxt = []
+                for a, b in zip(vals[::2], vals[1::2]):
+                    v = self.new(L.ALU, node.dtype, (a, b), node.arg); v.reassoc = True
+                    vloop.body.append(v)
+                    nxt.append(v)
+                vals = nxt
+            cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
+            upd = self.new(L.ALU, node.dtype, (cur, vals[0]), node.arg); upd.reassoc = True
+            vloop.body.extend([cur, upd, self.new(L.ACC_STORE, None, (acc, upd))])
+        for ld in loads:
+            del self.vec_loads[ld]
+        chain[depth].open_children.pop()
+        # the tail (or a misaligned row, whole): the scalar strided loop from nvec * w
+        done = self.new(L.ALU, idx, (nvec, wc), Ops.MUL); done.index_math = True
+        tstart = self.new(L.ALU, idx, (done, start), Ops.ADD); tstart.index_math = True
+        put(done), put(tstart)
+        tloop = Loop(self.new(L.LOOPVAR, idx), tstart, end, AxisType.REDUCE, step=step,
+                     unroll=0 if not checked else unroll_for(r.src[0].arg if static else None))
+        put(tloop)
+        chain[depth].open_children.append(tloop)
+        tail = inner + [Scope(tloop.body, r, tloop)]
+        tail[-1].memo[r] = tloop.var
+        for node, acc in zip(nodes, accs):
+            val = self.emit(node.src[0], tail)
+            cur = self.new(L.ACC_LOAD, node.dtype, (acc,))
+            upd = self.new(L.ALU, node.dtype, (cur, val), node.arg); upd.reassoc = True
+            for ins in (cur, upd, self.new(L.ACC_STORE, None, (acc, upd))):
+                self.place(ins, tail, len(tail) - 1)
+        chain[depth].open_children.pop()
     def combine_in_group(self, part: Instr, op: Ops, chain: list[Scope], depth: int) -> Instr:
         """Combine one partial value per work-item; all items get the total. 32-bit values go through
         warp shuffles (two barriers), others through a shared-memory tree (one barrier per level)."""
