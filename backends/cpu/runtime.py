@@ -129,9 +129,7 @@ class CPUProgram(Program):
         self._pool_kind = ""
         self._pool: NativePool | None = None
         self._trampoline = 0
-        self._block = None
-        self._block_key: tuple | None = None
-        self._block_chunks = 0
+        self._block: tuple | None = None
         info = compiled.launch
         self._stream_slots = [] if info is None else [p.slot for p in info.params if p.written]
         self._nvars = nvars
@@ -294,15 +292,15 @@ class CPUProgram(Program):
         native = self._native_pool()
         if native is not None:
             key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
-            if key != self._block_key:
+            cached = self._block      # (key, block, chunks), swapped whole: concurrent launches of this
+            if cached is None or cached[0] != key:      # program each keep the block they built
                 words = [self._stream_addr if key[0] else self.address]
                 for c, s in enumerate(range(0, extent, step)):
                     words += self._args(buffers, c)
                     words += vals
                     words += (s, min(s + step, extent))
-                self._block, self._block_key = (ctypes.c_int64 * len(words))(*words), key
-                self._block_chunks = len(range(0, extent, step))
-            native.run(self._trampoline, self._block, self._block_chunks, threads)
+                cached = self._block = (key, (ctypes.c_int64 * len(words))(*words), len(range(0, extent, step)))
+            native.run(self._trampoline, cached[1], cached[2], threads)
             return
         pool = worker_pool(threads)
         if self._nhidden:     # each chunk its own hidden buffers
