@@ -567,6 +567,31 @@ def test_register_tile_lanes_match_numpy_for_every_dtype(cpu, rng, dt, kind):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
 
 
+@pytest.mark.parametrize("tile,lanes", [((8, 32), 16), ((6, 16), 8), ((5, 32), 16)], ids=["8x32", "6x16", "5x32"])
+@pytest.mark.parametrize("N", [33, 36, 37, 39, 40, 41, 45, 69, 10, 21])
+@pytest.mark.parametrize("dt", ["float32", "int32"])
+def test_every_remainder_of_every_host_tile_shape(cpu, rng, tile, lanes, N, dt):
+    """The AVX-512 and AVX2 register tiles forced on whatever host runs this (LLVM splits 16-lane vectors on
+    AVX2), so their lowering runs everywhere: every remainder width (N % tj of 1 to tj/4 joins a one-column-
+    tile matrix as lanes ending at N; AVX-512's 5-8 once left columns unwritten), outputs pre-filled NaN."""
+    from morok_py.codegen.schedule import Schedule, using
+    dtype = getattr(dtypes, dt)
+    M, Kd = 29, 13
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    with using(Schedule("threads", register_tile=tile, tile_lanes=lanes)):
+        spec = renderer.render(K.matmul(M, N, Kd, dtype=dtype), f"rem_{tile[0]}x{tile[1]}_{N}_{dt}")
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    draw = (lambda s: rng.integers(-9, 10, s)) if dtype.is_int else (lambda s: rng.standard_normal(s))
+    a, b = draw((M, Kd)).astype(dtype.np), draw((Kd, N)).astype(dtype.np)
+    out = cpu.buf(np.full(M * N, -7 if dtype.is_int else np.nan, dtype.np))
+    gs, ls = prog.launch.launch_dims({})
+    prog.execute([cpu.buf(a).ptr, cpu.buf(b).ptr, out.ptr], [], gs, ls, wait=True)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(M, N), want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("dt,kind,M,Kd,N", [
     ("float32", "matmul", 37, 70, 256), ("float32", "matmul", 100, 64, 512), ("float32", "bias_relu", 61, 96, 256),
     ("float64", "matmul", 29, 65, 128), ("int32", "matmul", 25, 64, 256), ("float16", "matmul", 20, 64, 512),

@@ -287,7 +287,11 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     # a narrow static matrix (one column tile) with a remainder: the remainder's 4-lane vector ending at
     # N joins the tile, so each row's element of the left matrix is loaded once for all N columns
     merged = bool(rem) and lanes >= LANE_REMAINDER and _const(Cj) == 1 and n_static >= LANE_REMAINDER
-    extra = columns(N - LANE_REMAINDER, LANE_REMAINDER) if merged else []
+    # the remainder (up to tj/4 columns: 1-4 on AVX2's 16, 1-8 on AVX-512's 32) as 4 or 8 lanes ending at N,
+    # overlapping the tile where it is narrower (those outputs written twice, the same value). It was
+    # always 4 lanes: AVX-512's 5-8 column remainders (N = 37) left columns unwritten (session 7, Xeon)
+    ew = LANE_REMAINDER * -(-rem // LANE_REMAINDER) if merged else 0
+    extra = columns(N - ew, ew) if merged else []
 
     def tile_stores(col0: UOp, width: int, store: UOp | None = None) -> list[UOp]:
         s_ = st if store is None else store
