@@ -258,6 +258,13 @@ class NativePool:
         if self._spin.value != n:
             self._spin.value = n
 
+    def ensure(self, threads: int) -> None:
+        """Workers for `threads`-way launches, made now (a launch that times itself should not count the
+        pthread_create calls: a split trial that did kept a 12-thread matmul on one thread)."""
+        if self.workers < threads - 1 or os.getpid() != self._pid:
+            with self.lock:
+                self._grow(threads - 1)
+
     def run(self, trampoline: int, block, chunks: int, threads: int) -> None:
         """Run `chunks` rows of `block` on the launching thread and threads - 1 workers (blocks until done)."""
         with self.lock:

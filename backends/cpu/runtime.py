@@ -30,7 +30,7 @@ PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads witho
 # 4096-element add against 85 us through the executor), what one core needs for ~32K accesses
 NATIVE_MIN_WORK = 1 << 15
 NATIVE_SURE_WORK = 1 << 22
-SPLIT_TRIALS = 2                # in between: time this many launches each way, then keep the faster
+SPLIT_TRIALS = 3                # in between: time this many launches each way, then keep the faster
 
 
 def last_level_cache_bytes() -> int:
@@ -274,6 +274,9 @@ class CPUProgram(Program):
         """Run alone or split, alternately, timing each; after SPLIT_TRIALS of both keep the faster
         (split only when it saves 10%: the pool's hand-off cost varies)."""
         alone, split = plan[2], plan[3]
+        native = self._native_pool()
+        if native is not None:
+            native.ensure(threads)        # made before the clock starts
         t0 = time.perf_counter()
         if len(split) < len(alone):
             self._parallel(fn, buffers, vals, extent, threads)
