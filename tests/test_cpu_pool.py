@@ -119,7 +119,11 @@ _SCRIPT = textwrap.dedent("""
         assert np.array_equal(out.numpy(), a + b)
     launch(1, 2000)                 # many back-to-back launches: no lost wake-up
     assert add._native_pool().workers == 2
+    held = add._native_pool().lock
+    held.acquire()                  # as if another thread were launching at the fork
     pid = os.fork()
+    if pid != 0:
+        held.release()
     if pid == 0:                    # the child has no workers until it launches: they are made again
         try:
             launch(2, 20)

@@ -213,6 +213,13 @@ class NativePool:
         self.workers = 0
         self.lock = threading.Lock()
         self._pid = os.getpid()
+        # a child forked while another thread held the lock (or ran a launch) starts with a free lock and
+        # no workers: the parent's threads did not come along
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self.lock = threading.Lock()
+        self.workers, self._pid = 0, os.getpid()
 
     def _jit(self, ir: str):
         """An execution engine of `ir`, with a target machine of its own (an engine owns and frees its
