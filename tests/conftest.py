@@ -174,3 +174,16 @@ def amdgpu_llvm_pair(arch: str):
     renderer, compiler = compile_only_pairs(arch)[0]
     assert compiler.cache_key == "llvm-amdgpu"
     return renderer, compiler
+
+
+def cuda_compile_pair(key: str, arch: str = "sm_90"):
+    """The CUDA (renderer, compiler) of pair `key` ('nvrtc', 'llvm-nvptx') for `arch`, compile-only (no GPU
+    needed); skips with the reason where the cuda extra or that pair's compiler is missing."""
+    cuda = pytest.importorskip("morok_py.backends.cuda", reason="the cuda extra is not installed")
+    pairs = {c.cache_key: (r, c) for r, c in cuda.compile_only_pairs(arch)}
+    if key not in pairs:
+        pytest.skip(f"no {key} pair among {sorted(pairs)}")
+    why = pairs[key][1].available()
+    if why is not None:
+        pytest.skip(f"{key} is not usable here: {why}")
+    return pairs[key]

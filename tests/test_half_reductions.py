@@ -69,11 +69,8 @@ def test_half_reductions_load_16_bytes(pair, dt):
 @pytest.mark.parametrize("dt", HALVES)
 @pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
 def test_half_reductions_compile_for_sm90(key, dt):
-    cuda = pytest.importorskip("morok_py.backends.cuda", reason="the cuda extra is not installed")
-    pairs = {c.cache_key: (r, c) for r, c in cuda.compile_only_pairs("sm_90")}
-    if key not in pairs or pairs[key][1].available() is not None:
-        pytest.skip(f"{key} is not usable here: {pairs[key][1].available() if key in pairs else 'no pair'}")
-    r, c = pairs[key]
+    from conftest import cuda_compile_pair
+    r, c = cuda_compile_pair(key)
     from test_gpu_tile import cubin_resources
     for name, ast in _kernels(getattr(dtypes, dt)).items():
         spec = r.render(ast, f"{name}_{dt}")

@@ -334,11 +334,8 @@ def test_split_refuses_kernels_with_loop_ranges_in_stores():
 @pytest.mark.parametrize("kernel", [lambda: K.reduce_axis("sum", [None, None], 0), lambda: K.matmul(8, 4096, 4096),
                                     lambda: K.reduce_axis("max", [None, None], 0, dtype=dtypes.float16)])
 def test_split_reductions_compile_for_sm90(kernel, key):
-    cuda = pytest.importorskip("morok_py.backends.cuda", reason="the cuda extra is not installed")
-    pairs = {c.cache_key: (r, c) for r, c in cuda.compile_only_pairs("sm_90")}
-    if key not in pairs or pairs[key][1].available() is not None:
-        pytest.skip(f"{key} is not usable here")
-    r, c = pairs[key]
+    from conftest import cuda_compile_pair
+    r, c = cuda_compile_pair(key)
     spec = r.render(kernel(), "split")
     from test_gpu_tile import cubin_resources
     res = cubin_resources(c.compile(spec).payload)

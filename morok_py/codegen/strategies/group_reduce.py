@@ -109,17 +109,7 @@ class GroupReduce:
         chain[depth].open_children.append(vloop)
         xv = self.new(L.ALU, idx, (vloop.var, wc), Ops.MUL); xv.index_math = True
         vloop.body.append(xv)
-        lanes = []
-        for k in range(w):
-            sc = Scope(vloop.body, r, vloop)
-            if k == 0:
-                sc.memo[r] = xv
-            else:
-                xk = self.new(L.ALU, idx, (xv, self.emit(UOp.const(k, idx), inner)), Ops.ADD)
-                xk.index_math = True
-                vloop.body.append(xk)
-                sc.memo[r] = xk
-            lanes.append(inner + [sc])
+        lanes = self.lane_scopes(vloop, r, xv, w, inner)       # strategies/vectorize.py
         for ld in loads:
             v = self.new(L.LOAD, ld.dtype, (self.emit(ld.src[0], inner), self.emit(ld.src[1], lanes[0])), w)
             vloop.body.append(v)

@@ -43,6 +43,24 @@ def widened(ast: UOp, globals_, scan: KernelScan, w: int) -> int:
 
 
 class Vectorize:
+
+    def lane_scopes(self, owner, r: UOp, base: Instr, w: int, chain: list) -> list[list]:
+        """Scope chains for lanes 0..w-1 of a w-wide access inside `owner` (an If or a Loop): lane k sees
+        range r as base + k (index math placed in owner's body). Used by the vector plan and by the group
+        and grid reductions' 16-byte half loads."""
+        idx = dtypes.index
+        lanes = []
+        for k in range(w):
+            sc = Scope(owner.body, r, owner)
+            if k == 0:
+                sc.memo[r] = base
+            else:
+                xk = self.new(L.ALU, idx, (base, self.emit(UOp.const(k, idx), chain)), Ops.ADD)
+                xk.index_math = True
+                owner.body.append(xk)
+                sc.memo[r] = xk
+            lanes.append(chain + [sc])
+        return lanes
     def emit_vectorized(self, stores: list[UOp], chain: list[Scope], plan) -> None:
         """Work-item t covers x in [w*t, w*t + w): when all w lanes are in range and every vector access
         starts on a multiple of w, contiguous accesses are w-wide loads/stores; otherwise each lane runs
@@ -80,17 +98,7 @@ class Vectorize:
             v = self.new(L.LOAD, node.dtype, (self.emit(node.src[0], chain), bases[node]), w)
             vec_if.body.append(v)
             self.vec_loads[node] = v
-        lanes = []
-        for k in range(w):
-            sc = Scope(vec_if.body, x, vec_if)
-            if k == 0:
-                sc.memo[x] = t4
-            else:
-                xk = self.new(L.ALU, idx, (t4, self.emit(UOp.const(k, idx), chain)), Ops.ADD)
-                xk.index_math = True
-                vec_if.body.append(xk)
-                sc.memo[x] = xk
-            lanes.append(chain + [sc])
+        lanes = self.lane_scopes(vec_if, x, t4, w, chain)
         vset = set(vstores)
         for st in stores:
             buf, index, val = st.src
