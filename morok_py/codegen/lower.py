@@ -169,6 +169,15 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
     def open_ranges(self, chain: list[Scope]) -> tuple[UOp, ...]:
         return tuple(sc.range for sc in chain if sc.range is not None)
 
+    def strided_unroll(self, extent: int | None) -> int:
+        """The unroll hint of a group-strided loop over `extent` elements: a known trip count is unrolled
+        whole (up to GPU_STRIDED_UNROLL_MAX) so all of an item's loads are in flight; None (unknown, or
+        grid-strided) gets GPU_STRIDED_UNROLL."""
+        if extent is None:
+            return GPU_STRIDED_UNROLL
+        trips = -(-extent // self.group_size)
+        return min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
+
     def open_loop(self, rng: UOp, chain: list[Scope], depth: int, distributed: bool = False,
                   unroll: int = 0) -> list[Scope]:
         end = self.emit(rng.src[0], chain)
@@ -183,11 +192,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         else:
             start, step = self.emit(UOp.const(0, dtypes.index), chain), None
         if distributed:
-            unroll = GPU_STRIDED_UNROLL
-            if self.dist is None and rng.src[0].op is Ops.CONST:
-                # a known trip count: unroll it whole (up to 16) so all of an item's loads are in flight
-                trips = -(-rng.src[0].arg // self.group_size)
-                unroll = min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
+            unroll = self.strided_unroll(rng.src[0].arg if self.dist is None and rng.src[0].op is Ops.CONST else None)
             if self.split_mode:
                 unroll = self.schedule.unroll
         loop = Loop(self.new(L.LOOPVAR, dtypes.index), start, end, rng.axis_type, step=step, unroll=unroll)

@@ -63,7 +63,6 @@ class GroupReduce:
         one w-wide load per buffer, its lanes combined pairwise in the accumulation dtype and then into the
         accumulator; the elements [nvec * w, E) (the tail, or the whole row when misaligned) follow in the
         scalar strided loop."""
-        from ..lower import GPU_STRIDED_UNROLL, GPU_STRIDED_UNROLL_MAX
         r, w, loads, bases = plan
         idx = dtypes.index
         put = lambda it: self.place(it, chain, depth)  # noqa: E731
@@ -97,14 +96,8 @@ class GroupReduce:
             put(nvec)
         static = self.dist is None and r.src[0].op is Ops.CONST
 
-        def unroll_for(trips_total: int | None) -> int:
-            if trips_total is None:
-                return GPU_STRIDED_UNROLL
-            trips = -(-trips_total // self.group_size)
-            return min(GPU_STRIDED_UNROLL_MAX, trips) if trips > 1 else 0
-
         vloop = Loop(self.new(L.LOOPVAR, idx), start, nvec, AxisType.REDUCE, step=step,
-                     unroll=unroll_for(r.src[0].arg // w if static else None))
+                     unroll=self.strided_unroll(r.src[0].arg // w if static else None))
         put(vloop)
         chain[depth].open_children.append(vloop)
         xv = self.new(L.ALU, idx, (vloop.var, wc), Ops.MUL); xv.index_math = True
@@ -138,7 +131,7 @@ class GroupReduce:
         tstart = self.new(L.ALU, idx, (done, start), Ops.ADD); tstart.index_math = True
         put(done), put(tstart)
         tloop = Loop(self.new(L.LOOPVAR, idx), tstart, end, AxisType.REDUCE, step=step,
-                     unroll=0 if not checked else unroll_for(r.src[0].arg if static else None))
+                     unroll=0 if not checked else self.strided_unroll(r.src[0].arg if static else None))
         put(tloop)
         chain[depth].open_children.append(tloop)
         tail = inner + [Scope(tloop.body, r, tloop)]
