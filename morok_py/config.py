@@ -52,5 +52,21 @@ def cpu_threads() -> int:
     return max(1, n)
 
 
+def cpu_pool() -> str:
+    """MOROK_CPU_POOL: 'native' (default; backends/cpu/pool.py, where the platform has it) or 'python'."""
+    raw = getenv("MOROK_CPU_POOL") or "native"
+    if raw not in ("native", "python"):
+        raise ValueError(f"MOROK_CPU_POOL must be 'native' or 'python', got {raw!r}")
+    return raw
+
+
+def cpu_spin(default: int) -> int:
+    """MOROK_CPU_SPIN: pause instructions an idle native CPU worker spins before it sleeps (>= 0)."""
+    n = getenv_int("MOROK_CPU_SPIN", default)
+    if n < 0:
+        raise ValueError(f"MOROK_CPU_SPIN must be >= 0, got {n}")
+    return n
+
+
 def log(msg: str) -> None:
     print(f"[morok] {msg}", file=sys.stderr, flush=True)

@@ -25,6 +25,8 @@ import os
 import platform
 import threading
 
+from morok_py import config
+
 POOL_SPIN = 4096           # pause instructions an idle worker spins before it sleeps (a sched_yield every 64,
                            # so an oversubscribed or loaded machine still runs the others): ~10-600 us
 # futex system call number, and the spin-wait hint (an intrinsic: MCJIT has no inline-asm parser)
@@ -34,24 +36,13 @@ _FUTEX = {"x86_64": _X86, "amd64": _X86, "aarch64": _ARM, "arm64": _ARM}
 
 
 def pool_kind() -> str:
-    """MOROK_CPU_POOL: 'native' (default where supported) or 'python'."""
-    raw = os.environ.get("MOROK_CPU_POOL", "") or "native"
-    if raw not in ("native", "python"):
-        raise ValueError(f"MOROK_CPU_POOL must be 'native' or 'python', got {raw!r}")
-    return raw
+    """MOROK_CPU_POOL: 'native' (default where supported) or 'python' (morok_py.config)."""
+    return config.cpu_pool()
 
 
 def pool_spin() -> int:
-    raw = os.environ.get("MOROK_CPU_SPIN", "")
-    if raw == "":
-        return POOL_SPIN
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"MOROK_CPU_SPIN must be an integer, got {raw!r}") from None
-    if n < 0:
-        raise ValueError(f"MOROK_CPU_SPIN must be >= 0, got {n}")
-    return n
+    """MOROK_CPU_SPIN, default POOL_SPIN (morok_py.config)."""
+    return config.cpu_spin(POOL_SPIN)
 
 
 def _pool_ir(futex: int, pause: str, declare: str) -> str:
