@@ -191,18 +191,23 @@ def test_split_column_sum_matches_numpy(rng, rows, cols, split, group, dt):
     assert (writes[1] == 1).all()
 
 
+def check_gemv(kernel, info, rng, B, Kd, N, values=None, tol=1e-5) -> None:
+    """Interpret a lowered x[B, K] @ W[K, N] on random data against numpy; every output stored once."""
+    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    out = np.zeros(B * N, np.float32)
+    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], values or {})
+    np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=tol, atol=tol)
+    assert (writes[2] == 1).all()
+
+
 @pytest.mark.parametrize("B,Kd,N", [(8, 33, 45), (3, 100, 7)])
 def test_split_gemv_matches_numpy(rng, B, Kd, N):
     """x[b, :] @ W: x is read the same by a whole warp, W along its rows."""
     ast = K.matmul()
     sast = simplify(ast)
     assert default_schedule(sast, GPU, scan_kernel(sast)).mapping == "tiled"    # symbolic sizes: tiles
-    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
-    out = np.zeros(B * N, np.float32)
     kernel, info = lower(ast, GPU, "gemv", schedule=Schedule("groups", group=128, unroll=8, split=4))
-    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], dict(M=B, N=N, K=Kd))
-    np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
-    assert (writes[2] == 1).all()
+    check_gemv(kernel, info, rng, B, Kd, N, dict(M=B, N=N, K=Kd))
 
 
 @pytest.mark.parametrize("B,Kd,N,group,split,unrolled", [(8, 33, 45, 64, 2, False), (3, 100, 7, 128, 4, False),
@@ -215,11 +220,7 @@ def test_upcast_gemv_matches_numpy(rng, B, Kd, N, group, split, unrolled):
     kernel, info = lower(ast, GPU, "gemv", schedule=sched)
     w_loads = [i for i in kernel.walk() if i.kind is L.LOAD and i.src[0].kind is L.PARAM and i.src[0].arg == 1]
     assert len(w_loads) == (4 if unrolled else 1) and kernel.schedule == sched
-    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
-    out = np.zeros(B * N, np.float32)
-    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
-    np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
-    assert (writes[2] == 1).all()
+    check_gemv(kernel, info, rng, B, Kd, N)
 
 
 def test_upcast_is_a_gemv_candidate_and_refused_elsewhere():
@@ -246,13 +247,8 @@ def test_nvptx_gemv_default_is_the_upcast_split_and_correct(rng, B, Kd, N):
     got = default_for(ast, nvptx)
     assert got == Schedule("groups", **GEMV_UPCAST_SPLIT, upcast=B, unrolled=Kd % 64 == 0)
     assert default_for(ast, GPU).upcast == 0 and default_for(ast, GPU).split > 1
-    a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
     for caps in (nvptx, GPU):
-        out = np.zeros(B * N, np.float32)
-        kernel, info = lower(ast, caps, "gemv")
-        writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
-        np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
-        assert (writes[2] == 1).all()
+        check_gemv(*lower(ast, caps, "gemv"), rng, B, Kd, N, tol=1e-4)
 
 
 def test_upcast_default_stays_within_the_batch_and_group_limits():
@@ -296,12 +292,7 @@ def test_split_loops_unrolled_by_the_lowering(rng, ast, shape, ins, sched, dt):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
         assert (writes[1] == 1).all()
     else:
-        B, Kd, N = shape
-        a, w = random_array(rng, (B, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
-        out = np.zeros(B * N, np.float32)
-        writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
-        np.testing.assert_allclose(out.reshape(B, N), a.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
-        assert (writes[2] == 1).all()
+        check_gemv(kernel, info, rng, *shape)
 
 
 def test_h100_timed_defaults_stay_off_amd_targets():
