@@ -42,6 +42,8 @@ class _Shared:
         self.writer = np.full(count, -1, np.int64)     # lane that wrote since the last barrier
         self.reader = np.full(count, -1, np.int64)     # lane that read since then (-2: several)
         self.pending = np.zeros(count, bool)           # a cp.async copy to it has not landed yet
+        self.unfenced = np.zeros(count, bool)          # written since the last proxy fence (wgmma may not read)
+        self.wg_read = np.full(count, -1, np.int64)    # group number of an unfinished wgmma read (-1: none)
 
     def barrier(self) -> None:
         self.writer[:] = -1
@@ -66,6 +68,12 @@ class _Group:
         # [shared array, lanes, group of each lane, span (lanes x elements), values]
         self.cp_done = np.zeros(n, np.int64)
         self.cp_pending: list[list] = []
+        # wgmma: descriptors ({id: (local id, leading, stride)}, the value is the start element), each
+        # warpgroup's committed groups, accumulators of unfinished wgmmas, and unfinished reads
+        self.descs: dict[int, tuple[int, int, int]] = {}
+        self.wg_done = np.zeros(max(1, n // 128), np.int64)
+        self.wg_issued: list[tuple[int, int, list[int], object, np.ndarray]] = []
+        self.acc_busy: dict[int, np.ndarray] = {}
 
     # -- values ------------------------------------------------------------------------------------
     def val(self, ins: Instr) -> np.ndarray:
@@ -129,6 +137,9 @@ class _Group:
             acc = self.accs.setdefault(ins.id, np.zeros(self.n, _np(ins.dtype)))
             acc[mask] = ins.arg
         elif k is L.ACC_LOAD:
+            busy = self.acc_busy.get(ins.src[0].id)
+            if busy is not None and (busy & mask).any():
+                raise InterpError(f"acc_load %{ins.id} reads an accumulator of a wgmma not waited for")
             self.vals[ins.id] = self.accs[ins.src[0].id].copy()
         elif k is L.ACC_STORE:
             acc, v = ins.src
@@ -155,6 +166,14 @@ class _Group:
             self.vals[ins.id] = self.ldmatrix(ins, mask)
         elif k is L.MMA:
             self.mma(ins, mask)
+        elif k is L.SMEM_DESC:
+            (local, idx), (lbo, sbo) = ins.src, ins.arg
+            self.descs[ins.id] = (local.id, lbo, sbo)
+            self.vals[ins.id] = self.val(idx).astype(np.int64)
+        elif k is L.WGMMA:
+            self.wgmma(ins, mask)
+        elif k is L.WG_SYNC:
+            self.wg_sync(ins, mask)
         elif k is L.ATOMIC_ADD:
             buf, idx, v = ins.src
             data = self.bufs[buf.arg]
@@ -226,6 +245,7 @@ class _Group:
         w, r = sh.writer[flat], sh.reader[flat]
         if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any() or sh.pending[flat].any():
             raise InterpError(f"race: cp.async %{ins.id} writes shared memory used with no barrier in between")
+        self.wg_race(sh, flat, f"cp.async %{ins.id}")
         sh.pending[flat] = True
         self.cp_pending.append([sh, lanes, self.cp_done[lanes].copy(), span, data[gspan].astype(sh.data.dtype)])
 
@@ -239,6 +259,7 @@ class _Group:
                 flat = span[done].reshape(-1)
                 sh.data[flat] = vals[done].reshape(-1)
                 sh.init[flat] = True
+                sh.unfenced[flat] = True
                 sh.pending[flat] = False
                 sh.writer[flat] = np.repeat(lanes[done], span.shape[1])
             if not done.all():
@@ -306,6 +327,114 @@ class _Group:
                 self.accs[accs[e].id][w0:w0 + 32] = D[g, c + e]
                 self.accs[accs[2 + e].id][w0:w0 + 32] = D[g + 8, c + e]
 
+    # -- wgmma (sm_90a): a hardware model of descriptors and the 128-byte swizzle ---------------------------
+    @staticmethod
+    def swizzle128(byte: np.ndarray) -> np.ndarray:
+        """The hardware's 128-byte swizzle of a byte offset from a 1024-byte-aligned array: address bits 4-6
+        (the 16-byte chunk) xor bits 7-9 (the 128-byte row within 1024 bytes)."""
+        return byte ^ (((byte >> 7) & 7) << 4)
+
+    def operand(self, desc: Instr, start: int, rows: int, trans: int, itemsize: int) -> np.ndarray:
+        """Element indices of a (rows x 16 k) operand (A: rows = 64; B: rows = N) read through a descriptor
+        whose start element is `start`. K-major (trans 0): 8-row groups `stride` bytes apart, 128-byte rows,
+        k along a row. MN-major (trans 1): 64-element atoms along rows `leading` bytes apart, 8-k groups
+        `stride` bytes apart, 128-byte k rows."""
+        _, lbo, sbo = self.descs[desc.id]
+        r, kk = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+        if trans:
+            byte = (r // 64) * lbo + (kk // 8) * sbo + (kk % 8) * 128 + (r % 64) * itemsize
+        else:
+            byte = (r // 8) * sbo + (r % 8) * 128 + kk * itemsize
+        byte = self.swizzle128(start * itemsize + byte)
+        if (byte % itemsize).any():
+            raise InterpError("wgmma: an operand element that is not element-aligned")
+        return byte // itemsize
+
+    def wgmma(self, ins: Instr, mask: np.ndarray) -> None:
+        """wgmma.mma_async.m64nNk16.f32: D = A (64 x 16) @ B (16 x N) + D per warpgroup, operands from shared
+        memory through descriptors; work-item l's registers 4 j + 2 h + e hold D[16 (l / 32) + (l % 32) / 4
+        + 8 h][8 j + 2 (l % 4) + e]. The reads stay pending (a write to them is a race) and the accumulators
+        busy (reading them is a race) until a wait covers the warpgroup's group."""
+        self.whole_warps(mask, f"wgmma %{ins.id}", 128)
+        da, db, *accs = ins.src
+        n, _, ta, tb = ins.arg
+        if len(accs) != n // 2:
+            raise InterpError(f"wgmma %{ins.id}: {len(accs)} accumulators for N = {n}")
+        shs = [self.shared[self.descs[d.id][0]] for d in (da, db)]
+        l = np.arange(128)
+        for g0 in range(0, self.n, 128):
+            if not mask[g0]:
+                continue
+            wg = g0 // 128
+            mats = []
+            for d, sh, rows, tr in ((da, shs[0], 64, ta), (db, shs[1], n, tb)):
+                st = self.val(d)[g0:g0 + 128]
+                if (st != st[0]).any():
+                    raise InterpError(f"wgmma %{ins.id}: a descriptor that differs across the warpgroup")
+                ix = self.operand(d, int(st[0]), rows, tr, sh.data.itemsize)
+                flat = ix.reshape(-1)
+                self.check_bounds(-1, flat, sh.data.size, f"wgmma %{ins.id} from shared")
+                if sh.pending[flat].any():
+                    raise InterpError(f"race: wgmma %{ins.id} reads shared memory a cp.async has not landed in")
+                if not sh.init[flat].all():
+                    raise InterpError(f"wgmma %{ins.id} reads shared memory that nothing wrote")
+                if (sh.writer[flat] != -1).any():
+                    raise InterpError(f"race: wgmma %{ins.id} reads shared memory written with no barrier in between")
+                if sh.unfenced[flat].any():
+                    raise InterpError(f"wgmma %{ins.id} reads shared stores with no proxy fence after them")
+                sh.reader[flat] = -2
+                sh.wg_read[flat] = np.maximum(sh.wg_read[flat], self.wg_done[wg])
+                self.wg_issued.append((wg, int(self.wg_done[wg]), [], sh, flat))
+                mats.append(sh.data[ix].astype(np.float32))
+            A, B = mats[0], mats[1].T                    # (64 x 16), (16 x n)
+            rows = 16 * (l // 32) + (l % 32) // 4
+            D = np.zeros((64, n), np.float32)
+            for j in range(n // 8):
+                for h in (0, 1):
+                    for e in (0, 1):
+                        D[rows + 8 * h, 8 * j + 2 * (l % 4) + e] = self.accs[accs[4 * j + 2 * h + e].id][g0:g0 + 128]
+            D = A @ B + D
+            for j in range(n // 8):
+                for h in (0, 1):
+                    for e in (0, 1):
+                        acc = accs[4 * j + 2 * h + e]
+                        self.accs[acc.id][g0:g0 + 128] = D[rows + 8 * h, 8 * j + 2 * (l % 4) + e]
+                        self.acc_busy.setdefault(acc.id, np.zeros(self.n, bool))[g0:g0 + 128] = True
+
+    def wg_sync(self, ins: Instr, mask: np.ndarray) -> None:
+        what = ins.arg
+        if what == "proxy":
+            for sh in self.shared.values():
+                sh.unfenced[:] = False
+            return
+        self.whole_warps(mask, f"wgmma {what} %{ins.id}", 128)
+        groups = np.unique(np.flatnonzero(mask) // 128)
+        if what == "commit":
+            self.wg_done[groups] += 1
+        elif isinstance(what, int):
+            # every group of these warpgroups but their newest `what` is finished
+            keep = []
+            for rec in self.wg_issued:
+                wg, grp, _, sh, flat = rec
+                if wg in groups and grp < self.wg_done[wg] - what:
+                    sh.wg_read[flat] = -1
+                else:
+                    keep.append(rec)
+            for wg, grp, _, sh, flat in keep:         # reads of other warpgroups still pending
+                sh.wg_read[flat] = np.maximum(sh.wg_read[flat], grp)
+            self.wg_issued = keep
+            for wg in groups:
+                if not any(r[0] == wg for r in self.wg_issued):
+                    for busy in self.acc_busy.values():
+                        busy[wg * 128:(wg + 1) * 128] = False
+        elif what != "fence":
+            raise InterpError(f"unknown wg_sync {what!r}")
+
+    def wg_race(self, sh: "_Shared", span: np.ndarray, what: str) -> None:
+        if (sh.wg_read[span] >= 0).any():
+            raise InterpError(f"race: {what} writes shared memory an unfinished wgmma reads")
+        sh.unfenced[span] = True
+
     def check_bounds(self, slot: int, ix: np.ndarray, size: int, what: str) -> None:
         if ix.size and (ix.min() < 0 or ix.max() >= size):
             raise InterpError(f"{what} buffer {slot} at [{ix.min()}, {ix.max()}] outside its {size} element(s) "
@@ -362,6 +491,7 @@ class _Group:
             if ((w != -1) & (w != who)).any() or ((r != -1) & (r != who)).any() or sh.pending[span].any():
                 raise InterpError(f"race: store %{ins.id} writes shared memory another work-item used with no "
                                   f"barrier in between")
+            self.wg_race(sh, span, f"store %{ins.id}")
             sh.writer[span] = who
             sh.init[span] = True
             sh.data[span] = vals

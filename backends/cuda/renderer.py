@@ -14,6 +14,7 @@ from morok_py.codegen.c_like import GPU_BF16_HELPERS, GPUCPrinter
 from morok_py.codegen.linear import Instr, L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
+from morok_py.codegen.wgmma_ptx import desc_high, wg_sync_text, wgmma_text
 from morok_py.device import DeviceSpec, Renderer
 from morok_py.dtypes import DType
 from morok_py.ir import Ops
@@ -31,10 +32,14 @@ CUDA_CAPS = Capabilities(has_local=True, has_shared=True, max_dims=3, local_max=
 
 def cuda_caps(arch: str) -> Capabilities:
     """CUDA_CAPS plus the tensor cores of `arch` ('sm_80' and later: mma.sync m16n8k16 for float16 and
-    bfloat16, see codegen/strategies/tensor_core.py); an unknown arch gets none."""
+    bfloat16, see codegen/strategies/tensor_core.py; 'sm_90a' also wgmma, strategies/wgmma.py); an unknown
+    arch gets none."""
     from dataclasses import replace
-    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16
+    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, WGMMA
     digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
+    if arch == "sm_90a":
+        # the arch-specific sm_90 features: warpgroup MMA (wgmma.mma_async) besides mma.sync
+        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16, WGMMA))
     if digits and int(digits) >= 80:
         return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16,))
     return CUDA_CAPS
@@ -47,15 +52,26 @@ DYN_SMEM_SYMBOL = "morok_dyn_smem"   # a 4-byte global in the module: the dynami
                                      # (runtime.py reads it at load and opts the function in)
 
 
+WGMMA_ALIGN = 1024              # wgmma's 128-byte swizzle repeats every 1024 bytes: its tiles start on one
+
+
+def shared_align(kernel: LinearKernel) -> int:
+    """The alignment of each shared array: 1024 bytes in a kernel with warpgroup matrix instructions (their
+    descriptors assume 1024-byte-aligned swizzle atoms), else 16."""
+    return WGMMA_ALIGN if any(ins.kind is L.WGMMA for ins in kernel.walk()) else 16
+
+
 def shared_layout(kernel: LinearKernel) -> tuple[dict[int, int], int]:
-    """({LOCAL id: byte offset}, total bytes) when the kernel's shared arrays exceed the static limit (they
-    are then carved out of one dynamic array, 16-byte aligned each); ({}, 0) otherwise."""
+    """({LOCAL id: byte offset}, total bytes) when the kernel's shared arrays exceed the static limit or it
+    has warpgroup matrix instructions (the arrays are then carved out of one dynamic array, each aligned to
+    `shared_align`); ({}, 0) otherwise."""
     offs, total = {}, 0
+    align = shared_align(kernel)
     for ins in kernel.walk():
         if ins.kind is L.LOCAL and ins.id not in offs:
             offs[ins.id] = total
-            total += -(-ins.arg * ins.dtype.itemsize // 16) * 16
-    return (offs, total) if total > STATIC_SMEM else ({}, 0)
+            total += -(-ins.arg * ins.dtype.itemsize // align) * align
+    return (offs, total) if total > STATIC_SMEM or align > 16 else ({}, 0)
 
 
 # ---- CUDA C ----------------------------------------------------------------------------------
@@ -91,7 +107,8 @@ class CUDACPrinter(GPUCPrinter):
         t = self.mem_type(ins.dtype)
         if self.dyn:
             # one dynamic array (the launch passes its size), carved 16-byte aligned
-            head = "extern __shared__ __align__(16) unsigned char morok_dyn[]; " if self.dyn[ins.id] == 0 else ""
+            head = (f"extern __shared__ __align__({shared_align(self.k)}) unsigned char morok_dyn[]; "
+                    if self.dyn[ins.id] == 0 else "")
             decl = f"{head}{t}* smem{ins.id} = ({t}*)(morok_dyn + {self.dyn[ins.id]});"
         else:
             decl = super().shared_decl(ins)
@@ -135,6 +152,23 @@ class CUDACPrinter(GPUCPrinter):
         ins_ = ", ".join([f'"r"({ra}_{n})' for n in range(4)] + [f'"r"({rb}_{2 * pair + n})' for n in range(2)])
         self.emit(f'asm("mma.sync.aligned.{shape}.row.col.f32.{ab}.{ab}.f32 {{%0, %1, %2, %3}}, '
                   f'{{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};" : {outs} : {ins_});')
+
+    def warpgroup(self, ins: Instr) -> None:
+        k, r = ins.kind, self.ref(ins)
+        if k is L.SMEM_DESC:
+            (buf, idx), (lbo, sbo) = ins.src, ins.arg
+            self.emit(f"const unsigned long long {r} = (unsigned long long)(({self.shared_addr(buf, idx)} & 0x3FFFFu) "
+                      f">> 4) | {desc_high(lbo, sbo)}ull;")
+        elif k is L.WG_SYNC:
+            # the accumulators (if any) as read-write operands: the compiler keeps them in place across it
+            outs = ", ".join(f'"+f"(acc{c.id})' for c in ins.src)
+            self.emit(f'asm volatile("{wg_sync_text(ins.arg)}" : {outs} :: "memory");')
+        else:
+            da, db, *accs = ins.src
+            n, ab, ta, tb = ins.arg
+            outs = ", ".join(f'"+f"(acc{c.id})' for c in accs)
+            text = wgmma_text(n, "f16" if ab == "float16" else "bf16", ta, tb)
+            self.emit(f'asm volatile("{text}" : {outs} : "l"({self.ref(da)}), "l"({self.ref(db)}), "r"(1) : "memory");')
 
     def kernel_decl(self) -> str:
         decl = super().kernel_decl()
@@ -207,7 +241,7 @@ class NVPTXPrinter(LLVMIRPrinter):
             off = self.dyn[int(m.group(1))]
             return "@morok_dyn" if off == 0 else f"getelementptr (i8, {self.local_ptr} @morok_dyn, i32 {off})"
         text = re.sub(r"@smem(\d+)\b", at, text)
-        head = (f"@morok_dyn = external addrspace(3) global [0 x i8], align 16\n"
+        head = (f"@morok_dyn = external addrspace(3) global [0 x i8], align {shared_align(self.k)}\n"
                 f"@{DYN_SMEM_SYMBOL} = addrspace(1) global i32 {dyn_bytes}, align 4\n")
         i = text.index("define ptx_kernel")
         return text[:i] + head + text[i:]
@@ -269,6 +303,42 @@ class NVPTXPrinter(LLVMIRPrinter):
         for n, c in enumerate(accs):
             self.emit(f"{m}.d{n} = extractvalue {ret} {m}, {n}")
             self.emit(f"store float {m}.d{n}, ptr %acc{c.id}")
+
+    def warpgroup(self, ins: Instr) -> None:
+        k, r = ins.kind, self.ref(ins)
+        if k is L.SMEM_DESC:
+            (buf, idx), (lbo, sbo) = ins.src, ins.arg
+            self.emit(f"{r}.p = getelementptr inbounds {self.mem_ty(buf.dtype)}, {self.local_ptr} @smem{buf.id}, "
+                      f"i32 {self.ref(idx)}")
+            self.emit(f"{r}.a = ptrtoint {self.local_ptr} {r}.p to i32")
+            self.emit(f"{r}.m = and i32 {r}.a, 262143")
+            self.emit(f"{r}.s = lshr i32 {r}.m, 4")
+            self.emit(f"{r}.z = zext i32 {r}.s to i64")
+            self.emit(f"{r} = or i64 {r}.z, {desc_high(lbo, sbo)}")
+            return
+        if k is L.WG_SYNC:
+            accs, ins_args, head = list(ins.src), [], wg_sync_text(ins.arg)
+        else:
+            da, db, *accs = ins.src
+            n, ab, ta, tb = ins.arg
+            head = wgmma_text(n, "f16" if ab == "float16" else "bf16", ta, tb, dollar=True)
+            ins_args = [f"i64 {self.ref(da)}", f"i64 {self.ref(db)}", "i32 1"]
+        m = len(accs)
+        tag = f"%wg{ins.id}"
+        if not m:
+            self.emit(f'call void asm sideeffect "{head}", "~{{memory}}"()')
+            return
+        # the accumulators as tied in-out operands ($0 .. $m-1), read back from the returned struct
+        ret = "{" + ", ".join(["float"] * m) + "}"
+        cons = ",".join(["=f"] * m + [c for c in ("l", "l", "r")[:len(ins_args)]] + [str(i) for i in range(m)])
+        args = list(ins_args)
+        for n_, c in enumerate(accs):
+            self.emit(f"{tag}.c{n_} = load float, ptr %acc{c.id}")
+            args.append(f"float {tag}.c{n_}")
+        self.emit(f'{tag} = call {ret} asm sideeffect "{head}", "{cons},~{{memory}}"({", ".join(args)})')
+        for n_, c in enumerate(accs):
+            self.emit(f"{tag}.d{n_} = extractvalue {ret} {tag}, {n_}")
+            self.emit(f"store float {tag}.d{n_}, ptr %acc{c.id}")
 
     def special(self, ins: Instr) -> str:
         kind, dim = ins.arg

@@ -294,12 +294,18 @@ class CStylePrinter:
             self.ldmatrix(ins)
         elif k is L.MMA:
             self.mma(ins)
+        elif k in (L.WGMMA, L.SMEM_DESC, L.WG_SYNC):
+            self.warpgroup(ins)
         else:
             raise NotImplementedError(k)
 
     def ldmatrix(self, ins: Instr) -> None:
         """Tensor-core fragment load (codegen/strategies/tensor_core.py); dialects with tensor cores print it."""
         raise NotImplementedError(f"{type(self).__name__} has no tensor-core fragment loads")
+
+    def warpgroup(self, ins: Instr) -> None:
+        """Warpgroup matrix instructions (codegen/strategies/wgmma.py); NVIDIA sm_90a dialects print them."""
+        raise NotImplementedError(f"{type(self).__name__} has no warpgroup matrix instructions")
 
     def mma(self, ins: Instr) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")

@@ -51,6 +51,16 @@ class L(enum.Enum):
                              # 16-byte-aligned run of the param's elements into the shared array
     CP_COMMIT = "cp_commit"  # closes the group of this work-item's CP_ASYNCs issued since the last commit
     CP_WAIT = "cp_wait"      # arg: n: waits until at most n of this work-item's committed groups are pending
+    # warpgroup matrix instructions (NVIDIA sm_90a, PTX wgmma; codegen/strategies/wgmma.py): the 128 work-items
+    # of an aligned warpgroup take part; operands are read from shared memory through descriptors
+    SMEM_DESC = "smem_desc"  # src: (local, index); arg: (leading byte offset, stride byte offset); dtype:
+                             # uint64: the 128-byte-swizzle matrix descriptor of the operand at local[index]
+    WGMMA = "wgmma"          # src: (desc a, desc b, *accs): the work-item's N / 2 float32 ACCs in PTX register
+                             # order, updated in place; arg: (N, input dtype name, trans a, trans b): asynchronous
+                             # D += A (64 x 16) @ B (16 x N)
+    WG_SYNC = "wg_sync"      # arg: "fence" (before wgmma reads registers others wrote), "commit" (closes a
+                             # group of wgmmas), "proxy" (shared stores before it are visible to wgmma
+                             # reads after the next barrier), or n: wait until at most n groups are pending
 
 
 @dataclass(eq=False)

@@ -334,6 +334,8 @@ class LLVMIRPrinter:
             self.ldmatrix(ins)
         elif k is L.MMA:
             self.mma(ins)
+        elif k in (L.WGMMA, L.SMEM_DESC, L.WG_SYNC):
+            self.warpgroup(ins)
         else:
             raise NotImplementedError(k)
 
@@ -411,6 +413,10 @@ class LLVMIRPrinter:
 
     def mma(self, ins: Instr) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no tensor-core instructions")
+
+    def warpgroup(self, ins: Instr) -> None:
+        """Warpgroup matrix instructions (codegen/strategies/wgmma.py); the NVPTX printer prints them."""
+        raise NotImplementedError(f"{type(self).__name__} has no warpgroup matrix instructions")
 
     # ---- ALU --------------------------------------------------------------------------------
     def fmf(self, ins: Instr) -> str:

@@ -292,12 +292,12 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
                         pack=bool(lanes) and pack_applies(ast, tile, lanes))
     if caps.tensor_cores and caps.has_shared:
-        from .strategies.tensor_core import choose_tc_tile, tc_pipeline, tc_threads
-        tc = choose_tc_tile(ast, caps, scan)
+        from .strategies.tensor_core import choose_tc, tc_threads
+        tc = choose_tc(ast, caps, scan)
         if tc is not None:
-            stages, swizzle = tc_pipeline(caps, tc, ast, scan)
-            return Schedule("tiled", group=tc_threads(tc, caps.tensor_cores[0]), matmul_tile=tc,
-                            tensor_core=caps.tensor_cores[0], tc_stages=stages, tc_swizzle=swizzle)
+            mma, tile, stages, swizzle = tc
+            return Schedule("tiled", group=tc_threads(tile, mma), matmul_tile=tile,
+                            tensor_core=mma, tc_stages=stages, tc_swizzle=swizzle)
     if caps.matmul_tile is not None and caps.has_shared:
         from .gpu_tile import deeper_tile, plan_tile
         tile = plan_tile(ast, caps, scan)
@@ -381,7 +381,8 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
-                or tc_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle) is None):
+                or tc_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle,
+                           schedule.tensor_core) is None):
             raise ValueError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
     elif schedule.mapping == "tiled":
         from .gpu_tile import plan_tile
@@ -448,11 +449,18 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
         if base.tensor_core is not None:
-            from .strategies.tensor_core import TC_PIPELINES, TC_TILE_CANDIDATES, tc_pipeline, tc_threads
-            out += [replace(base, tc_stages=st, tc_swizzle=sw) for st, sw in TC_PIPELINES]
+            from .strategies.tensor_core import TC_PIPELINES, TC_TILE_CANDIDATES, WGMMA, tc_pipeline, tc_threads
+            if WGMMA in caps.tensor_cores:
+                from .strategies.wgmma import WG_CANDIDATES
+                out += [Schedule("tiled", group=tc_threads(t, WGMMA), matmul_tile=t, tensor_core=WGMMA, tc_stages=st,
+                                 tc_swizzle=True) for t, st in WG_CANDIDATES]
+            first = caps.tensor_cores[0]      # the warp-level instruction (mma.sync on NVIDIA)
+            if base.tensor_core == first:
+                out += [replace(base, tc_stages=st, tc_swizzle=sw) for st, sw in TC_PIPELINES]
             for t in TC_TILE_CANDIDATES:
                 st, sw = tc_pipeline(caps, t, ast, scan)
-                out.append(replace(base, group=tc_threads(t, base.tensor_core), matmul_tile=t, tc_stages=st, tc_swizzle=sw))
+                out.append(Schedule("tiled", group=tc_threads(t, first), matmul_tile=t, tensor_core=first,
+                                    tc_stages=st, tc_swizzle=sw))
             out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
         elif base.mapping == "tiled":
             BM, BN, BK, TM, TN = base.matmul_tile

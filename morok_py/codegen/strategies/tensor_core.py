@@ -45,8 +45,10 @@ from ..scan import KernelScan
 MMA_M16N8K16 = "mma_m16n8k16"          # NVIDIA sm_80+: mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}
 MFMA_32X32X8 = "mfma_32x32x8"          # AMD gfx90a/gfx942 (wave64): v_mfma_f32_32x32x8{f16,bf16_1k}
 WMMA_16X16X16 = "wmma_16x16x16"        # AMD gfx11 (wave32): v_wmma_f32_16x16x16_{f16,bf16}
+WGMMA = "wgmma_m64k16"                 # NVIDIA sm_90a: wgmma.mma_async.m64nNk16.f32 (strategies/wgmma.py)
 # per instruction: (wave size, rows of A per fragment, columns of B per fragment load, k per instruction)
-MMAS = {MMA_M16N8K16: (32, 16, 16, 16), MFMA_32X32X8: (64, 32, 32, 8), WMMA_16X16X16: (32, 16, 16, 16)}
+MMAS = {MMA_M16N8K16: (32, 16, 16, 16), MFMA_32X32X8: (64, 32, 32, 8), WMMA_16X16X16: (32, 16, 16, 16),
+        WGMMA: (128, 64, 8, 16)}
 TC_PAD = 8                             # elements added to each tile row: 16 bytes (see the module doc)
 TC_TILE = (128, 128, 64, 64, 64)       # (BM, BN, BK, WM, WN): 4 warps of 64x64 outputs (NVIDIA, staged)
 TC_TILE_STATIC = (128, 128, 32, 64, 32)  # 8 warps of 64x32: the register-staged tile (no cp.async fills)
@@ -91,6 +93,9 @@ def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma:
     _, fm, fn, _ = MMAS[mma]
     if min(tile) < 1 or BM % WM or BN % WN or WM % fm or WN % fn or BK % 16:
         return False
+    if mma == WGMMA:
+        from .wgmma import wg_tile_ok
+        return wg_tile_ok(tile, stages, swizzle, min(caps.max_threads_per_group, caps.local_max[0]))
     if (stages or swizzle) and mma != MMA_M16N8K16:
         return False                   # cp.async and the swizzled ldmatrix layout are NVIDIA's
     if stages == 1 or stages < 0 or (swizzle and not all(_pow2(x) for x in (BM, BN, BK))):
@@ -109,10 +114,13 @@ def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
 
 
 def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int],
-            stages: int = 0, swizzle: bool = False):
+            stages: int = 0, swizzle: bool = False, mma: str | None = None):
     """gpu_tile's plan, its units narrowed to the raw 16-bit loads, when the kernel is a plain float32 sum of
-    products of two float16 (or two bfloat16) operands; else None."""
-    if not caps.tensor_cores or not caps.has_shared or not valid_tc_tile(tile, caps, None, stages, swizzle):
+    products of two float16 (or two bfloat16) operands and `mma` (default: the target's first) takes the
+    tile; else None. The warpgroup form (WGMMA) also needs 16-byte fills of both operands (staged_fills)."""
+    if not caps.tensor_cores or not caps.has_shared or (mma is not None and mma not in caps.tensor_cores):
+        return None
+    if not valid_tc_tile(tile, caps, mma, stages, swizzle):
         return None
     BM, BN, BK, WM, WN = tile
     # gpu_tile's recognition with a tile it accepts (one work-item per warp: same block, same k depth)
@@ -131,6 +139,8 @@ def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
     plan.units = {loads["A"]: "A", loads["B"]: "B"}
     plan.fast = {u: plan.fast.get(s, "k") for s in f.src for u in (_raw_load(s),)}
     plan.mma_operands = tuple(f.src)      # the float32(...) units the product is formed of
+    if mma == WGMMA and not staged_fills(plan):
+        return None
     return plan
 
 
@@ -174,6 +184,21 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     if big == TC_TILE and not staged_fills(plan):
         return TC_TILE_STATIC    # register-staged fills: 64x64 warps would spill under their registers
     return big
+
+
+def choose_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[str, tuple, int, bool] | None:
+    """The heuristic tensor-core schedule fields (instruction, tile, stages, swizzle): the warpgroup form
+    (strategies/wgmma.py) where the target has it and the kernel takes it, else the target's first
+    (warp-level) instruction with `choose_tc_tile` and `tc_pipeline`; None when no tile applies."""
+    if WGMMA in caps.tensor_cores:
+        from .wgmma import choose_wg_tile
+        got = choose_wg_tile(ast, caps, scan)
+        if got is not None:
+            return WGMMA, got[0], got[1], True
+    tile = choose_tc_tile(ast, caps, scan)
+    if tile is None:
+        return None
+    return (caps.tensor_cores[0], tile, *tc_pipeline(caps, tile, ast, scan))
 
 
 def launch_alignment(plan, unit: UOp, kind: str, width: int, BK: int) -> list[UOp] | None:
@@ -795,15 +820,21 @@ def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, t
              stages: int = 0, swizzle: bool = False):
     """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), `stages` cp.async
     buffers (0: register-staged double buffering) and the swizzled (else padded) layout; or None."""
-    if mma not in _BUILDERS or mma not in caps.tensor_cores:
+    if mma == WGMMA:
+        from .wgmma import _WGMMABuilder as builder
+    elif mma in _BUILDERS:
+        builder = _BUILDERS[mma]
+    else:
         return None
-    plan = tc_plan(ast, caps, scan, tile, stages, swizzle)
+    if mma not in caps.tensor_cores:
+        return None
+    plan = tc_plan(ast, caps, scan, tile, stages, swizzle, mma)
     if plan is None:
         return None
-    if mma != MMA_M16N8K16:
-        return _BUILDERS[mma](ast, caps, name, plan).build()
-    return _BUILDERS[mma](ast, caps, name, plan, stages, swizzle).build()
+    if mma not in (MMA_M16N8K16, WGMMA):
+        return builder(ast, caps, name, plan).build()
+    return builder(ast, caps, name, plan, stages, swizzle).build()
 
 
-__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
+__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "choose_tc", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
            "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "tile_mma", "valid_tc_tile"]

@@ -1,0 +1,240 @@
+"""Warpgroup tensor cores (NVIDIA sm_90a, PTX `wgmma.mma_async`): the tensor-core contraction of
+strategies/tensor_core.py with the inner product issued by whole warpgroups from shared memory.
+
+- The block is BM x BN outputs (BM a multiple of 64, BN of 64, at most 256), k walked 64 at a time; its
+  BM / 64 warpgroups (128 work-items each) own 64 full-width rows each. Per 16 k a warpgroup issues one
+  `wgmma.mma_async.m64n{BN}k16.f32` that reads both operands straight from shared memory through
+  64-bit descriptors: no fragment loads, no registers but the float32 accumulators (BN / 2 per work-item,
+  laid out like mma.sync's m16n8 C fragments, one 16-row slab per warp).
+- Shared tiles use the hardware's 128-byte swizzle: every tile row is 128 bytes (64 halves), and 16-byte
+  chunk c of row r sits at c ^ (r % 8) within 1024-byte atoms (the arrays start 1024-byte aligned,
+  backends/cuda/renderer.py). An operand contiguous along k (row-major A, B^T) is [w][64] (K-major,
+  descriptor stride 1024 bytes per 8 rows, a 16-k step is +32 bytes); one contiguous along its rows or
+  columns is [w / 64][64 k][64 w] (MN-major, `trans` set: leading offset 64 * 128 bytes between 64-wide
+  atoms, 1024 bytes per 8 k; a 16-k step is +2048 bytes).
+- Tiles are filled by cp.async 16-byte copies S - 2 tiles ahead of the one being multiplied (S = the
+  schedule's `tc_stages` >= 3 buffers, up to 227 KiB of dynamic shared memory), and one group of wgmmas
+  stays in flight across the loop turn:
+
+      issue tiles 0 .. S-3
+      for tile t:  wait for tile t (cp.async); proxy fence; barrier
+                   issue tile t+S-2 into buffer (t-2) % S  (tile t-2's wgmmas finished before the barrier)
+                   wgmma.fence; 4 wgmmas on buffer t % S; commit; wait until <= 1 group is pending
+      wait for every group; barrier; the zero-padded k tail (shared stores, proxy fence, barrier, wgmmas)
+
+  Symbolic strides whose alignment is only known at launch keep the uniform branch of tensor_core.py:
+  the pipeline when every size is a multiple of 8, else scalar fills tile by tile.
+- Sizes stay arbitrary: rows and columns past the end are clamped, the k tail is zero-filled, and the
+  epilogue and launch check are gpu_tile's.
+"""
+from __future__ import annotations
+
+from ...dtypes import dtypes
+from ...ir import AxisType, Ops, UOp
+from ..linear import If, Instr, Item, L, Loop
+from .tensor_core import WGMMA, _MMABuilder, _Tile
+
+WG_K = 64                       # k per tile: one 128-byte row of 16-bit elements (the swizzle's row)
+WG_ROWS = 64                    # rows of A per warpgroup instruction (m64)
+WG_SMEM = 227 << 10             # sm_90 dynamic shared memory a block may opt into
+WG_TILE = (128, 256, 64, 64, 256)   # 2 warpgroups of 64 x 256 (128 accumulators a work-item)
+WG_STAGES = 4                       # 4 x 48 KiB
+WG_TILE_MID = (128, 128, 64, 64, 128)
+WG_TILE_SMALL = (64, 128, 64, 64, 128)
+# (tile, stages) a search times
+WG_CANDIDATES = [(WG_TILE, 4), (WG_TILE, 3), (WG_TILE_MID, 6), (WG_TILE_MID, 5), (WG_TILE_MID, 4),
+                 ((256, 128, 64, 64, 128), 4), ((256, 128, 64, 64, 128), 5), (WG_TILE_SMALL, 6),
+                 ((128, 192, 64, 64, 192), 4), ((192, 128, 64, 64, 128), 4)]
+
+
+def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool, threads_max: int) -> bool:
+    """Whether the warpgroup form takes this tile: 64-row warpgroups spanning the block's columns, k tiles
+    of 64, at least 3 swizzled buffers within WG_SMEM."""
+    BM, BN, BK, WM, WN = tile
+    if BK != WG_K or WM != WG_ROWS or WN != BN or BM % WG_ROWS or BN % 64 or not 64 <= BN <= 256:
+        return False
+    if not swizzle or stages < 3 or stages * (BM + BN) * BK * 2 > WG_SMEM:
+        return False
+    return (BM // WG_ROWS) * 128 <= threads_max
+
+
+WG_MIN_BLOCKS = 132             # blocks that fill an H100/H200 once (132 SMs): smaller problems take smaller tiles
+
+
+def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int], int] | None:
+    """The heuristic warpgroup (tile, stages): 128x256 blocks 4 deep; for constant extents, the first of
+    128x256, 128x128 (6 deep) and 64x128 that makes WG_MIN_BLOCKS blocks (else 64x128); None where the
+    kernel takes none (no 16-byte fills, or under 64 rows or columns: tensor_core.py's tiles)."""
+    from .tensor_core import WGMMA, tc_plan
+    plan = tc_plan(ast, caps, scan, WG_TILE, WG_STAGES, True, WGMMA)
+    if plan is None:
+        return None
+    M, N = plan.i.src[0], plan.j.src[0]
+    if M.op is not Ops.CONST or N.op is not Ops.CONST:
+        return WG_TILE, WG_STAGES
+    if min(M.arg, N.arg) < 64:
+        return None
+    for tile, stages in ((WG_TILE, WG_STAGES), (WG_TILE_MID, 6), (WG_TILE_SMALL, 6)):
+        if -(-M.arg // tile[0]) * -(-N.arg // tile[1]) >= WG_MIN_BLOCKS:
+            return tile, stages
+    return WG_TILE_SMALL, 6
+
+
+class _WGMMABuilder(_MMABuilder):
+    """tensor_core.py's kernel skeleton (grid, clamped fills, cp.async passes, epilogue) with warpgroup
+    instructions; `warp` and `lane` of the base are the warpgroup and the work-item within it."""
+
+    mma = WGMMA
+
+    def build(self):
+        if self.stages < 3 or not self.swizzle:
+            raise ValueError("the warpgroup form needs >= 3 cp.async stages in the swizzled layout")
+        kernel, info = super().build()
+        if not self.staged:
+            raise ValueError("the warpgroup form needs 16-byte (cp.async) fills of both tiles")
+        # two blocks a SM where their shared memory fits (128 registers a work-item), else one
+        smem = sum(self.stages * t.size * 2 for t in self.tiles)
+        kernel.min_groups = 2 if 2 * smem <= WG_SMEM and len(self.wg_accs) <= 64 else 1
+        return kernel, info
+
+    # the hardware's 128-byte swizzle over [w][64] (K-major) or [w / 64][BK][64] (MN-major) tiles --------
+    def phys(self, t: _Tile, sidx: Instr, out: list[Item]) -> Instr:
+        """The unswizzled place of element `sidx` (row * ld + column of the logical tile)."""
+        if not t.kmajor:
+            return sidx                                  # [w][64]: ld = 64, already 128-byte rows
+        k = self.op(out, Ops.IDIV, sidx, self.c(t.ld))
+        w = self.op(out, Ops.MOD, sidx, self.c(t.ld))
+        atom = self.op(out, Ops.MUL, self.op(out, Ops.IDIV, w, self.c(64)), self.c(self.BK * 64))
+        return self.op(out, Ops.ADD, atom, self.op(out, Ops.ADD, self.op(out, Ops.MUL, k, self.c(64)),
+                                                    self.op(out, Ops.MOD, w, self.c(64))))
+
+    def swizzled(self, t: _Tile, sidx: Instr, out: list[Item]) -> Instr:
+        at = self.phys(t, sidx, out)
+        row = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(64)), self.c(8))
+        chunk = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(8)), self.c(8))
+        moved = self.op(out, Ops.XOR, chunk, row)
+        return self.op(out, Ops.ADD, at, self.op(out, Ops.MUL, self.op(out, Ops.SUB, moved, chunk), self.c(8)))
+
+    # accumulators, descriptors ------------------------------------------------------------------------
+    def fragments(self, top: list[Item], lane: Instr, wm0: Instr, wn0: Instr) -> None:
+        """Work-item l of a warpgroup holds D rows 16 (l / 32) + (l % 32) / 4 (+ 8) and columns
+        8 j + 2 (l % 4) (+ 1): PTX register 4 j + 2 h + e is accs[h][2 j + e]."""
+        BN = self.p.tile[1]
+        self.accs = [[self.new(L.ACC, dtypes.float32, (), 0.0) for _ in range(BN // 4)] for _ in range(2)]
+        top.extend(a for row in self.accs for a in row)
+        self.wg_accs = [self.accs[h][2 * j + e] for j in range(BN // 8) for h in (0, 1) for e in (0, 1)]
+        self.offs = {"A": [0, 8], "B": [8 * (cc // 2) + cc % 2 for cc in range(BN // 4)]}
+        w4 = self.op(top, Ops.IDIV, lane, self.c(32))
+        l32 = self.op(top, Ops.MOD, lane, self.c(32))
+        self.first = {"A": self.op(top, Ops.ADD, self.op(top, Ops.ADD, wm0, self.op(top, Ops.MUL, w4, self.c(16))),
+                                   self.op(top, Ops.IDIV, l32, self.c(4))),
+                      "B": self.op(top, Ops.MUL, self.op(top, Ops.MOD, l32, self.c(4)), self.c(2))}
+        # the warpgroup's own rows of A: elements from a buffer's start (64 rows of 64 k, or atom wm0 / 64)
+        self.wg_base = {t.kind: (self.op(top, Ops.MUL, wm0, self.c(self.BK)) if t.kind == "A" else None)
+                        for t in self.tiles}
+
+    def descs(self, out: list[Item], rd: dict[str, Instr | None], step: int) -> list[Instr]:
+        """The A and B descriptors of 16-k step `step` of the buffers at element offsets rd."""
+        got = []
+        for t in self.tiles:
+            base = self.wg_base[t.kind]
+            # K-major: a step is 16 elements along the 128-byte row; MN-major: 16 rows of 64 elements
+            const = 16 * step * (64 if t.kmajor else 1)
+            idx = base
+            if rd.get(t.kind) is not None:
+                idx = rd[t.kind] if idx is None else self.op(out, Ops.ADD, idx, rd[t.kind])
+            if const:
+                idx = self.c(const) if idx is None else self.op(out, Ops.ADD, idx, self.c(const))
+            idx = self.c(0) if idx is None else idx
+            lbo, sbo = (self.BK * 128, 1024) if t.kmajor else (16, 1024)
+            d = self.new(L.SMEM_DESC, dtypes.uint64, (t.smem, idx), (lbo, sbo))
+            out.append(d)
+            got.append(d)
+        return got
+
+    def wg_steps(self, out: list[Item], rd: dict[str, Instr | None], steps: int, wait: int,
+                 guard: Instr | None = None) -> None:
+        """fence; `steps` 16-k wgmmas on the buffers at rd (step s >= 1 under `s * 16 < guard` when a
+        guard is given: the tail); commit; wait until at most `wait` groups are pending."""
+        out.append(self.new(L.WG_SYNC, None, tuple(self.wg_accs), "fence"))
+        ab = self.tiles[0].smem.dtype.name
+        trans = {t.kind: int(t.kmajor) for t in self.tiles}
+        for s in range(steps):
+            blk = out
+            if guard is not None and s:
+                g = If(self.op(out, Ops.CMPLT, self.c(16 * s), guard))
+                out.append(g)
+                blk = g.body
+            da, db = self.descs(blk, rd, s)
+            blk.append(self.new(L.WGMMA, None, (da, db, *self.wg_accs),
+                                (self.p.tile[1], ab, trans["A"], trans["B"])))
+        out.append(self.new(L.WG_SYNC, None, (), "commit"))
+        out.append(self.new(L.WG_SYNC, None, tuple(self.wg_accs), wait))
+
+    # the k loops --------------------------------------------------------------------------------------
+    def staged_loop(self, work: list[Item], K: Instr) -> None:
+        p, BK, S, zero = self.p, self.BK, self.stages, self.c(0)
+        steps, ahead = BK // 16, S - 2
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        from ..launch_check import SteppedLoop
+        Ke = p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
+        full = If(self.op(work, Ops.CMPLT, zero, k_full))
+        work.append(full)
+        fb = full.body
+        for s in range(ahead):
+            blk = fb
+            if s:
+                g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
+                fb.append(g)
+                blk = g.body
+            self.fill_async(blk, self.c(s * BK), s)
+            fb.append(self.new(L.CP_COMMIT, None))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        fb.append(main)
+        lb = main.body
+        lb += [self.new(L.CP_WAIT, None, (), ahead - 1), self.new(L.WG_SYNC, None, (), "proxy"),
+               self.new(L.BARRIER, None)]
+        t_now = self.op(lb, Ops.IDIV, main.var, self.c(BK))
+        kp = self.op(lb, Ops.ADD, main.var, self.c(ahead * BK))
+        g = If(self.op(lb, Ops.CMPLT, kp, k_full))
+        lb.append(g)
+        self.fill_async(g.body, kp, self.op(g.body, Ops.MOD, self.op(g.body, Ops.ADD, t_now, self.c(ahead)),
+                                            self.c(S)))
+        lb.append(self.new(L.CP_COMMIT, None))
+        stage = self.op(lb, Ops.MOD, t_now, self.c(S))
+        rd = {t.kind: self.op(lb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
+        self.wg_steps(lb, rd, steps, 1)
+        fb += [self.new(L.WG_SYNC, None, tuple(self.wg_accs), 0), self.new(L.CP_WAIT, None, (), 0),
+               self.new(L.BARRIER, None)]
+        self.padded_tail(work, K, k_full)
+
+    def sync_loop(self, work: list[Item], K: Instr) -> None:
+        """Sizes not 16-byte aligned at launch: each full tile by scalar fills into buffer 0, then its wgmmas."""
+        BK = self.BK
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), k_full, AxisType.REDUCE, step=self.c(BK))
+        work.append(main)
+        lb = main.body
+        for t in self.tiles:
+            self.fill_loop(t, main.var, lb)
+        lb += [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
+        self.wg_steps(lb, {}, BK // 16, 0)
+        lb.append(self.new(L.BARRIER, None))
+        self.padded_tail(work, K, k_full)
+
+    def padded_tail(self, work: list[Item], K: Instr, k_full: Instr) -> None:
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        self.scalar_passes_in(tail.body)
+        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+        for t in self.tiles:
+            self.fill_zero_padded(t, k_full, k_rem, tail.body)
+        tail.body += [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
+        self.wg_steps(tail.body, {}, self.BK // 16, 0, guard=k_rem)
+
+    def main_loop(self, work: list[Item], K: Instr) -> None:
+        raise ValueError("the warpgroup form has no register-staged loop")
+
+
+__all__ = ["WG_CANDIDATES", "choose_wg_tile", "WG_SMEM", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "wg_tile_ok"]
