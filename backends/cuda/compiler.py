@@ -39,6 +39,17 @@ def normalize_arch(arch: "str | tuple[int, int]") -> str:
     return f"sm_{m.group(1)}{m.group(2)}{m.group(3)}"
 
 
+# devices whose own arch-specific variant (sm_90a: wgmma, setmaxnreg) a cubin built for that exact chip may use
+ARCH_SPECIFIC = {"sm_90": "sm_90a"}
+
+
+def device_compile_arch(device_arch: str) -> str:
+    """The arch a device compiles its own kernels for: the arch-specific variant of its chip where one
+    exists (the cubin runs on that chip only, which is the device at hand), else the device's arch."""
+    a = normalize_arch(device_arch)
+    return ARCH_SPECIFIC.get(a, a)
+
+
 def arch_number(arch: str) -> int:
     """'sm_90a' -> 90."""
     m = _ARCH_RE.match(normalize_arch(arch))

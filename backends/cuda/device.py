@@ -17,7 +17,7 @@ from morok_py.device import Allocator, CompiledSpec, Compiler, DeviceSpec, Rende
 from morok_py.launch import Device
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
-from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, mlir_pair, normalize_arch
+from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, device_compile_arch, mlir_pair, normalize_arch
 from .renderer import CUDARenderer, NVPTXRenderer
 
 
@@ -27,8 +27,9 @@ def compile_only_pairs(arch: str, device: "str | DeviceSpec" = "CUDA") -> list[t
     driver: [(CUDA C, NVRTC), (NVPTX LLVM IR, llvmlite + nvJitLink)], both producing CUBIN."""
     a = normalize_arch(arch)
     spec = DeviceSpec.parse(device)
+    # the MLIR pair's nvvm target takes the plain arch (it emits no arch-specific instructions)
     return [(CUDARenderer(spec, a), NVRTCCompiler(a)), (NVPTXRenderer(spec, a), NVPTXCompiler(a)),
-            mlir_pair(spec, a)]
+            mlir_pair(spec, a.rstrip("af") if a.endswith(("a", "f")) else a)]
 
 
 def driver_missing() -> str | None:
@@ -83,7 +84,7 @@ class CUDADevice(Device):
         self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
         device_arch = f"sm_{major}{minor}"
         override = config.arch_override("CUDA")
-        compile_arch = normalize_arch(override) if override else device_arch
+        compile_arch = normalize_arch(override) if override else device_compile_arch(device_arch)
         super().__init__(spec, CUDAAllocator(self), compile_only_pairs(compile_arch, spec), self._load,
                          arch=device_arch)
 

@@ -43,8 +43,8 @@ WG_TILE_MID = (128, 128, 64, 64, 128)
 WG_TILE_SMALL = (64, 128, 64, 64, 128)
 # (tile, stages) a search times
 WG_CANDIDATES = [(WG_TILE, 4), (WG_TILE, 3), (WG_TILE_MID, 6), (WG_TILE_MID, 5), (WG_TILE_MID, 4),
-                 ((256, 128, 64, 64, 128), 4), ((256, 128, 64, 64, 128), 5), (WG_TILE_SMALL, 6),
-                 ((128, 192, 64, 64, 192), 4), ((192, 128, 64, 64, 128), 4)]
+                 ((256, 128, 64, 64, 128), 4), (WG_TILE_SMALL, 6),
+                 ((128, 192, 64, 64, 192), 4), ((64, 256, 64, 64, 256), 4)]
 
 
 def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool, threads_max: int) -> bool:
