@@ -192,6 +192,17 @@ def test_cubin_for_another_arch_is_refused_at_load_naming_both(key):
     check_cubin_arch("add", compiled.bytes, compiled.arch, "sm_80", "CUDA:0")
 
 
+def test_arch_specific_cubin_loads_on_that_chip_only():
+    """sm_90a code (wgmma) is what an H100 compiles for by default: it loads on sm_90 (devices report the plain
+    arch) and nowhere else, not even on a later minor version."""
+    _, compiled = compile_ast(K.add(), "sm_90a", "nvrtc", "add")
+    assert compiled.arch == "sm_90a"
+    check_cubin_arch("add", compiled.bytes, compiled.arch, "sm_90", "CUDA:0")
+    for other in ("sm_80", "sm_100"):
+        with pytest.raises(DeviceError, match=f"compiled for sm_90a but CUDA:0 is {other}"):
+            check_cubin_arch("add", compiled.bytes, compiled.arch, other, "CUDA:0")
+
+
 def test_garbage_is_not_a_cubin():
     with pytest.raises(DeviceError, match="not a 64-bit ELF"):
         check_cubin_arch("x", b"PTX text", "sm_90", "sm_90", "CUDA:0")

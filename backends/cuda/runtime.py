@@ -74,7 +74,7 @@ def check_cubin_arch(name: str, data: bytes, compiled_arch: str, device_arch: st
     want = normalize_arch(device_arch)
     b, d = arch_number(built), arch_number(want)
     specific = compiled_arch.endswith(("a", "f"))
-    ok = (b // 10 == d // 10 and b % 10 <= d % 10) and not (specific and normalize_arch(compiled_arch) != want)
+    ok = (b // 10 == d // 10 and b % 10 <= d % 10) and not (specific and arch_number(compiled_arch) != d)
     if not ok:
         shown = compiled_arch or built
         raise DeviceError("cuModuleLoadData", 0, "ARCH_MISMATCH",
