@@ -12,7 +12,7 @@ source tests/gpu_env.sh
 DEADLINE=${DEADLINE:-560}
 R=/tmp/res; mkdir -p "$R"
 B="$OUT/bench.log"
-git rev-parse --short HEAD > "$OUT/COMMIT" 2>/dev/null || cat COMMIT > "$OUT/COMMIT" 2>/dev/null
+cat COMMIT > "$OUT/COMMIT" 2>/dev/null || git rev-parse --short HEAD > "$OUT/COMMIT"   # the copy's .git may be stale
 ( export OPENBLAS_NUM_THREADS=12 OMP_NUM_THREADS=12 NUMBA_NUM_THREADS=12
   MOROK_CACHE_DIR=/tmp/morok-cpu taskset -c 4-15 timeout 100 python3 benchmarks/kernels.py \
     --device CPU --suite --no-sweep --results "$R/cpu-suite" > "$R/cpu_suite.log" 2>&1; echo "rc $?" >> "$R/cpu_suite.log"
