@@ -587,7 +587,8 @@ def test_every_remainder_of_every_host_tile_shape(cpu, rng, tile, lanes, N, dt):
     a, b = draw((M, Kd)).astype(dtype.np), draw((Kd, N)).astype(dtype.np)
     out = cpu.buf(np.full(M * N, -7 if dtype.is_int else np.nan, dtype.np))
     gs, ls = prog.launch.launch_dims({})
-    prog.execute([cpu.buf(a).ptr, cpu.buf(b).ptr, out.ptr], [], gs, ls, wait=True)
+    ins = [cpu.buf(a), cpu.buf(b)]              # held: a bare .ptr of a temporary is freed before the launch
+    prog.execute([ins[0].ptr, ins[1].ptr, out.ptr], [], gs, ls, wait=True)
     want = a.astype(np.float64) @ b.astype(np.float64)
     np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(M, N), want, rtol=1e-5, atol=1e-4)
 
@@ -626,6 +627,41 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
         got = bufs[-1].numpy().astype(np.float64).reshape(M, N)
         tol = {"float32": 1e-4, "float64": 1e-9, "float16": 2e-2, "int32": 0}[dt]
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
+
+
+def test_wide_matrices_split_into_units_that_divide_among_threads():
+    """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split:
+    the AVX-512 1024^3 matmul's 32 column tiles become 128 units (11 for the busiest of 12 threads against
+    10.67, not 3 against 2.67); narrower ones keep their partitions; a partition keeps >= 32 row tiles."""
+    from morok_py.codegen.opt import _partitions, split_balance
+    assert _partitions(128, 32) == 4 and split_balance(128) < 1.04 < split_balance(32)
+    assert _partitions(32, 16) == 2 and _partitions(32, 1) == 8          # the demo MLP's shapes, unchanged
+    assert _partitions(40, 32) == 1                                    # 20 row tiles a half: too few to repack
+    assert _partitions(127, 32) == 1                                   # no divisor: no clamped row tail
+
+
+@pytest.mark.parametrize("threads", ["3", "12"])
+def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatch, threads):
+    """The 8 x 32 tile forced on any host over 264 rows (33 row tiles: no partitions) and 1024 rows (128 row
+    tiles, 4 partitions) of a 1024-column matrix (32 column tiles), packed, split over several threads."""
+    from morok_py.codegen.opt import _partitions
+    assert _partitions(33, 32) == 1 and _partitions(128, 32) == 4
+    from morok_py.codegen.schedule import Schedule, using
+    split_at(monkeypatch, 1, 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", threads)
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    for M in (264, 1024):
+        Kd, N = 128, 1024
+        with using(Schedule("threads", register_tile=(8, 32), tile_lanes=16, pack=True)):
+            spec = renderer.render(K.matmul(M, N, Kd), f"wide_{M}_{threads}")
+        prog = cpu.dev.runtime(compiler.compile(spec))
+        a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
+        bufs = [cpu.buf(a), cpu.buf(b), cpu.buf(np.full(M * N, np.nan, np.float32))]   # held through the launch
+        gs, ls = prog.launch.launch_dims({})
+        prog.execute([x.ptr for x in bufs], [], gs, ls, wait=True)
+        np.testing.assert_allclose(bufs[2].numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_a_packed_matmul_through_the_checked_call(cpu, rng):
