@@ -305,7 +305,7 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
 def test_work_counts_every_load_and_store_a_launch_executes(cpu):
     add = cpu.compile(K.add(), name="work_add")
     assert cpu_runtime.memory_accesses(add.launch, {"n": 1000}) == 3000
-    # sizes from the pair's own register tile (6x16 on AVX2, 8x32 on AVX-512, 4x8 otherwise): whole
+    # sizes from the pair's own register tile (6x16 on AVX2, 6x64 on AVX-512, 4x8 otherwise): whole
     # tiles, 8 row tiles by 4 column tiles, so no overlapping column tile and no tail rows
     ti, tj = cpu.pair()[0].caps.register_tile
     M, N, Kd = 8 * ti, 4 * tj, 64
@@ -567,8 +567,9 @@ def test_register_tile_lanes_match_numpy_for_every_dtype(cpu, rng, dt, kind):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
 
 
-@pytest.mark.parametrize("tile,lanes", [((8, 32), 16), ((6, 16), 8), ((5, 32), 16)], ids=["8x32", "6x16", "5x32"])
-@pytest.mark.parametrize("N", [33, 36, 37, 39, 40, 41, 45, 69, 10, 21])
+@pytest.mark.parametrize("tile,lanes", [((6, 64), 16), ((8, 32), 16), ((6, 16), 8), ((5, 32), 16)],
+                         ids=["6x64", "8x32", "6x16", "5x32"])
+@pytest.mark.parametrize("N", [33, 36, 37, 39, 40, 41, 45, 69, 10, 21, 77, 80, 130])
 @pytest.mark.parametrize("dt", ["float32", "int32"])
 def test_every_remainder_of_every_host_tile_shape(cpu, rng, tile, lanes, N, dt):
     """The AVX-512 and AVX2 register tiles forced on whatever host runs this (LLVM splits 16-lane vectors on
@@ -631,21 +632,26 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
 
 def test_wide_matrices_split_into_units_that_divide_among_threads():
     """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split:
-    the AVX-512 1024^3 matmul's 32 column tiles become 128 units (11 for the busiest of 12 threads against
-    10.67, not 3 against 2.67); narrower ones keep their partitions; a partition keeps >= 32 row tiles."""
+    the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16 column tiles) makes 80 units, not 32 (7 for
+    the busiest of 12 threads against 6.67, not 3 against 2.67); with 8x32 tiles 128, not 32; narrower
+    matrices keep their partitions; a partition keeps >= 24 row tiles."""
     from morok_py.codegen.opt import _partitions, split_balance
-    assert _partitions(128, 32) == 4 and split_balance(128) < 1.04 < split_balance(32)
-    assert _partitions(32, 16) == 2 and _partitions(32, 1) == 8          # the demo MLP's shapes, unchanged
+    assert _partitions(170, 16) == 5 and split_balance(80) < 1.06 < split_balance(32)
+    assert _partitions(128, 32) == 4 and split_balance(128) < 1.04
+    assert _partitions(42, 8) == 6 and _partitions(32, 16) == 2 and _partitions(32, 1) == 8   # MLP-like shapes
     assert _partitions(40, 32) == 1                                    # 20 row tiles a half: too few to repack
     assert _partitions(127, 32) == 1                                   # no divisor: no clamped row tail
 
 
+@pytest.mark.parametrize("tile", [(8, 32), (6, 64)], ids=["8x32", "6x64"])
 @pytest.mark.parametrize("threads", ["3", "12"])
-def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatch, threads):
-    """The 8 x 32 tile forced on any host over 264 rows (33 row tiles: no partitions) and 1024 rows (128 row
-    tiles, 4 partitions) of a 1024-column matrix (32 column tiles), packed, split over several threads."""
+def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatch, threads, tile):
+    """The AVX-512 tiles forced on any host over 264 and 1024 rows of a 1024-column matrix, packed, split over
+    several threads: 8 x 32 makes 33 row tiles (no partitions) and 128 (4 partitions); 6 x 64 makes 44 (2)
+    and 170 (5, plus 4 leftover rows dealt to them one at a time)."""
     from morok_py.codegen.opt import _partitions
     assert _partitions(33, 32) == 1 and _partitions(128, 32) == 4
+    assert _partitions(44, 16) == 2 and _partitions(170, 16) == 5
     from morok_py.codegen.schedule import Schedule, using
     split_at(monkeypatch, 1, 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", threads)
@@ -654,8 +660,8 @@ def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatc
         pytest.skip("this pair prints no tile lanes")
     for M in (264, 1024):
         Kd, N = 128, 1024
-        with using(Schedule("threads", register_tile=(8, 32), tile_lanes=16, pack=True)):
-            spec = renderer.render(K.matmul(M, N, Kd), f"wide_{M}_{threads}")
+        with using(Schedule("threads", register_tile=tile, tile_lanes=16, pack=True)):
+            spec = renderer.render(K.matmul(M, N, Kd), f"wide_{M}_{threads}_{tile[0]}x{tile[1]}")
         prog = cpu.dev.runtime(compiler.compile(spec))
         a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
         bufs = [cpu.buf(a), cpu.buf(b), cpu.buf(np.full(M * N, np.nan, np.float32))]   # held through the launch

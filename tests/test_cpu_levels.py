@@ -77,7 +77,7 @@ def test_the_host_rejects_a_level_it_lacks_through_the_friendly_path():
 
 
 @pytest.mark.parametrize("level,tile", [("x86-64", (4, 8)), ("x86-64-v2", (4, 8)), ("x86-64-v3", (6, 16)),
-                                        ("x86-64-v4", (8, 32))])
+                                        ("x86-64-v4", (6, 64))])
 def test_the_register_tile_follows_the_targets_features_not_the_hosts(level, tile):
     c = CPUCompiler(level)
     assert register_tile_for(c.renderer_features) == tile

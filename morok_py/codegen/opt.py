@@ -392,21 +392,22 @@ def _partitions(full: int | None, col_tiles: int | None) -> int:
     that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition."""
     if full is None or col_tiles is None or full < 2:
         return 1
-    if SPLIT_UNITS // max(col_tiles, 1) <= 1:
-        return _balanced_partitions(full, col_tiles)
     want = max(1, SPLIT_UNITS // max(col_tiles, 1))
     best = max(d for d in range(1, min(want, full) + 1) if full % d == 0 and (full // d >= 4 or d == 1))
     if 2 * best < want and full // 4 > best:
         # too few divisors (51 row tiles of the AVX-512 256x512x10 matmul: 3 partitions, 3 of 12 threads
         # busy): as many partitions of >= 4 tiles as wanted, their leftover rows dealt round-robin (clamped)
         return min(want, full // 4)
+    if want <= 3:
+        return _balanced_partitions(full, col_tiles, best)
     return best
 
 
 # thread counts a split should divide well (CPU workers: MOROK_CPU_THREADS or the cores)
 BALANCE_THREADS = (2, 3, 4, 6, 8, 12, 16)
-WIDE_PARTITION_ROWS = 32    # row tiles a partition keeps at least when a wide matrix is cut (each partition
-                            # repacks its column panel: 1/32 of a tile walk's loads at most)
+WIDE_PARTITION_ROWS = 24    # row tiles a partition keeps at least when a wide matrix is cut (each partition
+                            # repacks its column panel)
+PACK_SHARE = 0.5            # a partition's panel copy, in row tiles of work: the cost factor 1 + PACK_SHARE / tiles
 
 
 def split_balance(units: int) -> float:
@@ -415,17 +416,15 @@ def split_balance(units: int) -> float:
     return max(-(-units // t) * t / units for t in BALANCE_THREADS)
 
 
-def _balanced_partitions(full: int, col_tiles: int) -> int:
-    """Row partitions of a matrix with SPLIT_UNITS / 2 or more column tiles: the divisor P of the full row
-    tiles (P <= 4, at least WIDE_PARTITION_ROWS row tiles each) whose col_tiles x P units divide best
-    among BALANCE_THREADS threads (the smallest P of equal balance). The AVX-512 1024^3 matmul has 32
-    column tiles: 32 units leave the busiest of 12 threads 3 where the average is 2.67 (1.125); 4
-    partitions make 128 units, 11 against 10.67 (1.03)."""
-    best, score = 1, split_balance(col_tiles)
-    for P in range(2, 5):
-        if full % P == 0 and full // P >= WIDE_PARTITION_ROWS and split_balance(col_tiles * P) < score - 1e-9:
-            best, score = P, split_balance(col_tiles * P)
-    return best
+def _balanced_partitions(full: int, col_tiles: int, first: int) -> int:
+    """Row partitions of a matrix with SPLIT_UNITS / 3 or more column tiles: of `first` (the divisor rule's)
+    and the divisors P <= 6 of the full row tiles that leave WIDE_PARTITION_ROWS row tiles each, the one
+    whose col_tiles x P units divide best among BALANCE_THREADS threads, each partition's panel copy
+    counted (PACK_SHARE). The 1024^3 matmul's 16 AVX-512 column tiles (6x64) in 2 partitions leave the
+    busiest of 12 threads 3 units where the average is 2.67 (1.125); 5 make 80 units, 7 against 6.67."""
+    cost = lambda P: split_balance(col_tiles * P) * (1 + PACK_SHARE / (full // P))  # noqa: E731
+    cands = {first} | {P for P in range(2, 7) if full % P == 0 and full // P >= WIDE_PARTITION_ROWS}
+    return min(sorted(cands), key=lambda P: cost(P) - 1e-9 * (P == first))
 
 
 # ---- CPU column reductions that stream rows ------------------------------------------------------
