@@ -328,6 +328,9 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     plan = prog._plans[(n,)]
     assert plan[0] in (cpu_runtime._ONE, cpu_runtime._SPLIT)
     assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
+    # the order holds two splits in a row (one of them with warm workers) and SPLIT_TRIALS of each
+    order = cpu_runtime.TRIAL_ORDER
+    assert "SS" in order and order.count("S") == order.count("A") == cpu_runtime.SPLIT_TRIALS
 
 
 # ---- Program.__call__ remembers a passed launch check ------------------------------------------

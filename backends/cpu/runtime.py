@@ -31,6 +31,12 @@ PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads witho
 NATIVE_MIN_WORK = 1 << 15
 NATIVE_SURE_WORK = 1 << 22
 SPLIT_TRIALS = 3                # in between: time this many launches each way, then keep the faster
+# the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
+# workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
+# splits whose workers had gone to sleep during the alone run: on the H100 host's Xeon, 12 futex wake-ups
+# made the 256x512x10 matmul's splits slower than one thread in some processes (115-157 us on one thread
+# where a warm split takes 19-24 us)
+TRIAL_ORDER = "ASSASA"
 
 
 def last_level_cache_bytes() -> int:
@@ -271,20 +277,20 @@ class CPUProgram(Program):
         return [mode, stream, [], []]
 
     def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
-        """Run alone or split, alternately, timing each; after SPLIT_TRIALS of both keep the faster
-        (split only when it saves 10%: the pool's hand-off cost varies)."""
+        """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by
+        their best times (split only when it saves 10%: the pool's hand-off cost varies)."""
         alone, split = plan[2], plan[3]
         native = self._native_pool()
         if native is not None:
             native.ensure(threads)        # made before the clock starts
         t0 = time.perf_counter()
-        if len(split) < len(alone):
+        if TRIAL_ORDER[(len(alone) + len(split)) % len(TRIAL_ORDER)] == "S":
             self._parallel(fn, buffers, vals, extent, threads)
             split.append(time.perf_counter() - t0)
         else:
             fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
             alone.append(time.perf_counter() - t0)
-        if len(split) >= SPLIT_TRIALS:
+        if len(split) >= SPLIT_TRIALS and len(alone) >= SPLIT_TRIALS:
             plan[0] = _SPLIT if min(split) < 0.9 * min(alone) else _ONE
 
     def _parallel(self, fn, buffers, vals, extent: int, threads: int) -> None:
