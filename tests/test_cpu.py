@@ -634,12 +634,15 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
 
 
 def test_wide_matrices_split_into_units_that_divide_among_threads():
-    """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split:
-    the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16 column tiles) makes 80 units, not 32 (7 for
-    the busiest of 12 threads against 6.67, not 3 against 2.67); with 8x32 tiles 128, not 32; narrower
-    matrices keep their partitions; a partition keeps >= 24 row tiles."""
+    """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split
+    (the target's thread count; unknown: 2-16): the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16
+    column tiles) makes 80 units for 12 threads, not 32 (7 for the busiest against 6.67, not 3 against
+    2.67); with 8x32 tiles 128, not 32; two threads split AVX2's 64 column tiles evenly as they are (the
+    repacked panels cost more than nothing gained); narrower matrices keep their partitions; a partition
+    keeps >= 24 row tiles."""
     from morok_py.codegen.opt import _partitions, split_balance
-    assert _partitions(170, 16) == 5 and split_balance(80) < 1.06 < split_balance(32)
+    assert _partitions(170, 16, 12) == 5 and split_balance(80, 12) < 1.06 < split_balance(32, 12)
+    assert _partitions(170, 16) == 5 and _partitions(170, 16, 16) == 2 and _partitions(170, 64, 2) == 1
     assert _partitions(128, 32) == 4 and split_balance(128) < 1.04
     assert _partitions(42, 8) == 6 and _partitions(32, 16) == 2 and _partitions(32, 1) == 8   # MLP-like shapes
     assert _partitions(40, 32) == 1                                    # 20 row tiles a half: too few to repack
@@ -650,17 +653,20 @@ def test_wide_matrices_split_into_units_that_divide_among_threads():
 @pytest.mark.parametrize("threads", ["3", "12"])
 def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatch, threads, tile):
     """The AVX-512 tiles forced on any host over 264 and 1024 rows of a 1024-column matrix, packed, split over
-    several threads: 8 x 32 makes 33 row tiles (no partitions) and 128 (4 partitions); 6 x 64 makes 44 (2)
-    and 170 (5, plus 4 leftover rows dealt to them one at a time)."""
+    several threads: 8 x 32 makes 33 row tiles (no partitions) and 128 (4 partitions for 12 threads); 6 x 64
+    makes 44 (2) and 170 (5 for 12 threads, plus 4 leftover rows dealt to them one at a time)."""
+    import dataclasses
     from morok_py.codegen.opt import _partitions
-    assert _partitions(33, 32) == 1 and _partitions(128, 32) == 4
-    assert _partitions(44, 16) == 2 and _partitions(170, 16) == 5
+    n = int(threads)
+    assert _partitions(33, 32, n) == 1 and _partitions(128, 32, 12) == 4
+    assert _partitions(44, 16, n) == 2 and _partitions(170, 16, 12) == 5
     from morok_py.codegen.schedule import Schedule, using
     split_at(monkeypatch, 1, 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", threads)
     renderer, compiler = cpu.pair()
     if not renderer.caps.tile_lanes:
         pytest.skip("this pair prints no tile lanes")
+    monkeypatch.setattr(renderer, "caps", dataclasses.replace(renderer.caps, threads=n))   # partitions for n
     for M in (264, 1024):
         Kd, N = 128, 1024
         with using(Schedule("threads", register_tile=tile, tile_lanes=16, pack=True)):

@@ -98,8 +98,10 @@ class CPURenderer(Renderer):
     def __init__(self, device: DeviceSpec, triple: str = "", features: str = "") -> None:
         super().__init__(device)
         self.triple = triple
+        from morok_py import config
         self.caps = Capabilities(has_threads=True, register_tile=register_tile_for(features),
-                                 tile_lanes=tile_lanes_for(features) if self.lane_vectors else 0)
+                                 tile_lanes=tile_lanes_for(features) if self.lane_vectors else 0,
+                                 threads=config.cpu_threads())
 
     def decompositor(self):
         return vector_friendly_math

@@ -30,6 +30,8 @@ class Capabilities:
     split_upcast: int = 0         # GPU: a split reduction with a small constant batch beside its columns (a
                                   # GEMV) computes up to this many batch outputs per work-item by default
                                   # (Schedule.upcast; schedule.GEMV_UPCAST_SPLIT); 0: the plain split
+    threads: int = 0              # CPU: the worker threads a split launch uses (row partitions balance them,
+                                  # opt._partitions); 0: unknown
     tensor_cores: tuple[str, ...] = ()
     # GPU: the matrix instructions of the target a contraction of float16/bfloat16 may use
     # (codegen/strategies/tensor_core.py), e.g. "mma_m16n8k16" (NVIDIA sm_80+)

@@ -530,7 +530,8 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     scratch = None
     if schedule.register_tile is not None:
         from .opt import tile_with_lanes
-        ast, lane_axes, scratch = tile_with_lanes(ast, schedule.register_tile, schedule.tile_lanes, schedule.pack)
+        ast, lane_axes, scratch = tile_with_lanes(ast, schedule.register_tile, schedule.tile_lanes, schedule.pack,
+                                                  caps.threads)
         ast = simplify(ast)
         scan = scan_kernel(ast)
     elif schedule.reduce == "stream":

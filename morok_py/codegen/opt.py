@@ -192,7 +192,7 @@ def lanes_apply(ast: UOp) -> bool:
     return True
 
 
-def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = False):
+def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = False, threads: int = 0):
     """Register blocking (below) where `lanes` > 1 computes each run of `lanes` neighbouring columns of
     a tile as one vector: the column index is col0 + LANE with LANE a LOOP range of `lanes` that the
     lowering never opens as a loop but prints as vector lanes (strategies/tile_lanes.py). Returns the
@@ -255,7 +255,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     full = M // ti
     Cj = N // tj if rem else _ceil_div(N, tj)
     if _const(full) is not None and _const(Cj) is not None:
-        P = UOp.const(_partitions(_const(full), _const(Cj)), dtypes.index)
+        P = UOp.const(_partitions(_const(full), _const(Cj), threads), dtypes.index)
     else:
         P = (UOp.const(SPLIT_UNITS, dtypes.index) // Cj.maximum(1)).minimum(full // 4).maximum(1)
     Q = full // P
@@ -387,9 +387,10 @@ def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp,
     return out
 
 
-def _partitions(full: int | None, col_tiles: int | None) -> int:
+def _partitions(full: int | None, col_tiles: int | None, threads: int = 0) -> int:
     """Row partitions per column tile: a divisor of the full row tiles (so that no row is clamped)
-    that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition."""
+    that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition; for a
+    wide matrix, the count that balances `threads` workers (0: unknown, see _balanced_partitions)."""
     if full is None or col_tiles is None or full < 2:
         return 1
     want = max(1, SPLIT_UNITS // max(col_tiles, 1))
@@ -399,7 +400,7 @@ def _partitions(full: int | None, col_tiles: int | None) -> int:
         # busy): as many partitions of >= 4 tiles as wanted, their leftover rows dealt round-robin (clamped)
         return min(want, full // 4)
     if want <= 3:
-        return _balanced_partitions(full, col_tiles, best)
+        return _balanced_partitions(full, col_tiles, best, threads)
     return best
 
 
@@ -407,22 +408,24 @@ def _partitions(full: int | None, col_tiles: int | None) -> int:
 BALANCE_THREADS = (2, 3, 4, 6, 8, 12, 16)
 WIDE_PARTITION_ROWS = 24    # row tiles a partition keeps at least when a wide matrix is cut (each partition
                             # repacks its column panel)
-PACK_SHARE = 0.5            # a partition's panel copy, in row tiles of work: the cost factor 1 + PACK_SHARE / tiles
+PACK_SHARE = 2.0            # a partition's panel copy, in row tiles of work: the cost factor 1 + PACK_SHARE / tiles
+                            # (AVX2, 2 threads, 1024^3: 5 partitions of 34 row tiles ran 3-10% slower than one)
 
 
-def split_balance(units: int) -> float:
-    """The worst, over BALANCE_THREADS, of the busiest thread's share of `units` against an even share
-    (1.0: every count divides evenly)."""
-    return max(-(-units // t) * t / units for t in BALANCE_THREADS)
+def split_balance(units: int, threads: int = 0) -> float:
+    """The busiest of `threads` workers' share of `units` against an even share (1.0: an even split); for
+    an unknown count (0) the worst over BALANCE_THREADS."""
+    return max(-(-units // t) * t / units for t in ((threads,) if threads > 0 else BALANCE_THREADS))
 
 
-def _balanced_partitions(full: int, col_tiles: int, first: int) -> int:
+def _balanced_partitions(full: int, col_tiles: int, first: int, threads: int = 0) -> int:
     """Row partitions of a matrix with SPLIT_UNITS / 3 or more column tiles: of `first` (the divisor rule's)
     and the divisors P <= 6 of the full row tiles that leave WIDE_PARTITION_ROWS row tiles each, the one
-    whose col_tiles x P units divide best among BALANCE_THREADS threads, each partition's panel copy
-    counted (PACK_SHARE). The 1024^3 matmul's 16 AVX-512 column tiles (6x64) in 2 partitions leave the
-    busiest of 12 threads 3 units where the average is 2.67 (1.125); 5 make 80 units, 7 against 6.67."""
-    cost = lambda P: split_balance(col_tiles * P) * (1 + PACK_SHARE / (full // P))  # noqa: E731
+    whose col_tiles x P units divide best among `threads` workers (the target's Capabilities.threads),
+    each partition's panel copy counted (PACK_SHARE). The 1024^3 matmul's 16 AVX-512 column tiles (6x64)
+    in 2 partitions leave the busiest of 12 threads 3 units where the average is 2.67 (1.125); 5 make 80
+    units, 7 against 6.67. Two threads split 64 AVX2 column tiles evenly: one partition."""
+    cost = lambda P: split_balance(col_tiles * P, threads) * (1 + PACK_SHARE / (full // P))  # noqa: E731
     cands = {first} | {P for P in range(2, 7) if full % P == 0 and full // P >= WIDE_PARTITION_ROWS}
     return min(sorted(cands), key=lambda P: cost(P) - 1e-9 * (P == first))
 
