@@ -3,13 +3,17 @@
 # code: row partitions for the target's thread count, the split trial's order A S S A S A. Issue 12's CPU
 # suite with 12 threads pinned to cores 4-15 (twice, separate processes: the 256x512x10 trial) and with all
 # 16 unpinned; then benchmarks/cpu_tiles.py (15 rounds, 6x64 default against 8x32 and 12x32) at both counts.
-# $OUT: env.txt, COMMIT, bench.log, results.tgz.
+# First the CPU tests (test_cpu, test_cpu_pool, test_cpu_levels, test_kernels) on this AVX-512 host.
+# $OUT: env.txt, COMMIT, bench.log, pytest_cpu.log, results.tgz.
 set -u
 source tests/gpu_env.sh
-DEADLINE=${DEADLINE:-240}
+DEADLINE=${DEADLINE:-330}
 R=/tmp/res; mkdir -p "$R"
 B="$OUT/bench.log"
 cat COMMIT > "$OUT/COMMIT" 2>/dev/null || git rev-parse --short HEAD > "$OUT/COMMIT"
+timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_cpu.py tests/test_cpu_pool.py tests/test_cpu_levels.py \
+  tests/test_kernels.py -k "not cuda and not rocm" > "$OUT/pytest_cpu.log" 2>&1; echo "rc $?" >> "$OUT/pytest_cpu.log"
+tail -3 "$OUT/pytest_cpu.log" | tee -a "$B"
 export OPENBLAS_NUM_THREADS=12 OMP_NUM_THREADS=12 NUMBA_NUM_THREADS=12 MOROK_CPU_THREADS=12
 MOROK_CACHE_DIR=/tmp/morok-cpu12 TAILN=16 step suite-12 60 taskset -c 4-15 python3 benchmarks/kernels.py \
   --device CPU --suite --no-sweep --results "$R/cpu-suite-12"
