@@ -460,23 +460,9 @@ class _MMABuilder(_Builder):
         The loop turns between the first and second mma step of a tile, so each warp has a step of mma in
         flight while it waits at the barrier and while the next tile's first fragments load; the global
         loads stay in flight under S-1 tiles of mma and take no registers."""
-        p, BK, S, zero = self.p, self.BK, self.stages, self.c(0)
+        BK, S, zero = self.BK, self.stages, self.c(0)
         steps = BK // MMAS[self.mma][3]
-        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
-        from ..launch_check import SteppedLoop
-        Ke = p.k.src[0]
-        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
-        full = If(self.op(work, Ops.CMPLT, zero, k_full))
-        work.append(full)
-        fb = full.body
-        for s in range(S):
-            blk = fb
-            if s:
-                g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
-                fb.append(g)
-                blk = g.body
-            self.fill_async(blk, self.c(s * BK), s)
-            fb.append(self.new(L.CP_COMMIT, None))
+        k_full, fb = self.pipeline_prologue(work, K, S)
         fb += [self.new(L.CP_WAIT, None, (), S - 1), self.new(L.BARRIER, None)]
         self.mma_issue(fb, self.mma_frags(fb, {}, self.c(0)))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
@@ -511,6 +497,28 @@ class _MMABuilder(_Builder):
         self.mma_issue(g2.body, first)
         fb += [self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
         self.padded_tail(work, K, k_full)
+
+    def pipeline_prologue(self, work: list[Item], K: Instr, ahead: int) -> tuple[Instr, list[Item]]:
+        """(k_full, the block that runs when there is a full tile): K rounded down to whole tiles, the
+        launch check's stepped k loop, and the cp.async of tiles 0 .. ahead-1 into buffers 0 .. ahead-1,
+        one committed group each (committed even when the tile does not exist)."""
+        BK = self.BK
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        from ..launch_check import SteppedLoop
+        Ke = self.p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
+        full = If(self.op(work, Ops.CMPLT, self.c(0), k_full))
+        work.append(full)
+        fb = full.body
+        for s in range(ahead):
+            blk = fb
+            if s:
+                g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
+                fb.append(g)
+                blk = g.body
+            self.fill_async(blk, self.c(s * BK), s)
+            fb.append(self.new(L.CP_COMMIT, None))
+        return k_full, fb
 
     def padded_tail(self, work: list[Item], K: Instr, k_full: Instr) -> None:
         """The last k_rem = K - k_full < BK rows of k, zero-padded into buffer 0 (scalar passes made here)."""

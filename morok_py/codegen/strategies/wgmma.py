@@ -173,23 +173,9 @@ class _WGMMABuilder(_MMABuilder):
 
     # the k loops --------------------------------------------------------------------------------------
     def staged_loop(self, work: list[Item], K: Instr) -> None:
-        p, BK, S, zero = self.p, self.BK, self.stages, self.c(0)
+        BK, S, zero = self.BK, self.stages, self.c(0)
         steps, ahead = BK // 16, S - 2
-        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
-        from ..launch_check import SteppedLoop
-        Ke = p.k.src[0]
-        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
-        full = If(self.op(work, Ops.CMPLT, zero, k_full))
-        work.append(full)
-        fb = full.body
-        for s in range(ahead):
-            blk = fb
-            if s:
-                g = If(self.op(fb, Ops.CMPLT, self.c(s * BK), k_full))
-                fb.append(g)
-                blk = g.body
-            self.fill_async(blk, self.c(s * BK), s)
-            fb.append(self.new(L.CP_COMMIT, None))
+        k_full, fb = self.pipeline_prologue(work, K, ahead)
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         fb.append(main)
         lb = main.body
