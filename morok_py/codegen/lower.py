@@ -545,7 +545,7 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     if schedule.mapping == "tiled":
         from .gpu_tile import tile_contraction
         if schedule.tensor_core is not None:
-            from .strategies.tensor_core import tile_mma
+            from .strategies.matrix_units import tile_mma
             tiled = tile_mma(ast, caps, name, scan, schedule.matmul_tile, schedule.tensor_core,
                              schedule.tc_stages, schedule.tc_swizzle)
         else:

@@ -292,7 +292,8 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
                         pack=bool(lanes) and pack_applies(ast, tile, lanes))
     if caps.tensor_cores and caps.has_shared:
-        from .strategies.tensor_core import choose_tc, tc_threads
+        from .strategies.matrix_units import choose_tc
+        from .strategies.tensor_core import tc_threads
         tc = choose_tc(ast, caps, scan)
         if tc is not None:
             mma, tile, stages, swizzle = tc

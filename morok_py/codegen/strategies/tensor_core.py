@@ -94,7 +94,6 @@ def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma:
     if min(tile) < 1 or BM % WM or BN % WN or WM % fm or WN % fn or BK % 16:
         return False
     if mma == WGMMA:
-        from .wgmma import wg_tile_ok
         return wg_tile_ok(tile, stages, swizzle, min(caps.max_threads_per_group, caps.local_max[0]))
     if (stages or swizzle) and mma != MMA_M16N8K16:
         return False                   # cp.async and the swizzled ldmatrix layout are NVIDIA's
@@ -105,6 +104,23 @@ def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma:
     if tc_smem_bytes(tile, stages, swizzle) > limit:
         return False
     return tc_threads(tile, mma) <= min(caps.max_threads_per_group, caps.local_max[0])
+
+
+WG_K = 64                       # wgmma: k per tile, one 128-byte row of 16-bit elements (the swizzle's row)
+WG_ROWS = 64                    # wgmma: rows of A per warpgroup instruction (m64)
+WG_SMEM = 227 << 10             # sm_90 dynamic shared memory a block may opt into
+
+
+def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool, threads_max: int) -> bool:
+    """Whether the warpgroup form (strategies/wgmma.py) takes this tile: 64-row warpgroups spanning the
+    block's columns (a multiple of 64, at most 256), k tiles of 64, at least 3 swizzled buffers within
+    WG_SMEM."""
+    BM, BN, BK, WM, WN = tile
+    if BK != WG_K or WM != WG_ROWS or WN != BN or BM % WG_ROWS or BN % 64 or not 64 <= BN <= 256:
+        return False
+    if not swizzle or stages < 3 or stages * (BM + BN) * BK * 2 > WG_SMEM:
+        return False
+    return (BM // WG_ROWS) * 128 <= threads_max
 
 
 def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
@@ -184,21 +200,6 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     if big == TC_TILE and not staged_fills(plan):
         return TC_TILE_STATIC    # register-staged fills: 64x64 warps would spill under their registers
     return big
-
-
-def choose_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[str, tuple, int, bool] | None:
-    """The heuristic tensor-core schedule fields (instruction, tile, stages, swizzle): the warpgroup form
-    (strategies/wgmma.py) where the target has it and the kernel takes it, else the target's first
-    (warp-level) instruction with `choose_tc_tile` and `tc_pipeline`; None when no tile applies."""
-    if WGMMA in caps.tensor_cores:
-        from .wgmma import choose_wg_tile
-        got = choose_wg_tile(ast, caps, scan)
-        if got is not None:
-            return WGMMA, got[0], got[1], True
-    tile = choose_tc_tile(ast, caps, scan)
-    if tile is None:
-        return None
-    return (caps.tensor_cores[0], tile, *tc_pipeline(caps, tile, ast, scan))
 
 
 def launch_alignment(plan, unit: UOp, kind: str, width: int, BK: int) -> list[UOp] | None:
@@ -824,25 +825,6 @@ class _WMMABuilder(_AMDBuilder):
 _BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X16: _WMMABuilder}
 
 
-def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, tile, mma: str,
-             stages: int = 0, swizzle: bool = False):
-    """The tensor-core lowering of a contraction under `tile` ((BM, BN, BK, WM, WN)), `stages` cp.async
-    buffers (0: register-staged double buffering) and the swizzled (else padded) layout; or None."""
-    if mma == WGMMA:
-        from .wgmma import _WGMMABuilder as builder
-    elif mma in _BUILDERS:
-        builder = _BUILDERS[mma]
-    else:
-        return None
-    if mma not in caps.tensor_cores:
-        return None
-    plan = tc_plan(ast, caps, scan, tile, stages, swizzle, mma)
-    if plan is None:
-        return None
-    if mma not in (MMA_M16N8K16, WGMMA):
-        return builder(ast, caps, name, plan).build()
-    return builder(ast, caps, name, plan, stages, swizzle).build()
-
-
-__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "choose_tc", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
-           "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "tile_mma", "valid_tc_tile"]
+__all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
+           "WG_SMEM", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
+           "wg_tile_ok"]

@@ -32,11 +32,8 @@ from __future__ import annotations
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..linear import If, Instr, Item, L, Loop
-from .tensor_core import WGMMA, _MMABuilder, _Tile
+from .tensor_core import WG_K, WG_ROWS, WG_SMEM, WGMMA, _MMABuilder, _Tile, wg_tile_ok  # noqa: F401
 
-WG_K = 64                       # k per tile: one 128-byte row of 16-bit elements (the swizzle's row)
-WG_ROWS = 64                    # rows of A per warpgroup instruction (m64)
-WG_SMEM = 227 << 10             # sm_90 dynamic shared memory a block may opt into
 WG_TILE = (128, 256, 64, 64, 256)   # 2 warpgroups of 64 x 256 (128 accumulators a work-item)
 WG_STAGES = 4                       # 4 x 48 KiB
 WG_TILE_MID = (128, 128, 64, 64, 128)
@@ -45,17 +42,6 @@ WG_TILE_SMALL = (64, 128, 64, 64, 128)
 WG_CANDIDATES = [(WG_TILE, 4), (WG_TILE, 3), (WG_TILE_MID, 6), (WG_TILE_MID, 5), (WG_TILE_MID, 4),
                  ((256, 128, 64, 64, 128), 4), (WG_TILE_SMALL, 6),
                  ((128, 192, 64, 64, 192), 4), ((64, 256, 64, 64, 256), 4)]
-
-
-def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool, threads_max: int) -> bool:
-    """Whether the warpgroup form takes this tile: 64-row warpgroups spanning the block's columns, k tiles
-    of 64, at least 3 swizzled buffers within WG_SMEM."""
-    BM, BN, BK, WM, WN = tile
-    if BK != WG_K or WM != WG_ROWS or WN != BN or BM % WG_ROWS or BN % 64 or not 64 <= BN <= 256:
-        return False
-    if not swizzle or stages < 3 or stages * (BM + BN) * BK * 2 > WG_SMEM:
-        return False
-    return (BM // WG_ROWS) * 128 <= threads_max
 
 
 WG_MIN_BLOCKS = 132             # blocks that fill an H100/H200 once (132 SMs): smaller problems take smaller tiles
@@ -223,4 +209,4 @@ class _WGMMABuilder(_MMABuilder):
         raise ValueError("the warpgroup form has no register-staged loop")
 
 
-__all__ = ["WG_CANDIDATES", "choose_wg_tile", "WG_SMEM", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "wg_tile_ok"]
+__all__ = ["WG_CANDIDATES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "choose_wg_tile"]
