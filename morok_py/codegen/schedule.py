@@ -71,6 +71,8 @@ class Schedule:
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
     tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
                    "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
+                   "wgmma_m64k16" (sm_90a, strategies/wgmma.py): WM = 64 rows per warpgroup, WN = BN,
+                   BK = 64, tc_stages >= 3 and tc_swizzle (the hardware's 128-byte swizzle).
     tc_stages      tensor_core (NVIDIA): shared-memory buffers of the cp.async pipeline (>= 2); 0: the
                    register-staged double buffer (also what a kernel without provably aligned fills runs).
     tc_swizzle     tensor_core (NVIDIA): XOR-swizzled 16-byte chunks in the shared tiles instead of padded rows.
