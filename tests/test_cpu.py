@@ -333,6 +333,15 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     # the order holds two splits in a row (one of them with warm workers) and SPLIT_TRIALS of each
     order = cpu_runtime.TRIAL_ORDER
     assert "SS" in order and order.count("S") == order.count("A") == cpu_runtime.SPLIT_TRIALS
+    # the verdict is retried after RETRIAL_EVERY launches: the trial starts over, then decides again
+    monkeypatch.setattr(cpu_runtime, "RETRIAL_EVERY", 4)
+    seen_trial = False
+    for _ in range(4 + len(order)):
+        prog(da, db, out, n=n)
+        seen_trial |= plan[0] is cpu_runtime._TRIAL
+    np.testing.assert_array_equal(out.numpy(), a + b)
+    assert seen_trial and plan[0] in (cpu_runtime._ONE, cpu_runtime._SPLIT)
+    assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
 
 
 # ---- Program.__call__ remembers a passed launch check ------------------------------------------

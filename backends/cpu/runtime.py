@@ -37,6 +37,9 @@ SPLIT_TRIALS = 3                # in between: time this many launches each way, 
 # made the 256x512x10 matmul's splits slower than one thread in some processes (115-157 us on one thread
 # where a warm split takes 19-24 us)
 TRIAL_ORDER = "ASSASA"
+# a trial's verdict is timed under the load of its moment: it is taken again after this many launches (6 of
+# them run the trial's way), so a kernel kept on one thread during a burst of other load splits again later
+RETRIAL_EVERY = 256
 
 
 def last_level_cache_bytes() -> int:
@@ -204,6 +207,10 @@ class CPUProgram(Program):
         threads, fn, plan = 1, self._fn, None
         if extent > 1:
             plan = self._plan_for(vals)
+            if plan[3] and plan[0] is not _TRIAL:        # decided by a trial: count towards the next one
+                plan[4] += 1
+                if plan[4] >= RETRIAL_EVERY:
+                    plan[0], plan[2], plan[3], plan[4] = _TRIAL, [], [], 0
             if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
                 threads = config.cpu_threads()
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
@@ -248,11 +255,12 @@ class CPUProgram(Program):
 
     def _plan(self, vals: Sequence[int]) -> list:
         """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial
-        times split] for these values. Streaming where the bytes touched overflow the last-level cache."""
+        times split, launches since the trial decided] for these values. Streaming where the bytes touched
+        overflow the last-level cache."""
         n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
         if info is None:
-            return [_SPLIT, False]
+            return [_SPLIT, False, [], [], 0]
         values = dict(zip(info.var_names, vals))
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
@@ -274,7 +282,7 @@ class CPUProgram(Program):
                     spans[slot] = (min(old[0], lo), max(old[1], hi))
             touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
             stream = touched > STREAM_MIN_BYTES
-        return [mode, stream, [], []]
+        return [mode, stream, [], [], 0]
 
     def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
         """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by
