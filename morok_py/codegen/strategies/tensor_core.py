@@ -529,8 +529,17 @@ class _MMABuilder(_Builder):
         k_rem = self.op(tail.body, Ops.SUB, K, k_full)
         for t in self.tiles:
             self.fill_zero_padded(t, k_full, k_rem, tail.body)
-        tail.body.append(self.new(L.BARRIER, None))
+        tail.body += self.stores_visible()
         self.tail_steps(tail.body, k_rem)
+
+    def stores_visible(self) -> list[Item]:
+        """What makes this block's shared stores visible to the matrix instructions of every warp: a barrier
+        (the warpgroup form puts the proxy fence before it)."""
+        return [self.new(L.BARRIER, None)]
+
+    def full_tile_steps(self, out: list[Item]) -> None:
+        """The matrix instructions of a whole tile in buffer 0 (the synchronous loop)."""
+        self.mma_steps(out, {}, self.BK // MMAS[self.mma][3])
 
     def sync_loop(self, work: list[Item], K: Instr) -> None:
         """The fallback of a pipelined kernel whose sizes are not 16-byte aligned at launch: each full tile
@@ -542,8 +551,8 @@ class _MMABuilder(_Builder):
         lb = main.body
         for t in self.tiles:
             self.fill_loop(t, main.var, lb)
-        lb.append(self.new(L.BARRIER, None))
-        self.mma_steps(lb, {}, BK // MMAS[self.mma][3])
+        lb += self.stores_visible()
+        self.full_tile_steps(lb)
         lb.append(self.new(L.BARRIER, None))
         self.padded_tail(work, K, k_full)
 

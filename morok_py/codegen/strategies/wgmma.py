@@ -181,29 +181,15 @@ class _WGMMABuilder(_MMABuilder):
                self.new(L.BARRIER, None)]
         self.padded_tail(work, K, k_full)
 
-    def sync_loop(self, work: list[Item], K: Instr) -> None:
-        """Sizes not 16-byte aligned at launch: each full tile by scalar fills into buffer 0, then its wgmmas."""
-        BK = self.BK
-        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
-        main = Loop(self.new(L.LOOPVAR, dtypes.index), self.c(0), k_full, AxisType.REDUCE, step=self.c(BK))
-        work.append(main)
-        lb = main.body
-        for t in self.tiles:
-            self.fill_loop(t, main.var, lb)
-        lb += [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
-        self.wg_steps(lb, {}, BK // 16, 0)
-        lb.append(self.new(L.BARRIER, None))
-        self.padded_tail(work, K, k_full)
+    # the synchronous loop and the zero-padded tail (tensor_core.py's) with the proxy fence and wgmmas
+    def stores_visible(self) -> list[Item]:
+        return [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
 
-    def padded_tail(self, work: list[Item], K: Instr, k_full: Instr) -> None:
-        tail = If(self.op(work, Ops.CMPLT, k_full, K))
-        work.append(tail)
-        self.scalar_passes_in(tail.body)
-        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
-        for t in self.tiles:
-            self.fill_zero_padded(t, k_full, k_rem, tail.body)
-        tail.body += [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
-        self.wg_steps(tail.body, {}, self.BK // 16, 0, guard=k_rem)
+    def full_tile_steps(self, out: list[Item]) -> None:
+        self.wg_steps(out, {}, self.BK // 16, 0)
+
+    def tail_steps(self, out: list[Item], k_rem: Instr) -> None:
+        self.wg_steps(out, {}, self.BK // 16, 0, guard=k_rem)
 
     def main_loop(self, work: list[Item], K: Instr) -> None:
         raise ValueError("the warpgroup form has no register-staged loop")
