@@ -158,6 +158,46 @@ def measure(fn: Callable[[], float | None], warmup: int = 2, repeats: int = 7,
     return statistics.median(times)
 
 
+def interleaved(fns: Sequence[tuple[str, Callable[[], float | None]]], rounds: int = 1, repeats: int = 7,
+                warmup: int = 2, before: Callable[[str, str | None], None] | None = None) -> dict[str, list[float]]:
+    """Each label's round medians. Every round runs each `fn` `repeats` times in turn (its median is the
+    round's value), so drift of a shared machine over the run lands on all of them alike instead of on
+    whichever was timed during a burst of other load. `fn` returns its own time or anything else (then
+    perf_counter times it), as in `measure`. `before(label, previous label)` runs before each block (the
+    CPU benchmarks pause there while a peer's BLAS threads stop spinning). One round is the plain
+    sequential measurement: each fn's block after the previous one's."""
+    def once(fn) -> float:
+        t0 = time.perf_counter()
+        t = fn()
+        wall = time.perf_counter() - t0
+        return float(t) if isinstance(t, (float, np.floating)) else wall
+
+    for _, fn in fns:
+        for _ in range(warmup):
+            fn()
+    out: dict[str, list[float]] = {label: [] for label, _ in fns}
+    prev: str | None = None
+    for _ in range(max(1, rounds)):
+        for label, fn in fns:
+            if before is not None:
+                before(label, prev)
+            out[label].append(statistics.median(once(fn) for _ in range(max(1, repeats))))
+            prev = label
+    return out
+
+
+def round_summary(ours: list[float], peer: list[float] | None = None) -> dict[str, Any]:
+    """The fields a record keeps of interleaved rounds: every round median, the best round, and (against
+    a peer timed in the same rounds) the best rounds' ratio and the range of per-round ratios."""
+    d: dict[str, Any] = {"rounds": ours, "best_s": min(ours)}
+    if peer:
+        d["peer_rounds"] = peer
+        d["best_ratio"] = min(peer) / min(ours)
+        per = [p / o for o, p in zip(ours, peer)]
+        d["round_ratio_range"] = [min(per), max(per)]
+    return d
+
+
 def event_timer(lib_name: str, lib) -> Callable[[Callable[[], Any]], float]:
     """A function that runs `fn` between two GPU events of the peer library and returns seconds."""
     if lib_name == "cupy":

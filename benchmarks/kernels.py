@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -381,68 +382,98 @@ def memcpy_bandwidth(dev, nbytes: int, args, libs: dict[str, Any]) -> tuple[floa
 
 
 def run_case(case: Case, dev, args, res: H.Results, ceiling: float, libs, bar: H.Progress) -> float:
-    """Ours (the default schedule; with --beam also the searched one) and every peer; returns our time."""
+    """Ours (the default schedule; with --beam also the searched one) and every peer, each checked against
+    the reference, then timed together: `--rounds` interleaved rounds (one round: each block after the
+    previous one). Returns our time (the median of our round medians)."""
     gpu = H.is_gpu(dev)
     targets = GPU_TARGETS if gpu else CPU_TARGETS
     common = {"label": case.label, "shape": case.shape, "symbolic": args.symbolic or case.name == "matmul_sym"}
 
     bar.step(f"{case.name} {case.label}: ours")
-    ours = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
-    if not gpu:
-        # the previous case's numpy matmul leaves OpenBLAS's threads spinning for ~0.1-0.2 s: on two cores
-        # that took one from ours (256x784x512: 5.9 ms right after numpy, 3.0 ms 0.2 s later)
-        import time
-        time.sleep(BLAS_SPIN_S)
-    ours()
-    # timed before the reference: numpy's matmul reference leaves OpenBLAS threads spinning for a
-    # while, which took one of the two cores from ours (1024^3 measured 14 ms instead of 7.8)
-    t_ours = H.measure(ours, args.warmup, args.repeats)
-    common["schedule"] = str(dev.renderer.render(case.ast, "schedule").linear.schedule)   # the default's
     want = case.reference(*case.inputs)
+    ours = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
+    ours()
+    common["schedule"] = str(dev.renderer.render(case.ast, "schedule").linear.schedule)   # the default's
     H.check_close(f"{case.name} {case.label} (ours)", ours.result(), want, case.rtol, case.atol)
+    mine = {case.name: (ours, common)}
     bar.advance()
-    ours.free()
-    timed = {case.name: (t_ours, common)}
     if args.beam:
         from morok_py import cache
         bar.step(f"{case.name} {case.label}: search (beam {args.beam})")
         found = cache.beam_search(dev, case.ast, f"bench_{case.name}", beam=args.beam, values=case.vals,
                                   seconds=args.beam_seconds)
         cache.clear_memory_caches()
-        ours = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
-        ours()
-        t_beam = H.measure(ours, args.warmup, args.repeats)
-        H.check_close(f"{case.name} {case.label} (ours, searched)", ours.result(), want, case.rtol, case.atol)
-        ours.free()
-        timed[case.name + "+beam"] = (t_beam, dict(common, schedule=str(found.schedule),
-                                                   candidates_timed=len(found.times)))
+        searched = Ours(dev, case.ast, f"bench_{case.name}", case.inputs, int(np.prod(case.out_shape)), case.vals)
+        searched()
+        H.check_close(f"{case.name} {case.label} (ours, searched)", searched.result(), want, case.rtol, case.atol)
+        mine[case.name + "+beam"] = (searched, dict(common, schedule=str(found.schedule),
+                                                    candidates_timed=len(found.times)))
         bar.advance()
 
     peers = gpu_peers(case, libs) if gpu else cpu_peers(case, not args.no_numba)
     for pname, (run, result) in peers.items():
-        bar.step(f"{case.name} {case.label}: {pname}")
+        bar.step(f"{case.name} {case.label}: {pname} (check)")
         run()
         H.check_close(f"{case.name} {case.label} ({pname})", result(), want, case.rtol, case.atol)
-        t = H.measure(run, args.warmup, args.repeats)
-        bar.advance()
-        for label, (t_mine, extra) in timed.items():
+
+    def before(label: str, prev: str | None) -> None:
+        # a numpy matmul leaves OpenBLAS's threads spinning for ~0.1-0.2 s: on two cores that took one
+        # from ours (256x784x512: 5.9 ms right after numpy, 3.0 ms 0.2 s later)
+        if not gpu and label in mine and (prev is None or prev not in mine):
+            import time
+            time.sleep(BLAS_SPIN_S)
+
+    bar.step(f"{case.name} {case.label}: timing ({args.rounds} round{'s' * (args.rounds > 1)})")
+    fns = [(label, prog) for label, (prog, _) in mine.items()] + [(p, run) for p, (run, _) in peers.items()]
+    rounds = H.interleaved(fns, args.rounds, args.repeats, args.warmup, before)
+    med = {label: statistics.median(v) for label, v in rounds.items()}
+    bar.advance()
+    for pname in peers:
+        for label, (_, extra) in mine.items():
+            t_mine, t = med[label], med[pname]
             res.add(label, case.size, "s", t_mine, pname, t, gb_s=case.nbytes / t_mine / 1e9,
                     peer_gb_s=case.nbytes / t / 1e9,
                     gflop_s=case.flops / t_mine / 1e9 if case.flops else None,
                     peer_gflop_s=case.flops / t / 1e9 if case.flops else None,
-                    target=targets.get((case.name, pname)), **extra)
+                    target=targets.get((case.name, pname)), **extra,
+                    **H.round_summary(rounds[label], rounds[pname]))
     had_peers = bool(peers)
     del peers
+    for prog, _ in mine.values():
+        prog.free()
     if gpu:
         free_gpu_peers(libs)
-    for label, (t_mine, extra) in timed.items():
+    for label, (_, extra) in mine.items():
+        t_mine = med[label]
         if case.peer_op != "matmul":
             res.add(label, case.size, "GB/s", case.nbytes / t_mine / 1e9, "memcpy", ceiling / 1e9,
-                    higher_is_better=True, target=targets.get((case.name, "memcpy")), bytes=case.nbytes, **extra)
+                    higher_is_better=True, target=targets.get((case.name, "memcpy")), bytes=case.nbytes, **extra,
+                    **H.round_summary(rounds[label]))
         elif not had_peers:
             res.add(label, case.size, "s", t_mine, None, None,
-                    gflop_s=case.flops / t_mine / 1e9 if case.flops else None, **extra)
-    return t_ours
+                    gflop_s=case.flops / t_mine / 1e9 if case.flops else None, **extra,
+                    **H.round_summary(rounds[label]))
+    return med[case.name]
+
+
+def symbolic_vs_static(dev, args, res: H.Results, rng) -> None:
+    """matmul_sym's shape compiled with symbolic and with static sizes, on the same inputs, timed in the
+    same interleaved rounds (ratio = static time / symbolic time, higher is better)."""
+    from morok_py import kernels as K
+    case = make_case("matmul_sym", args, H.is_gpu(dev), rng)
+    m, kd, n = case.shape
+    want = case.reference(*case.inputs)
+    progs = {}
+    for label, ast in (("symbolic", case.ast), ("static", K.matmul(m, n, kd))):
+        progs[label] = Ours(dev, ast, f"bench_matmul_{label}", case.inputs, m * n, case.vals)
+        progs[label]()
+        H.check_close(f"matmul {case.label} ({label})", progs[label].result(), want, case.rtol, case.atol)
+    rounds = H.interleaved(list(progs.items()), args.rounds, args.repeats, args.warmup)
+    for p in progs.values():
+        p.free()
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    res.add("matmul_sym_vs_static", case.size, "s", med["symbolic"], "static", med["static"], label=case.label,
+            shape=case.shape, target=SYMBOLIC_TARGET, **H.round_summary(rounds["symbolic"], rounds["static"]))
 
 
 def cold_compile(dev, res: H.Results, repeats: int) -> None:
@@ -615,6 +646,8 @@ def main() -> None:
     p.add_argument("--no-numba", action="store_true", help="leave numba out even if installed")
     p.add_argument("--no-rotate", action="store_true", help="sweep: reuse one input set even when it fits in cache")
     p.add_argument("--symbolic", action="store_true", help="compile with symbolic sizes instead of static ones")
+    p.add_argument("--rounds", type=int, default=1, help="time ours and the peers in this many interleaved rounds "
+                   "(each `--repeats` runs; the median of the round medians is reported, the best round beside it)")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.warmup = min(args.repeats, 3), 1
@@ -639,7 +672,8 @@ def main() -> None:
     top = args.sweep_max or ((1 << 20) if args.quick else (256 << 20))
     sizes = [1 << k for k in range(10, 64, 2) if (1 << k) <= top]
     npeers = len(libs) if gpu else 1 + (nb is not None)          # peers besides memcpy
-    steps = len(names) * (1 + npeers + bool(args.beam)) + (0 if args.no_sweep else len(sizes) * (2 + npeers))
+    steps = len(names) * (2 + bool(args.beam)) + ("matmul_sym" in names and not args.symbolic)
+    steps += 0 if args.no_sweep else len(sizes) * (2 + npeers)
     steps += bool(args.suite and not gpu)          # the cold compile
     bar = H.Progress(steps, "kernels")
 
@@ -654,10 +688,11 @@ def main() -> None:
         ours_times[name] = run_case(case, dev, args, res, ceiling, libs, bar)
         del case
         gc.collect()
-    if "matmul" in ours_times and "matmul_sym" in ours_times and not args.symbolic:
-        # the same shape with symbolic sizes against static ones (ratio = static / symbolic time)
-        res.add("matmul_sym_vs_static", 0, "s", ours_times["matmul_sym"], "static", ours_times["matmul"],
-                target=SYMBOLIC_TARGET)
+    if "matmul_sym" in ours_times and not args.symbolic:
+        # the same shape with symbolic sizes against static ones, interleaved (ratio = static / symbolic time)
+        bar.step("matmul: symbolic against static sizes")
+        symbolic_vs_static(dev, args, res, rng)
+        bar.advance()
     if args.suite and not gpu:
         bar.step("cold matmul compile")
         cold_compile(dev, res, 7)
