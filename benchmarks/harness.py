@@ -172,11 +172,14 @@ def interleaved(fns: Sequence[tuple[str, Callable[[], float | None]]], rounds: i
         wall = time.perf_counter() - t0
         return float(t) if isinstance(t, (float, np.floating)) else wall
 
-    for _, fn in fns:
+    prev: str | None = None
+    for label, fn in fns:
+        if before is not None:
+            before(label, prev)
         for _ in range(warmup):
             fn()
+        prev = label
     out: dict[str, list[float]] = {label: [] for label, _ in fns}
-    prev: str | None = None
     for _ in range(max(1, rounds)):
         for label, fn in fns:
             if before is not None:

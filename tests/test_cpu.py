@@ -5,6 +5,8 @@ import ctypes
 import dataclasses
 import platform
 
+import time
+
 import numpy as np
 import pytest
 
@@ -319,6 +321,8 @@ def test_work_counts_every_load_and_store_a_launch_executes(cpu):
 def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, rng, monkeypatch):
     split_at(monkeypatch, 1, 1 << 62)
     monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    monkeypatch.setattr(cpu_runtime, "RETRIAL_EVERY", 4)
+    monkeypatch.setattr(cpu_runtime, "RETRIAL_FIRST", 4)
     n = 100_003
     prog = cpu.compile(K.add(), name="trial_add")
     a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
@@ -333,8 +337,8 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     # the order holds two splits in a row (one of them with warm workers) and SPLIT_TRIALS of each
     order = cpu_runtime.TRIAL_ORDER
     assert "SS" in order and order.count("S") == order.count("A") == cpu_runtime.SPLIT_TRIALS
-    # the verdict is retried after RETRIAL_EVERY launches: the trial starts over, then decides again
-    monkeypatch.setattr(cpu_runtime, "RETRIAL_EVERY", 4)
+    # the verdict is retried after RETRIAL_EVERY (split) or RETRIAL_FIRST (one thread) launches: the trial
+    # starts over, then decides again
     seen_trial = False
     for _ in range(4 + len(order)):
         prog(da, db, out, n=n)
@@ -342,6 +346,40 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     np.testing.assert_array_equal(out.numpy(), a + b)
     assert seen_trial and plan[0] in (cpu_runtime._ONE, cpu_runtime._SPLIT)
     assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
+
+
+def test_a_verdict_of_one_thread_is_retaken_sooner_and_backs_off(cpu, rng, monkeypatch):
+    """A trial whose splits ran slow (here each split is made 5 ms slower: the effect of other threads
+    spinning on the cores) keeps the kernel on one thread, and retakes the trial after RETRIAL_FIRST
+    launches, then twice as many each time the verdict holds, up to RETRIAL_EVERY."""
+    split_at(monkeypatch, 1, 1 << 62)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    monkeypatch.setattr(cpu_runtime, "RETRIAL_FIRST", 2)
+    monkeypatch.setattr(cpu_runtime, "RETRIAL_EVERY", 8)
+    n = 50_001
+    prog = cpu.compile(K.add(), name="retrial_add")
+    real = prog._parallel
+
+    def slow_split(*args):
+        real(*args)
+        time.sleep(0.005)
+    monkeypatch.setattr(prog, "_parallel", slow_split)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    waits = []
+    trial = len(cpu_runtime.TRIAL_ORDER)
+    for _ in range(5):
+        for i in range(trial):     # the trial's launches; the last one decides
+            prog(da, db, out, n=n)
+            assert (prog._plans[(n,)][0] is cpu_runtime._TRIAL) == (i < trial - 1)
+        plan = prog._plans[(n,)]
+        assert plan[0] is cpu_runtime._ONE
+        waits.append(plan[4])
+        for _ in range(plan[4]):
+            prog(da, db, out, n=n)
+            assert plan[0] is cpu_runtime._ONE
+    np.testing.assert_array_equal(out.numpy(), a + b)
+    assert waits == [2, 4, 8, 8, 8]
 
 
 # ---- Program.__call__ remembers a passed launch check ------------------------------------------

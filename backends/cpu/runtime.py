@@ -40,6 +40,12 @@ TRIAL_ORDER = "ASSASA"
 # a trial's verdict is timed under the load of its moment: it is taken again after this many launches (6 of
 # them run the trial's way), so a kernel kept on one thread during a burst of other load splits again later
 RETRIAL_EVERY = 256
+# a verdict of one thread is retaken sooner: after RETRIAL_FIRST launches, then twice as many each time it
+# holds, up to RETRIAL_EVERY. Other load slows the splits, never the thread alone, so that verdict is the one
+# a burst of load gets wrong, and the wrong one costs the most (session 9, the Xeon host: 256x512x10 kept on
+# one thread at 171 us, where a split takes 20-50 us, after its trial's splits ran beside OpenBLAS's
+# spinning threads); a retrial costs three split launches
+RETRIAL_FIRST = 16
 
 
 def last_level_cache_bytes() -> int:
@@ -207,10 +213,10 @@ class CPUProgram(Program):
         threads, fn, plan = 1, self._fn, None
         if extent > 1:
             plan = self._plan_for(vals)
-            if plan[3] and plan[0] is not _TRIAL:        # decided by a trial: count towards the next one
-                plan[4] += 1
-                if plan[4] >= RETRIAL_EVERY:
-                    plan[0], plan[2], plan[3], plan[4] = _TRIAL, [], [], 0
+            if plan[3] and plan[0] is not _TRIAL:        # decided by a trial: count down to the next one
+                if plan[4] <= 0:
+                    plan[0], plan[2], plan[3] = _TRIAL, [], []
+                plan[4] -= 1
             if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
                 threads = config.cpu_threads()
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
@@ -255,12 +261,13 @@ class CPUProgram(Program):
 
     def _plan(self, vals: Sequence[int]) -> list:
         """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial
-        times split, launches since the trial decided] for these values. Streaming where the bytes touched
+        times split, launches until the verdict is retried, the wait after the next verdict of one thread]
+        for these values. Streaming where the bytes touched
         overflow the last-level cache."""
         n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
         if info is None:
-            return [_SPLIT, False, [], [], 0]
+            return [_SPLIT, False, [], [], 0, RETRIAL_FIRST]
         values = dict(zip(info.var_names, vals))
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
@@ -282,7 +289,7 @@ class CPUProgram(Program):
                     spans[slot] = (min(old[0], lo), max(old[1], hi))
             touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
             stream = touched > STREAM_MIN_BYTES
-        return [mode, stream, [], [], 0]
+        return [mode, stream, [], [], 0, RETRIAL_FIRST]
 
     def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
         """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by
@@ -300,6 +307,10 @@ class CPUProgram(Program):
             alone.append(time.perf_counter() - t0)
         if len(split) >= SPLIT_TRIALS and len(alone) >= SPLIT_TRIALS:
             plan[0] = _SPLIT if min(split) < 0.9 * min(alone) else _ONE
+            if plan[0] is _SPLIT:
+                plan[4], plan[5] = RETRIAL_EVERY, RETRIAL_FIRST
+            else:
+                plan[4], plan[5] = plan[5], min(2 * plan[5], RETRIAL_EVERY)
 
     def _parallel(self, fn, buffers, vals, extent: int, threads: int) -> None:
         chunks = min(threads, extent)
