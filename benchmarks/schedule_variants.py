@@ -23,8 +23,9 @@ from harness import np  # noqa: E402
 import kernels as KB  # noqa: E402
 
 
-def variants(name: str):
-    """(label, schedule or None for the default, (module, flag, value) or None) per variant."""
+def variants(name: str, default=None):
+    """(label, schedule or None for the default, (module, flag, value) or None) per variant; `default`: the
+    kernel's default schedule."""
     from morok_py.codegen.schedule import Schedule as S
     gpr = lambda **k: S("group_per_row", reduce="group", **k)  # noqa: E731
     if name == "softmax_vocab":
@@ -39,7 +40,11 @@ def variants(name: str):
                 ("upcast, 1024/32/4", up(1024, 32, 4), None), ("upcast, 1024/32/4, unrolled", up(1024, 32, 4, unrolled=True), None)]
     if name in ("matmul", "matmul_sym"):
         from morok_py.codegen import gpu_tile
+        from dataclasses import replace
         out = [("default", None, None)]
+        if default is not None and default.mapping == "tiled" and default.tensor_core is None:
+            other = replace(default, async_fill=not default.async_fill)
+            out.append(("cp.async fill" if other.async_fill else "register fill", other, None))
         if name == "matmul_sym":
             out.append(("no aligned variant (before)", None, (gpu_tile, "ALIGNED_VARIANT", False)))
         return out
@@ -73,7 +78,7 @@ def main() -> None:
         case = KB.make_case(name, cargs, True, rng)
         want = case.reference(*case.inputs)
         progs = []
-        for label, sched, flag in variants(name):
+        for label, sched, flag in variants(name, dev.renderer.render(case.ast, "s").linear.schedule if gpu else None):
             if sched is not None and not gpu:
                 continue
             old = None

@@ -39,9 +39,9 @@ def cuda_caps(arch: str) -> Capabilities:
     digits = "".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit())
     if arch == "sm_90a":
         # the arch-specific sm_90 features: warpgroup MMA (wgmma.mma_async) besides mma.sync
-        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16, WGMMA))
+        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16, WGMMA), async_copy=True)
     if digits and int(digits) >= 80:
-        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16,))
+        return replace(CUDA_CAPS, tensor_cores=(MMA_M16N8K16,), async_copy=True)
     return CUDA_CAPS
 
 
@@ -123,7 +123,9 @@ class CUDACPrinter(GPUCPrinter):
         k = ins.kind
         if k is L.CP_ASYNC:
             local, sidx, buf, gidx = ins.src
-            self.emit(f'asm volatile("{{ .reg .u64 g; cvta.to.global.u64 g, %1; cp.async.cg.shared.global [%0], [g], '
+            # .cg (L2 only) takes 16-byte copies; 4 and 8 bytes go through .ca
+            level = "cg" if ins.arg == 16 else "ca"
+            self.emit(f'asm volatile("{{ .reg .u64 g; cvta.to.global.u64 g, %1; cp.async.{level}.shared.global [%0], [g], '
                       f'{ins.arg}; }}" :: "r"({self.shared_addr(local, sidx)}), "l"({self.ref(buf)} + {self.ref(gidx)}) '
                       f': "memory");')
         elif k is L.CP_COMMIT:
@@ -253,7 +255,7 @@ class NVPTXPrinter(LLVMIRPrinter):
         if k is L.CP_ASYNC:
             local, sidx, buf, gidx = ins.src
             r = f"%cp{ins.id}"
-            name = f"llvm.nvvm.cp.async.cg.shared.global.{ins.arg}"
+            name = f"llvm.nvvm.cp.async.{'cg' if ins.arg == 16 else 'ca'}.shared.global.{ins.arg}"
             self.declare(name, "void", self.local_ptr, self.ptr)
             self.emit(f"{r}.s = getelementptr inbounds {self.mem_ty(local.dtype)}, {self.local_ptr} @smem{local.id}, "
                       f"i32 {self.ref(sidx)}")

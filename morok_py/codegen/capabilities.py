@@ -32,6 +32,8 @@ class Capabilities:
                                   # (Schedule.upcast; schedule.GEMV_UPCAST_SPLIT); 0: the plain split
     threads: int = 0              # CPU: the worker threads a split launch uses (row partitions balance them,
                                   # opt._partitions); 0: unknown
+    async_copy: bool = False      # GPU: asynchronous global -> shared copies that bypass registers (NVIDIA
+                                  # cp.async, sm_80+): the tiled contraction's `async_fill`
     tensor_cores: tuple[str, ...] = ()
     # GPU: the matrix instructions of the target a contraction of float16/bfloat16 may use
     # (codegen/strategies/tensor_core.py), e.g. "mma_m16n8k16" (NVIDIA sm_80+)

@@ -348,8 +348,9 @@ class _Builder:
         sizes = [self.expr(r.src[0], {}, top, memo) for r in (p.i, p.j, p.k)]
         return (gx, gy, tid, *sizes)
 
-    def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan) -> None:
+    def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan, async_fill: bool = False) -> None:
         self.ast, self.caps, self.name, self.p = ast, caps, name, plan
+        self.async_fill = async_fill and caps.async_copy
         self.next_id = 0
         self.leaves: dict[tuple, Instr] = {}
         # integer nodes of load/store indices and range ends may be printed with nsw (the launch check
@@ -502,7 +503,32 @@ class _Builder:
         """The full tiles k0 = 0, BK, ..., k_full - BK, double-buffered or not."""
         zero, BK = self.c(0), self.BK
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
-        if db:
+        if db and self.async_fill and all(self.copies_async(t) for t in self.tiles):
+            # the next tile's copies run under the whole k step: issued at its top into the other buffer
+            # (read in the step before, behind that step's barrier), landed by the wait at its end
+            first = If(self.op(work, Ops.CMPLT, zero, k_full))
+            work.append(first)
+            par = self.new(L.ACC, dtypes.index, (), 0)
+            work.append(par)
+            for t in self.tiles:
+                self.fill_async(t, zero, None, first.body)
+            first.body += [self.new(L.CP_COMMIT, None), self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
+            work.append(main)
+            lb = main.body
+            kn = self.op(lb, Ops.MIN, self.op(lb, Ops.ADD, main.var, self.c(BK)),
+                         self.op(lb, Ops.SUB, k_full, self.c(BK)))
+            now = self.new(L.ACC_LOAD, dtypes.index, (par,))
+            lb.append(now)
+            rd: dict[int, Instr] = {}
+            for t in self.tiles:
+                rd[id(t)] = self.op(lb, Ops.MUL, now, self.c(t.size))
+                self.fill_async(t, kn, self.op(lb, Ops.SUB, self.c(t.size), rd[id(t)]), lb)
+            lb.append(self.new(L.CP_COMMIT, None))
+            self.compute(lb, rd, self.c(BK), True)
+            lb.append(self.new(L.CP_WAIT, None, (), 0))
+            lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
+            lb.append(self.new(L.BARRIER, None))
+        elif db:
             # the first full tile into buffer 0; then step k0 computes from buffer (k0 / BK) % 2 while the
             # next tile's loads are in flight, stores that tile into the other buffer, and waits once
             first = If(self.op(work, Ops.CMPLT, zero, k_full))
@@ -736,6 +762,38 @@ class _Builder:
                     si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
                     blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
 
+    def copies_async(self, t: _Tile) -> bool:
+        """Whether the full tiles of t (in the variant being built) can be filled by asynchronous copies: a
+        row or column tile whose unit is one load, and each copy 4, 8 or 16 bytes (a vector along the tile
+        row is one copy; along k, each element its own)."""
+        size = t.unit.dtype.itemsize
+        if t.kind not in "AB" or t.unit.op is not Ops.LOAD:
+            return False
+        return all(ps.along == "w" and ps.vec * size in (4, 8, 16) or size == 4 for ps in self.full_passes(t))
+
+    def fill_async(self, t: _Tile, k0: Instr, off: Instr | None, out: list[Item]) -> None:
+        """A full tile at rows k0..k0+BK of t copied into its buffer at offset `off` by cp.async."""
+        p = self.p
+        size = t.unit.dtype.itemsize
+        for ps in self.full_passes(t):
+            blk = out
+            if ps.guard is not None:        # the work-items past the tile's end copy nothing
+                g = If(ps.guard)
+                out.append(g)
+                blk = g.body
+            env = {**self.bind, p.k: self.op(blk, Ops.ADD, k0, ps.lk), (p.i if t.kind == "A" else p.j): ps.w}
+            memo: dict[UOp, Instr] = {}
+            gidx = self.expr(t.unit.src[1], env, blk, memo)
+            buf = self.expr(t.unit.src[0], env, blk, memo)
+            sidx = ps.sidx if off is None else self.op(blk, Ops.ADD, ps.sidx, off)
+            if ps.along == "w" or ps.vec == 1:
+                blk.append(self.new(L.CP_ASYNC, None, (t.smem, sidx, buf, gidx), ps.vec * size))
+                continue
+            for lane in range(ps.vec):      # consecutive k: one tile row each
+                si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
+                gi = self.op(blk, Ops.ADD, gidx, self.c(lane)) if lane else gidx
+                blk.append(self.new(L.CP_ASYNC, None, (t.smem, si, buf, gi), size))
+
     def k_step(self, out: list[Item], k0: Instr, k_last: Instr | None, kk_end: Instr) -> None:
         """Fill the tiles for k0..k0+BK (k clamped to k_last in the tail) into buffer 0, barrier,
         accumulate kk < kk_end."""
@@ -873,12 +931,14 @@ def deeper_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
 
 
 def tile_contraction(ast: "UOp", caps: "Capabilities", name: str, scan: "KernelScan | None" = None,
-                     tile: tuple[int, int, int, int, int] | None = None) -> "tuple[LinearKernel, LaunchInfo] | None":
+                     tile: tuple[int, int, int, int, int] | None = None,
+                     async_fill: bool = False) -> "tuple[LinearKernel, LaunchInfo] | None":
     """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).
-    `scan`: `lower`'s scan_kernel(ast), when it has one; `tile`: the schedule's (None: the caps')."""
+    `scan`: `lower`'s scan_kernel(ast), when it has one; `tile`: the schedule's (None: the caps');
+    `async_fill`: the schedule's (full double-buffered tiles filled by cp.async where they allow it)."""
     if not caps.has_local or not caps.has_shared or (tile is None and caps.matmul_tile is None):
         return None
     plan = _plan(ast, caps, scan, tile)
     if plan is None:
         return None
-    return _Builder(ast, caps, name, plan).build()
+    return _Builder(ast, caps, name, plan, async_fill).build()

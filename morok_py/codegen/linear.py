@@ -47,8 +47,8 @@ class L(enum.Enum):
                              # 2*b_pair, 2*b_pair+1), e.g. "m16n8k16" (PTX mma.sync ... .row.col.f32)
     # asynchronous global -> shared copies (NVIDIA sm_80+, PTX cp.async): a copy lands at the CP_WAIT that
     # covers its group; a BARRIER after that wait makes it visible to the other work-items
-    CP_ASYNC = "cp_async"    # src: (local, local index, param, global index); arg: bytes (16): one
-                             # 16-byte-aligned run of the param's elements into the shared array
+    CP_ASYNC = "cp_async"    # src: (local, local index, param, global index); arg: bytes (4, 8 or 16): one
+                             # aligned run of the param's elements into the shared array
     CP_COMMIT = "cp_commit"  # closes the group of this work-item's CP_ASYNCs issued since the last commit
     CP_WAIT = "cp_wait"      # arg: n: waits until at most n of this work-item's committed groups are pending
     # warpgroup matrix instructions (NVIDIA sm_90a, PTX wgmma; codegen/strategies/wgmma.py): the 128 work-items

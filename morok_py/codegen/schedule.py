@@ -76,6 +76,10 @@ class Schedule:
     tc_stages      tensor_core (NVIDIA): shared-memory buffers of the cp.async pipeline (>= 2); 0: the
                    register-staged double buffer (also what a kernel without provably aligned fills runs).
     tc_swizzle     tensor_core (NVIDIA): XOR-swizzled 16-byte chunks in the shared tiles instead of padded rows.
+    async_fill     tiled without a tensor_core (targets with `async_copy`: NVIDIA sm_80+): the double-buffered
+                   full tiles whose units are plain loads are filled by asynchronous copies (cp.async) straight
+                   into shared memory, the next tile's copies in flight under the whole k step, instead of
+                   through registers (whose loads the compiler may schedule late: codegen/gpu_tile.py).
     stream_block   reduce "stream": output columns per block.
     """
 
@@ -98,6 +102,7 @@ class Schedule:
     min_groups: int = 0
     upcast: int = 0
     unrolled: bool = False
+    async_fill: bool = False
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
@@ -119,6 +124,8 @@ class Schedule:
             raise ValueError("tensor_core needs mapping 'tiled'")
         if (self.tc_stages or self.tc_swizzle) and self.tensor_core is None:
             raise ValueError("tc_stages and tc_swizzle need a tensor_core")
+        if self.async_fill and (self.mapping != "tiled" or self.tensor_core is not None):
+            raise ValueError("async_fill is a field of the tiled mapping without a tensor_core (which stages by tc_stages)")
         if self.register_tile is not None and self.mapping != "threads":
             raise ValueError("register_tile is a CPU ('threads') schedule")
         if self.tile_lanes and (self.register_tile is None or self.tile_lanes < 4
@@ -177,8 +184,9 @@ class Schedule:
                 raise ValueError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
             raise ValueError(f"bad pack {d['pack']!r}")
-        if "unrolled" in d and not isinstance(d["unrolled"], bool):
-            raise ValueError(f"bad unrolled {d['unrolled']!r}")
+        for k in ("unrolled", "async_fill"):
+            if k in d and not isinstance(d[k], bool):
+                raise ValueError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
             raise ValueError(f"bad tensor_core {d['tensor_core']!r}")
         if "tc_stages" in d and (not isinstance(d["tc_stages"], int) or isinstance(d["tc_stages"], bool)):
@@ -248,6 +256,10 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 # 49 us (session 6) and 53 us (session 7, as search's winner) against the plain split's 87-95 us. The same
 # shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
 GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
+# tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async (session 9,
+# H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin because ptxas issued the register-staged
+# loads of the next tile ~200 instructions before their shared stores, not enough to cover their latency)
+ASYNC_FILL_DEFAULT = False
 
 
 def split_min_groups(group: int) -> int:
@@ -306,7 +318,8 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         tile = plan_tile(ast, caps, scan)
         if tile is not None:
             tile = deeper_tile(ast, caps, scan, tile)
-            return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile)
+            return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile,
+                            async_fill=caps.async_copy and ASYNC_FILL_DEFAULT)
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
@@ -391,6 +404,8 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .gpu_tile import plan_tile
         if not caps.has_shared or plan_tile(ast, caps, scan, schedule.matmul_tile) is None:
             raise ValueError(f"{schedule}: the kernel is not a contraction these tiles fit")
+        if schedule.async_fill and not caps.async_copy:
+            raise ValueError(f"{schedule}: the target has no asynchronous copies (async_fill)")
     if schedule.mapping == "group_per_row":
         if not caps.has_shared and schedule.group > 1:
             raise ValueError(f"{schedule}: the target has no shared memory")
@@ -471,7 +486,9 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                       (BM, BN // 2, BK, TM, TN // 2), (32, 32, 16, 2, 2), (64, 64, 16, 4, 4), (128, 64, 16, 8, 4),
                       (64, 128, 16, 4, 8), (32, 64, 16, 2, 4), (128, 128, 32, 8, 8)]:
                 if min(t) >= 1 and t[0] % t[3] == 0 and t[1] % t[4] == 0 and _tile_threads(t) <= limit:
-                    out.append(Schedule("tiled", group=_tile_threads(t), matmul_tile=t))
+                    out.append(Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill))
+            if caps.async_copy:      # the default tile filled the other way
+                out.insert(0, replace(base, async_fill=not base.async_fill))
             out.append(Schedule("groups", group=caps.default_group))
         elif shape.has_reduce and len(shape.globals_) <= 1 and caps.group_reduce:
             for g in groups:
