@@ -348,6 +348,27 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
 
 
+def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, rng, monkeypatch):
+    """Between the thresholds a split takes at most one thread per SPLIT_WORK_PER_THREAD accesses (at
+    least two), however many MOROK_CPU_THREADS allows; past the upper threshold it takes them all."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", "8")
+    n = 100_003                 # 300K accesses
+    prog = cpu.compile(K.add(), name="cap_add")
+    seen = []
+    real = prog._parallel
+    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads: (seen.append(threads), real(fn, b, v, e, threads)))
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    for lo, hi, want in ((1, 1 << 62, max(2, 3 * n // cpu_runtime.SPLIT_WORK_PER_THREAD)), (1, 2, 8)):
+        split_at(monkeypatch, lo, hi)
+        prog._plans.clear()
+        seen.clear()
+        for _ in range(len(cpu_runtime.TRIAL_ORDER) + 2):
+            prog(da, db, out, n=n)
+        np.testing.assert_array_equal(out.numpy(), a + b)
+        assert seen and set(seen) == {min(8, want)}, (seen, want)
+
+
 def test_a_verdict_of_one_thread_is_retaken_sooner_and_backs_off(cpu, rng, monkeypatch):
     """A trial whose splits ran slow (here each split is made 5 ms slower: the effect of other threads
     spinning on the cores) keeps the kernel on one thread, and retakes the trial after RETRIAL_FIRST

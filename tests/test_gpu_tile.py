@@ -777,17 +777,20 @@ def _copies(kernel) -> list[int]:
                                            (70, 96, 40, True), (5, 4, 4, False)])
 @pytest.mark.parametrize("a_t,b_t", [(False, False), (True, True)])
 @pytest.mark.parametrize("tile", [SMALL, (32, 64, 8, 2, 4)], ids=str)
-def test_async_fill_matches_numpy(rng, M, N, Kd, static, a_t, b_t, tile):
+@pytest.mark.parametrize("min_bytes", [4, 16])
+def test_async_fill_matches_numpy(rng, monkeypatch, M, N, Kd, static, a_t, b_t, tile, min_bytes):
     """Full double-buffered tiles copied by cp.async (A along k: one 4-byte copy per element; B along its
     rows: one 16-byte copy per vector), the next tile's copies in flight under the k step and waited for at
     its end; the interpreter checks every read of a pending copy and every write to a buffer still read.
-    Unaligned symbolic sizes take the scalar variant, the k tail stays the register path."""
+    Unaligned symbolic sizes take the scalar variant, the k tail stays the register path. With
+    ASYNC_MIN_BYTES 16 (the default) A along k stays register-staged beside B's copies."""
+    monkeypatch.setattr(gpu_tile, "ASYNC_MIN_BYTES", min_bytes)
     a, b, ga, gb = operands(rng, M, N, Kd, a_t=a_t, b_t=b_t)
     ast = contraction(MUL, M=M if static else None, N=N if static else None, Kd=Kd if static else None,
                       a_t=a_t, b_t=b_t)
     kernel, info = async_lowered(ast, tile)
     if static and M % 4 == 0 and N % 4 == 0 and Kd % 4 == 0:
-        assert set(_copies(kernel)) <= {4, 16} and _copies(kernel)
+        assert _copies(kernel) and set(_copies(kernel)) == ({4, 16} if min_bytes == 4 else {16})
     out = np.zeros(M * N, np.float32)
     writes = LI.run(kernel, info, [ga.reshape(-1), gb.reshape(-1), out], {} if static else {"M": M, "N": N, "K": Kd})
     check(out.reshape(M, N), a @ b, writes[-1].reshape(M, N))
@@ -835,11 +838,13 @@ def test_async_fill_is_the_schedules_choice_and_needs_the_capability():
 @pytest.mark.parametrize("static", [False, True], ids=["symbolic", "static"])
 @pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_cuda_async_filled_matmul_compiles_within_two_blocks_per_sm(key, arch, static):
-    """The 4096^3 float32 kernel with cp.async fills: cp.async in the code (4-byte copies through .ca,
-    16-byte ones through .cg), <= 128 registers, no spills."""
+@pytest.mark.parametrize("min_bytes", [4, 16])
+def test_cuda_async_filled_matmul_compiles_within_two_blocks_per_sm(monkeypatch, key, arch, static, min_bytes):
+    """The 4096^3 float32 kernel with cp.async fills: cp.async in the code (16-byte copies through .cg;
+    with ASYNC_MIN_BYTES 4, A's 4-byte ones through .ca), <= 128 registers, no spills."""
     import dataclasses as dc
     from morok_py.codegen.schedule import using
+    monkeypatch.setattr(gpu_tile, "ASYNC_MIN_BYTES", min_bytes)
     r, c = _cuda_pair(key, arch)
     ast = K.matmul(4096, 4096, 4096) if static else K.matmul()
     base = r.render(ast, "schedule").linear.schedule
@@ -848,4 +853,4 @@ def test_cuda_async_filled_matmul_compiles_within_two_blocks_per_sm(key, arch, s
     res = cubin_resources(c.compile(spec).bytes)
     assert res["regs"] <= 128 and res.get("frame", 0) == 0, res
     text = spec.src if key == "nvrtc" else c.ptx(spec)
-    assert "cp.async.ca.shared.global" in text and "cp.async.cg.shared.global" in text
+    assert ("cp.async.ca.shared.global" in text) == (min_bytes == 4) and "cp.async.cg.shared.global" in text

@@ -31,6 +31,10 @@ PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads witho
 NATIVE_MIN_WORK = 1 << 15
 NATIVE_SURE_WORK = 1 << 22
 SPLIT_TRIALS = 3                # in between: time this many launches each way, then keep the faster
+# in between, a split takes at most one thread per this many accesses (at least two): a split waits for its
+# slowest thread, and on a shared host every thread more is one more chance of a descheduled core (session 9,
+# the 12-thread Xeon: 256x512x10, 0.5M accesses, split 12 ways ran 25-360 us per round against 115-157 us alone)
+SPLIT_WORK_PER_THREAD = 1 << 17
 # the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
 # workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
 # splits whose workers had gone to sleep during the alone run: on the H100 host's Xeon, 12 futex wake-ups
@@ -218,7 +222,7 @@ class CPUProgram(Program):
                     plan[0], plan[2], plan[3] = _TRIAL, [], []
                 plan[4] -= 1
             if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
-                threads = config.cpu_threads()
+                threads = min(config.cpu_threads(), plan[6])
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
             if plan[1] and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
                 fn = self._stream_fn
@@ -261,13 +265,13 @@ class CPUProgram(Program):
 
     def _plan(self, vals: Sequence[int]) -> list:
         """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial
-        times split, launches until the verdict is retried, the wait after the next verdict of one thread]
-        for these values. Streaming where the bytes touched
+        times split, launches until the verdict is retried, the wait after the next verdict of one thread,
+        the most threads a split takes] for these values. Streaming where the bytes touched
         overflow the last-level cache."""
         n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
         if info is None:
-            return [_SPLIT, False, [], [], 0, RETRIAL_FIRST]
+            return [_SPLIT, False, [], [], 0, RETRIAL_FIRST, 1 << 30]
         values = dict(zip(info.var_names, vals))
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
@@ -289,7 +293,8 @@ class CPUProgram(Program):
                     spans[slot] = (min(old[0], lo), max(old[1], hi))
             touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
             stream = touched > STREAM_MIN_BYTES
-        return [mode, stream, [], [], 0, RETRIAL_FIRST]
+        cap = 1 << 30 if mode is not _TRIAL else max(2, work // SPLIT_WORK_PER_THREAD)
+        return [mode, stream, [], [], 0, RETRIAL_FIRST, cap]
 
     def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
         """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by

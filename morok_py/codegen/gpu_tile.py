@@ -54,6 +54,9 @@ MIN_GROUPS = 2        # occupancy hint (LinearKernel.min_groups): two work-group
 DOUBLE_BUFFER = 1     # two shared buffers per tile; the next tile is loaded into registers while this one
                       # is computed and stored after it: one barrier per tile, global latency hidden.
                       # 2: always; 1: only where every A/B tile has vector fills (fewer registers); 0: never
+# async_fill: narrower copies stay register-staged. Session 9 on the H100, float32 4096^3: with A (along k,
+# four 4-byte copies per vector) copied too, static 2.90 -> 3.27 ms and symbolic 3.05 -> 3.21 ms
+ASYNC_MIN_BYTES = 16
 VECTOR_FILL = True    # full tiles: 4-wide global loads where the index provably keeps them aligned
 ALIGNED_VARIANT = True  # symbolic strides: a second, vector-filled (and double-buffered) k loop taken when
                         # the sizes are multiples of 4 at launch (a uniform branch; the scalar loop otherwise)
@@ -503,40 +506,23 @@ class _Builder:
         """The full tiles k0 = 0, BK, ..., k_full - BK, double-buffered or not."""
         zero, BK = self.c(0), self.BK
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
-        if db and self.async_fill and all(self.copies_async(t) for t in self.tiles):
-            # the next tile's copies run under the whole k step: issued at its top into the other buffer
-            # (read in the step before, behind that step's barrier), landed by the wait at its end
-            first = If(self.op(work, Ops.CMPLT, zero, k_full))
-            work.append(first)
-            par = self.new(L.ACC, dtypes.index, (), 0)
-            work.append(par)
-            for t in self.tiles:
-                self.fill_async(t, zero, None, first.body)
-            first.body += [self.new(L.CP_COMMIT, None), self.new(L.CP_WAIT, None, (), 0), self.new(L.BARRIER, None)]
-            work.append(main)
-            lb = main.body
-            kn = self.op(lb, Ops.MIN, self.op(lb, Ops.ADD, main.var, self.c(BK)),
-                         self.op(lb, Ops.SUB, k_full, self.c(BK)))
-            now = self.new(L.ACC_LOAD, dtypes.index, (par,))
-            lb.append(now)
-            rd: dict[int, Instr] = {}
-            for t in self.tiles:
-                rd[id(t)] = self.op(lb, Ops.MUL, now, self.c(t.size))
-                self.fill_async(t, kn, self.op(lb, Ops.SUB, self.c(t.size), rd[id(t)]), lb)
-            lb.append(self.new(L.CP_COMMIT, None))
-            self.compute(lb, rd, self.c(BK), True)
-            lb.append(self.new(L.CP_WAIT, None, (), 0))
-            lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
-            lb.append(self.new(L.BARRIER, None))
-        elif db:
+        if db:
             # the first full tile into buffer 0; then step k0 computes from buffer (k0 / BK) % 2 while the
-            # next tile's loads are in flight, stores that tile into the other buffer, and waits once
+            # next tile is in flight into the other one (read in the step before, behind its barrier):
+            # register-staged loads whose shared stores follow the arithmetic, or asynchronous copies
+            # (async_fill) that land at the wait before the step's barrier
+            asy = {id(t): self.async_fill and self.copies_async(t) for t in self.tiles}
             first = If(self.op(work, Ops.CMPLT, zero, k_full))
             work.append(first)
             par = self.new(L.ACC, dtypes.index, (), 0)     # which buffer this step reads: 0, 1, 0, ...
             work.append(par)
             for t in self.tiles:
-                self.fill(t, self.full_passes(t), zero, None, None, first.body, first.body)
+                if asy[id(t)]:
+                    self.fill_async(t, zero, None, first.body)
+                else:
+                    self.fill(t, self.full_passes(t), zero, None, None, first.body, first.body)
+            if any(asy.values()):
+                first.body += [self.new(L.CP_COMMIT, None), self.new(L.CP_WAIT, None, (), 0)]
             first.body.append(self.new(L.BARRIER, None))
             work.append(main)
             lb = main.body
@@ -549,10 +535,17 @@ class _Builder:
             rd: dict[int, Instr] = {}
             for t in self.tiles:
                 rd[id(t)] = self.op(lb, Ops.MUL, now, self.c(t.size))
-                wr = self.op(later, Ops.SUB, self.c(t.size), rd[id(t)])
-                self.fill(t, self.full_passes(t), kn, None, wr, lb, later)
+                wr = self.op(lb if asy[id(t)] else later, Ops.SUB, self.c(t.size), rd[id(t)])
+                if asy[id(t)]:
+                    self.fill_async(t, kn, wr, lb)
+                else:
+                    self.fill(t, self.full_passes(t), kn, None, wr, lb, later)
+            if any(asy.values()):
+                lb.append(self.new(L.CP_COMMIT, None))
             self.compute(lb, rd, self.c(BK), True)
             lb.extend(later)
+            if any(asy.values()):
+                lb.append(self.new(L.CP_WAIT, None, (), 0))
             lb.append(self.new(L.ACC_STORE, None, (par, self.op(lb, Ops.SUB, self.c(1), now))))
             lb.append(self.new(L.BARRIER, None))   # this buffer is read before the next fill of it
         else:
@@ -763,13 +756,14 @@ class _Builder:
                     blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
 
     def copies_async(self, t: _Tile) -> bool:
-        """Whether the full tiles of t (in the variant being built) can be filled by asynchronous copies: a
-        row or column tile whose unit is one load, and each copy 4, 8 or 16 bytes (a vector along the tile
-        row is one copy; along k, each element its own)."""
+        """Whether the full tiles of t (in the variant being built) are filled by asynchronous copies: a
+        row or column tile whose unit is one load, and each copy at least ASYNC_MIN_BYTES (of 4, 8 or 16:
+        a vector along the tile row is one copy; along k, each element its own)."""
         size = t.unit.dtype.itemsize
         if t.kind not in "AB" or t.unit.op is not Ops.LOAD:
             return False
-        return all(ps.along == "w" and ps.vec * size in (4, 8, 16) or size == 4 for ps in self.full_passes(t))
+        return all(n in (4, 8, 16) and n >= ASYNC_MIN_BYTES
+                   for n in (ps.vec * size if ps.along == "w" else size for ps in self.full_passes(t)))
 
     def fill_async(self, t: _Tile, k0: Instr, off: Instr | None, out: list[Item]) -> None:
         """A full tile at rows k0..k0+BK of t copied into its buffer at offset `off` by cp.async."""
