@@ -854,3 +854,14 @@ def test_cuda_async_filled_matmul_compiles_within_two_blocks_per_sm(monkeypatch,
     assert res["regs"] <= 128 and res.get("frame", 0) == 0, res
     text = spec.src if key == "nvrtc" else c.ptx(spec)
     assert ("cp.async.ca.shared.global" in text) == (min_bytes == 4) and "cp.async.cg.shared.global" in text
+
+
+def test_async_fill_is_the_default_where_the_target_has_async_copies():
+    """The default tiled schedule fills by cp.async on targets with asynchronous copies (CUDA sm_80+; the
+    H100 timings are at schedule.ASYNC_FILL_DEFAULT), and the kernel then copies B's 16-byte runs."""
+    from morok_py.backends.cuda.renderer import cuda_caps
+    assert cuda_caps("sm_80").async_copy and cuda_caps("sm_90a").async_copy and not cuda_caps("sm_75").async_copy
+    kernel, _ = lower(K.matmul(), ASYNC_CAPS, "mm")
+    assert kernel.schedule.async_fill and set(_copies(kernel)) == {16}
+    kernel, _ = lower(K.matmul(), CAPS, "mm")
+    assert not kernel.schedule.async_fill and not _copies(kernel)
