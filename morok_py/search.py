@@ -5,8 +5,10 @@ default schedule and the first N-1 alternatives of `codegen.schedule.candidate_s
 bounded list: work-group sizes, reduction splits and unrolls, register and shared-memory tiles), and
 within a time budget (MOROK_BEAM_SECONDS, 60 s) compiles each, runs it on the same random inputs as
 the default schedule, drops any whose outputs differ from the default's, and times the rest in ROUNDS
-interleaved rounds (each round a median of REPEATS runs after a warm-up; a candidate's time is its best
-round, so a burst of other load on a shared machine slows one round, not one candidate). The default is
+interleaved rounds (after an untimed pass over all of them; each round a median of REPEATS runs per
+candidate, starting at another candidate each round; at least MIN_ROUNDS even past the budget; a
+candidate's time is its best round, so a burst of other load on a shared machine slows one round, not one
+candidate). The default is
 replaced only by a candidate at least SWITCH_MARGIN faster. The winner is stored beside the disk cache (`cache.store_schedule`, keyed
 by the AST, renderer and arch); a later compile of the same kernel, in any process, uses it without
 timing anything. Symbolic sizes are tuned at `values` (default: each variable at min(max, 1024)); the
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 TUNE_SIZE = 1024        # a symbolic size with no value given is tuned here (within its bounds)
 REPEATS = 5             # timed runs per candidate and round (the median counts)
 ROUNDS = 3              # interleaved rounds over all accepted candidates; each one's best round counts
+MIN_ROUNDS = 2          # rounds taken even when compiling used up the time budget (one round decides nothing)
 SWITCH_MARGIN = 0.03    # a candidate replaces the default only when this much faster (noise is not a win: on the
                         # H100 host's Xeon a search kept a 1024^3 tile 0.70x numpy that its timing had ranked first)
 
@@ -132,10 +135,16 @@ def time_schedules(device: "Device", cands: Sequence[Schedule], load: Callable[[
                 if n == 0:
                     raise
                 result.rejected[str(sched)] = f"{type(e).__name__}: {e}"[:200]
+        # one untimed pass over all of them back to back: the device idled while the later candidates
+        # compiled, and the first timed runs of the first candidate (the default) met it clocked down (session
+        # 9: a search of the H100's 4096^3 matmul kept a candidate its benchmark then measured 2% slower)
+        for sched, p in accepted:
+            p(*bufs, wait=True, **vals)
         for r in range(ROUNDS):
-            if r and time.perf_counter() - t_start > seconds:
+            if r >= MIN_ROUNDS and time.perf_counter() - t_start > seconds:
                 break
-            for sched, p in accepted:
+            k = r % len(accepted) if accepted else 0
+            for sched, p in accepted[k:] + accepted[:k]:      # each round starts at another candidate
                 ts = [t for t in (p(*bufs, wait=True, **vals) for _ in range(REPEATS)) if t is not None]
                 t = float(np.median(ts)) if ts else np.inf
                 result.times[str(sched)] = min(result.times.get(str(sched), np.inf), t)

@@ -201,3 +201,30 @@ def test_a_slow_round_does_not_decide(cpu):
     progs = {str(a): _Clocked(prog, 1.0, slow), str(b): _Clocked(prog, 1.2)}
     res = time_schedules(cpu.dev, [a, b], lambda s: progs[str(s)], {"n": 1001})
     assert search.ROUNDS >= 2 and res.times[str(a)] == 1.0 and res.schedule == a
+
+
+def test_rounds_follow_a_warm_pass_and_start_at_another_candidate_each_time(cpu):
+    """After the outputs are checked, one untimed pass runs every candidate back to back (the device idled
+    while later candidates compiled); then round r starts at candidate r, so no candidate is always timed
+    first; and MIN_ROUNDS rounds run even when the budget is used up."""
+    from morok_py import search
+    prog = cpu.compile(K.add(), "add")
+    a, b = Schedule("threads"), Schedule("threads", register_tile=(1, 8))
+    log: list[str] = []
+
+    class Logged(_Clocked):
+        def __init__(self, label):
+            super().__init__(prog, 1.0)
+            self.label = label
+
+        def __call__(self, *args, **kw):
+            log.append(self.label)
+            return super().__call__(*args, **kw)
+    progs = {str(a): Logged("a"), str(b): Logged("b")}
+    time_schedules(cpu.dev, [a, b], lambda s: progs[str(s)], {"n": 1001})
+    R = search.REPEATS
+    rounds = [["a"] * R + ["b"] * R, ["b"] * R + ["a"] * R] * search.ROUNDS
+    assert log == ["a", "a", "b", "b", "a", "b"] + sum(rounds[:search.ROUNDS], [])
+    log.clear()
+    time_schedules(cpu.dev, [a, b], lambda s: progs[str(s)], {"n": 1001}, seconds=0.0)
+    assert log == ["a", "a", "a"] + ["a"] * R * search.MIN_ROUNDS and search.MIN_ROUNDS >= 2
