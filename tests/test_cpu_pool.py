@@ -59,6 +59,31 @@ def test_split_launches_on_native_workers_equal_one_thread(cpu, rng, monkeypatch
     np.testing.assert_array_equal(one, many)
 
 
+def test_a_launch_with_fewer_threads_than_workers_waits_only_for_the_ones_it_asks_for(cpu, rng, monkeypatch,
+                                                                                     split_everything):
+    """After 8-way launches made 7 workers, 2- and 3-way launches (a small kernel's split is capped by its
+    work) take exactly 1 and 2 of them: the ticket of each launch counts the workers that joined; every
+    result is exact, sleeping workers and spinning ones alike."""
+    import ctypes
+    n = 100_003
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = cpu.empty(n, dtypes.float32)
+    add = cpu.compile(K.add(), name="pool_add_cap")
+    da, db = cpu.buf(a), cpu.buf(b)
+    for threads, spin in (("8", "4096"), ("2", "4096"), ("3", "0"), ("8", "0"), ("2", "0"), ("3", "4096")):
+        monkeypatch.setenv("MOROK_CPU_THREADS", threads)
+        monkeypatch.setenv("MOROK_CPU_SPIN", spin)
+        pool = add._native_pool()
+        assert pool is not None, native_pool_error()
+        ticket = ctypes.c_int64.from_address(pool._engine.get_global_value_address("ticket"))
+        for _ in range(20):
+            out.copyin(np.zeros(n, np.float32))
+            add(da, db, out, n=n)
+            np.testing.assert_array_equal(out.numpy(), a + b)
+            assert ticket.value & 0xFFFFFFFF == int(threads) - 1
+        assert pool.workers >= 7
+
+
 def test_workers_that_sleep_at_once_still_take_every_launch(cpu, rng, monkeypatch, split_everything):
     monkeypatch.setenv("MOROK_CPU_SPIN", "0")
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")

@@ -7,8 +7,11 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
 
 - the launching thread writes the job (a trampoline, its argument block, the chunk count), bumps a
   generation counter and wakes sleeping workers with one futex call;
-- every thread, the launching one included, claims chunks with an atomic add until none is left;
-- each worker counts itself done and the launching thread waits (spinning, then yielding) for all of them.
+- a launch asks for `threads - 1` workers: the first that many to see the new generation join it (a ticket
+  that holds the generation and the count joined; the others go back to waiting at once), so a launch that
+  takes fewer threads than the pool has waits only for those, not for every worker to wake;
+- every thread taking part, the launching one included, claims chunks with an atomic add until none is left;
+- each joined worker counts itself done and the launching thread waits (spinning, then yielding) for them.
 
 Idle workers spin for `MOROK_CPU_SPIN` pause instructions (default POOL_SPIN, some tens of microseconds)
 before they sleep on the futex, so back-to-back launches (a graph executor's plan) find them awake.
@@ -49,6 +52,8 @@ def _pool_ir(futex: int, pause: str, declare: str) -> str:
     return f"""
 {declare}
 @gen = internal global i32 0, align 64
+@ticket = global i64 0, align 64            ; (generation << 32) | workers joined (read by a test)
+@want = internal global i64 0                ; workers the launch asks for
 @left = internal global i64 0, align 64
 @next = internal global i64 0, align 64
 @jfn = internal global ptr null, align 64
@@ -76,13 +81,14 @@ done:
   ret void
 }}
 
-; a worker: wait for a generation other than the one it last saw, drain it, count itself done
+; a worker: wait for a generation other than the one it last saw, join it if it still asks for workers
+; (drain it, count itself done), else go back to waiting
 define ptr @morok_pool_worker(ptr %start) {{
 entry:
   %g0 = ptrtoint ptr %start to i32
   br label %wait
 wait:
-  %seen = phi i32 [ %g0, %entry ], [ %cur, %work ]
+  %seen = phi i32 [ %g0, %entry ], [ %cur, %full ], [ %cur, %done ]
   br label %poll
 poll:
   %k = phi i64 [ 0, %wait ], [ %k1, %pause ], [ %k1, %yield ], [ %k, %sleep ]
@@ -107,8 +113,27 @@ sleep:
   %r = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 128, i64 %s64, ptr null)
   br label %poll
 work:
+  ; the ticket is written before the generation is published, so it names %cur or a later generation
+  %t = load atomic i64, ptr @ticket acquire, align 8
+  %tg = lshr i64 %t, 32
+  %tg32 = trunc i64 %tg to i32
+  %same = icmp eq i32 %tg32, %cur
+  br i1 %same, label %room, label %full
+room:
+  %cnt = and i64 %t, 4294967295
+  %w = load i64, ptr @want
+  %open = icmp ult i64 %cnt, %w
+  br i1 %open, label %join, label %full
+join:
+  %t1 = add i64 %t, 1
+  %pair = cmpxchg ptr @ticket, i64 %t, i64 %t1 acq_rel acquire
+  %ok = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %ok, label %done, label %work
+done:
   call void @drain()
   %old = atomicrmw sub ptr @left, i64 1 release
+  br label %wait
+full:
   br label %wait
 }}
 
@@ -120,6 +145,12 @@ entry:
   store i64 %n, ptr @jn
   store atomic i64 0, ptr @next monotonic, align 8
   store atomic i64 %workers, ptr @left monotonic, align 8
+  store i64 %workers, ptr @want
+  %g = load atomic i32, ptr @gen monotonic, align 4
+  %g1 = add i32 %g, 1
+  %g64 = zext i32 %g1 to i64
+  %tk = shl i64 %g64, 32
+  store atomic i64 %tk, ptr @ticket release, align 8
   %old = atomicrmw add ptr @gen, i32 1 seq_cst
   %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 129, i64 2147483647)
   call void @drain()
@@ -264,11 +295,12 @@ class NativePool:
                 self._grow(threads - 1)
 
     def run(self, trampoline: int, block, chunks: int, threads: int) -> None:
-        """Run `chunks` rows of `block` on the launching thread and threads - 1 workers (blocks until done)."""
+        """Run `chunks` rows of `block` on the launching thread and threads - 1 workers (blocks until done;
+        the pool's other workers stay out of it)."""
         with self.lock:
             if self.workers < threads - 1 or os.getpid() != self._pid:
                 self._grow(threads - 1)
-            self._run(trampoline, ctypes.addressof(block), chunks, self.workers)
+            self._run(trampoline, ctypes.addressof(block), chunks, max(0, threads - 1))
 
 
 _pool_lock = threading.Lock()
