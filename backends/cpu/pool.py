@@ -11,7 +11,11 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
   that holds the generation and the count joined; the others go back to waiting at once), so a launch that
   takes fewer threads than the pool has waits only for those, not for every worker to wake;
 - every thread taking part, the launching one included, claims chunks with an atomic add until none is left;
-- each joined worker counts itself done and the launching thread waits (spinning, then yielding) for them.
+- once every chunk is claimed the launching thread closes the ticket (no worker joins after that) and waits
+  (spinning, then yielding) for the workers that joined to finish theirs. A worker still asleep or
+  descheduled when the work ran out is not waited for: the launch is never slower than its own thread
+  plus the hand-off (session 9: the 2-vCPU host's first split launch after an idle spell took 250-320 us
+  waiting for its woken worker, where the kernel alone takes 112 us).
 
 Idle workers spin for `MOROK_CPU_SPIN` pause instructions (default POOL_SPIN, some tens of microseconds)
 before they sleep on the futex, so back-to-back launches (a graph executor's plan) find them awake.
@@ -54,7 +58,8 @@ def _pool_ir(futex: int, pause: str, declare: str) -> str:
 @gen = internal global i32 0, align 64
 @ticket = global i64 0, align 64            ; (generation << 32) | workers joined (read by a test)
 @want = internal global i64 0                ; workers the launch asks for
-@left = internal global i64 0, align 64
+@joined = global i64 0                       ; workers that joined the last launch (read by a test)
+@fin = internal global i64 0, align 64       ; joined workers done with the launch
 @next = internal global i64 0, align 64
 @jfn = internal global ptr null, align 64
 @jarg = internal global ptr null
@@ -131,20 +136,21 @@ join:
   br i1 %ok, label %done, label %work
 done:
   call void @drain()
-  %old = atomicrmw sub ptr @left, i64 1 release
+  %old = atomicrmw add ptr @fin, i64 1 release
   br label %wait
 full:
   br label %wait
 }}
 
-; one launch: publish the job, wake the workers, take chunks too, wait until every worker is done
+; one launch: publish the job, wake the workers, take chunks too; once every chunk is claimed, close the
+; ticket (no worker joins after that) and wait for the workers that joined
 define void @morok_pool_run(ptr %fn, ptr %arg, i64 %n, i64 %workers) {{
 entry:
   store ptr %fn, ptr @jfn
   store ptr %arg, ptr @jarg
   store i64 %n, ptr @jn
   store atomic i64 0, ptr @next monotonic, align 8
-  store atomic i64 %workers, ptr @left monotonic, align 8
+  store atomic i64 0, ptr @fin monotonic, align 8
   store i64 %workers, ptr @want
   %g = load atomic i32, ptr @gen monotonic, align 4
   %g1 = add i32 %g, 1
@@ -152,13 +158,24 @@ entry:
   %tk = shl i64 %g64, 32
   store atomic i64 %tk, ptr @ticket release, align 8
   %old = atomicrmw add ptr @gen, i32 1 seq_cst
-  %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 129, i64 2147483647)
+  %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 129, i64 %workers)
   call void @drain()
+  br label %close
+close:
+  %t = load atomic i64, ptr @ticket acquire, align 8
+  %cnt = and i64 %t, 4294967295
+  %hi = sub i64 %t, %cnt
+  %shut = or i64 %hi, %workers
+  %pair = cmpxchg ptr @ticket, i64 %t, i64 %shut acq_rel acquire
+  %ok = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %ok, label %closed, label %close
+closed:
+  store i64 %cnt, ptr @joined
   br label %wait
 wait:
-  %k = phi i64 [ 0, %entry ], [ %k1, %pause ], [ 0, %yield ]
-  %l = load atomic i64, ptr @left acquire, align 8
-  %z = icmp eq i64 %l, 0
+  %k = phi i64 [ 0, %closed ], [ %k1, %pause ], [ 0, %yield ]
+  %f = load atomic i64, ptr @fin acquire, align 8
+  %z = icmp eq i64 %f, %cnt
   br i1 %z, label %done, label %spinning
 spinning:
   %short = icmp ult i64 %k, 64
