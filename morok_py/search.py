@@ -5,7 +5,7 @@ default schedule and the first N-1 alternatives of `codegen.schedule.candidate_s
 bounded list: work-group sizes, reduction splits and unrolls, register and shared-memory tiles), and
 within a time budget (MOROK_BEAM_SECONDS, 60 s) compiles each, runs it on the same random inputs as
 the default schedule, drops any whose outputs differ from the default's, and times the rest in ROUNDS
-interleaved rounds (after an untimed pass over all of them; each round a median of REPEATS runs per
+interleaved rounds (after untimed passes over all of them for WARM_SECONDS; each round a median of REPEATS runs per
 candidate, starting at another candidate each round; at least MIN_ROUNDS even past the budget; a
 candidate's time is its best round, so a burst of other load on a shared machine slows one round, not one
 candidate). The default is
@@ -36,6 +36,7 @@ TUNE_SIZE = 1024        # a symbolic size with no value given is tuned here (wit
 REPEATS = 5             # timed runs per candidate and round (the median counts)
 ROUNDS = 3              # interleaved rounds over all accepted candidates; each one's best round counts
 MIN_ROUNDS = 2          # rounds taken even when compiling used up the time budget (one round decides nothing)
+WARM_SECONDS = 0.25     # untimed passes over the accepted candidates before the rounds, at least this long
 SWITCH_MARGIN = 0.03    # a candidate replaces the default only when this much faster (noise is not a win: on the
                         # H100 host's Xeon a search kept a 1024^3 tile 0.70x numpy that its timing had ranked first)
 
@@ -135,11 +136,16 @@ def time_schedules(device: "Device", cands: Sequence[Schedule], load: Callable[[
                 if n == 0:
                     raise
                 result.rejected[str(sched)] = f"{type(e).__name__}: {e}"[:200]
-        # one untimed pass over all of them back to back: the device idled while the later candidates
-        # compiled, and the first timed runs of the first candidate (the default) met it clocked down (session
-        # 9: a search of the H100's 4096^3 matmul kept a candidate its benchmark then measured 2% slower)
-        for sched, p in accepted:
-            p(*bufs, wait=True, **vals)
+        # untimed passes over all of them back to back, for at least WARM_SECONDS: the device idled while the
+        # later candidates compiled, and clocks ramp up over tens of milliseconds under load, so the first
+        # rounds favoured whichever ran later (session 9: a search of the H100's 4096^3 matmul kept a candidate
+        # its benchmark then measured 2% slower, with one warm pass of 12 ms)
+        t_warm = time.perf_counter()
+        while True:
+            for sched, p in accepted:
+                p(*bufs, wait=True, **vals)
+            if time.perf_counter() - t_warm >= WARM_SECONDS:
+                break
         for r in range(ROUNDS):
             if r >= MIN_ROUNDS and time.perf_counter() - t_start > seconds:
                 break

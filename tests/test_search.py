@@ -204,9 +204,9 @@ def test_a_slow_round_does_not_decide(cpu):
 
 
 def test_rounds_follow_a_warm_pass_and_start_at_another_candidate_each_time(cpu):
-    """After the outputs are checked, one untimed pass runs every candidate back to back (the device idled
-    while later candidates compiled); then round r starts at candidate r, so no candidate is always timed
-    first; and MIN_ROUNDS rounds run even when the budget is used up."""
+    """After the outputs are checked, untimed passes run every candidate back to back for WARM_SECONDS (the
+    device idled while later candidates compiled); then round r starts at candidate r, so no candidate is
+    always timed first; and MIN_ROUNDS rounds run even when the budget is used up."""
     from morok_py import search
     prog = cpu.compile(K.add(), "add")
     a, b = Schedule("threads"), Schedule("threads", register_tile=(1, 8))
@@ -221,10 +221,17 @@ def test_rounds_follow_a_warm_pass_and_start_at_another_candidate_each_time(cpu)
             log.append(self.label)
             return super().__call__(*args, **kw)
     progs = {str(a): Logged("a"), str(b): Logged("b")}
+    import time
+    t0 = time.perf_counter()
     time_schedules(cpu.dev, [a, b], lambda s: progs[str(s)], {"n": 1001})
+    assert time.perf_counter() - t0 >= search.WARM_SECONDS
     R = search.REPEATS
-    rounds = [["a"] * R + ["b"] * R, ["b"] * R + ["a"] * R] * search.ROUNDS
-    assert log == ["a", "a", "b", "b", "a", "b"] + sum(rounds[:search.ROUNDS], [])
+    rounds = sum(([["a"] * R + ["b"] * R, ["b"] * R + ["a"] * R] * search.ROUNDS)[:search.ROUNDS], [])
+    warm = log[4:len(log) - len(rounds)]
+    assert log[:4] == ["a", "a", "b", "b"] and log[len(log) - len(rounds):] == rounds
+    assert warm and warm == ["a", "b"] * (len(warm) // 2)        # whole passes, in order
     log.clear()
     time_schedules(cpu.dev, [a, b], lambda s: progs[str(s)], {"n": 1001}, seconds=0.0)
-    assert log == ["a", "a", "a"] + ["a"] * R * search.MIN_ROUNDS and search.MIN_ROUNDS >= 2
+    rounds = ["a"] * R * search.MIN_ROUNDS
+    assert log[:1] == ["a"] and log[len(log) - len(rounds):] == rounds and search.MIN_ROUNDS >= 2
+    assert set(log) == {"a"} and len(log) > 1 + len(rounds)
