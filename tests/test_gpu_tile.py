@@ -865,3 +865,5 @@ def test_async_fill_is_the_default_where_the_target_has_async_copies():
     assert kernel.schedule.async_fill and set(_copies(kernel)) == {16}
     kernel, _ = lower(K.matmul(), CAPS, "mm")
     assert not kernel.schedule.async_fill and not _copies(kernel)
+    # integer accumulators keep the register fill (an int32 product spilled under the register cap)
+    assert not lower(K.matmul(dtype=dtypes.int32), ASYNC_CAPS, "mm")[0].schedule.async_fill

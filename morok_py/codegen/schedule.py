@@ -320,8 +320,10 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         tile = plan_tile(ast, caps, scan)
         if tile is not None:
             tile = deeper_tile(ast, caps, scan, tile)
+            # timed on float accumulators; an int32 product spilled 8 bytes under the 128-register cap (nvrtc)
+            floats = all(u.dtype.is_float for u in ast.toposort() if u.op is Ops.REDUCE)
             return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile,
-                            async_fill=caps.async_copy and ASYNC_FILL_DEFAULT)
+                            async_fill=caps.async_copy and ASYNC_FILL_DEFAULT and floats)
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
