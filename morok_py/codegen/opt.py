@@ -275,20 +275,19 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
         scratch_info = (slot, ld.dtype, _const(K) * tj)
     io = axes.range(Q)
     tile_rows = [(io + p * Q) * ti + a for a in range(ti)]
-    # rows past the partitions' tiles (fewer than (P + 1) * ti). Static sizes: each partition's share as
-    # tiles of up to ti rows (1024 rows on AVX2's 6-row tile left 4 rows that, one at a time with two
-    # accumulators, took 3% of the 1024^3 time: 7.7x a tiled row's cost). Symbolic: one row at a time,
-    # dealt round-robin to the partitions. Rows past M - 1 clamp to it (computed twice, the same value).
+    # rows past the partitions' tiles. Static sizes: each partition's share as one tile (left = (full % P)
+    # * ti + M % ti < P * ti, so a share is at most ti rows). One at a time with two accumulators, 1024 rows
+    # on AVX2's 6-row tile left 4 rows that took 3% of the 1024^3 time (7.7x a tiled row's cost). Symbolic:
+    # one row at a time, dealt round-robin to the partitions. Rows past M - 1 clamp to it (computed twice,
+    # the same value).
     first = P * Q * ti
     left = M - first
     Lc, Pc = _const(left), _const(P)
     if Lc is not None and Pc is not None:
-        h = -(-Lc // Pc)                        # rows per partition
-        nt = -(-h // ti)                        # its tail tiles
-        ht = -(-h // nt) if nt else 0           # rows per tail tile
-        ir = axes.range(nt)
-        tail_rows = [first + p * h + ir * ht + a for a in range(ht)]
-        if _const(first) + (Pc - 1) * h + nt * ht > _const(M):
+        h = -(-Lc // Pc)                        # rows per partition, <= ti
+        ir = axes.range(1 if h else 0)          # a loop of one: the tile's sums fuse like a row tile's
+        tail_rows = [first + p * h + ir + a for a in range(h)]
+        if _const(first) + Pc * h > _const(M):
             tail_rows = [r.minimum(M - 1) for r in tail_rows]
     else:
         ir = axes.range((left + P - 1) // P)
