@@ -27,3 +27,18 @@ step() {   # step NAME LIMIT_S COMMAND...: run unless fewer than LIMIT_S seconds
   timeout "$lim" "$@" > "$R/$name.log" 2>&1; echo "rc $? after ${SECONDS}s" >> "$R/$name.log"
   grep -v "\[#\|^kernels \[" "$R/$name.log" | tail -${TAILN:-24} | tee -a "$B"
 }
+
+# onnx_cuda LIMIT_S: ONNX's node tests and light models on CUDA, both pairs at once, each within LIMIT_S
+# seconds; their failures and tails into $OUT/onnx_cuda.log, the counts into $B
+onnx_cuda() {
+  local lim=$1 pair
+  for pair in nvrtc llvm-nvptx; do
+    ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair MOROK_CACHE_DIR=/tmp/morok-onnx-$pair timeout "$lim" python3 -m pytest \
+        -q -rs -p no:cacheprovider tests/test_onnx_nodes.py tests/test_onnx_models.py > /tmp/onnx_cuda_$pair.log 2>&1 ) &
+  done
+  wait
+  for pair in nvrtc llvm-nvptx; do
+    { echo "== ONNX on CUDA, $pair"; grep -E "FAILED|ERROR" /tmp/onnx_cuda_$pair.log | head -20; tail -3 /tmp/onnx_cuda_$pair.log; } >> "$OUT/onnx_cuda.log"
+  done
+  grep -E "==|passed|failed" "$OUT/onnx_cuda.log" | tee -a "$B"
+}

@@ -21,15 +21,7 @@ MOROK_CUDA_COMPILER=llvm-nvptx MOROK_CACHE_DIR=/tmp/morok-gbeam TAILN=14 step be
   --beam-seconds 8 --results "$R/beam-llvm-nvptx"
 LEFT=$(( DEADLINE - SECONDS - 15 ))
 if (( LEFT > 150 )); then
-  for pair in nvrtc llvm-nvptx; do
-    ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair MOROK_CACHE_DIR=/tmp/morok-onnx-$pair timeout $LEFT python3 -m pytest \
-        -q -rs -p no:cacheprovider tests/test_onnx_nodes.py tests/test_onnx_models.py > /tmp/onnx_cuda_$pair.log 2>&1 ) &
-  done
-  wait
-  for pair in nvrtc llvm-nvptx; do
-    { echo "== ONNX on CUDA, $pair"; grep -E "FAILED|ERROR" /tmp/onnx_cuda_$pair.log | head -20; tail -3 /tmp/onnx_cuda_$pair.log; } >> "$OUT/onnx_cuda.log"
-  done
-  grep -E "==|passed|failed" "$OUT/onnx_cuda.log" | tee -a "$B"
+  onnx_cuda $LEFT
 else
   echo "== ONNX on CUDA: skipped, ${LEFT}s left" | tee -a "$B"
 fi

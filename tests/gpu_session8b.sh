@@ -28,16 +28,7 @@ MOROK_CUDA_COMPILER=nvrtc MOROK_CACHE_DIR=/tmp/morok-gsuite TAILN=16 step suite-
 step half_bandwidth 70 python3 benchmarks/half_bandwidth.py --device CUDA --results "$R"
 left=$(( DEADLINE - SECONDS - 10 ))
 if (( left > 60 )); then
-  for pair in nvrtc llvm-nvptx; do
-    ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair MOROK_CACHE_DIR=/tmp/morok-onnx-$pair timeout $left python3 -m pytest \
-        -q -rs -p no:cacheprovider tests/test_onnx_nodes.py tests/test_onnx_models.py \
-        > /tmp/onnx_cuda_$pair.log 2>&1 ) &
-  done
-  wait
-  for pair in nvrtc llvm-nvptx; do
-    { echo "== ONNX on CUDA, $pair"; grep -E "FAILED|ERROR" /tmp/onnx_cuda_$pair.log | head -20; tail -3 /tmp/onnx_cuda_$pair.log; } >> "$OUT/onnx_cuda.log"
-  done
-  grep -E "==|passed|failed" "$OUT/onnx_cuda.log" | tee -a "$B"
+  onnx_cuda $left
 fi
 tar -C /tmp -czf "$OUT/results.tgz" res
 echo "total ${SECONDS}s" | tee -a "$B"
