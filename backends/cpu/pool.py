@@ -14,7 +14,7 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
 - once every chunk is claimed the launching thread closes the ticket (no worker joins after that) and waits
   (spinning, then yielding) for the workers that joined to finish theirs. A worker still asleep or
   descheduled when the work ran out is not waited for: the launch is never slower than its own thread
-  plus the hand-off (session 9: the 2-vCPU host's first split launch after an idle spell took 250-320 us
+  plus the hand-off (benchmarks/kernels.py on the 2-vCPU EPYC: the first split launch after an idle spell took 250-320 us
   waiting for its woken worker, where the kernel alone takes 112 us).
 
 Idle workers spin for `MOROK_CPU_SPIN` pause instructions (default POOL_SPIN, some tens of microseconds)
