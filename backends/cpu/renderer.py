@@ -73,9 +73,10 @@ class CPULLVMPrinter(LLVMIRPrinter):
 def register_tile_for(features: str) -> tuple[int, int]:
     """Output tile of a register-blocked reduction (matmul), sized to the vector register file:
     32 zmm registers hold 6x64 float32 accumulators (24 registers) plus 4 column vectors and a broadcast;
-    16 ymm hold 6x16. AVX-512's 6x64 beats 8x32 (16 accumulators): per k it loads 8 broadcasts and
+    16 ymm hold 6x16. AVX-512's 6x64 beats 8x32 (16 accumulators): per k 8x32 loads 8 broadcasts and
     2 vectors for 16 FMAs, 6x64 loads 6 and 4 for 24; on the H100 host's Xeon 6x64 ran 1024^3 in 1.90 /
-    2.66 ms (16 / 12 threads, best rounds) against 8x32's 2.11 / 3.01 (benchmarks/cpu_tiles.py)."""
+    2.66 ms (16 / 12 threads, best rounds) against 8x32's 2.11 / 3.01 (benchmarks/cpu_tiles.py,
+    benchmarks/results/cpu-xeon-avx512-16c/cpu_tiles.json)."""
     feats = set(features.split(","))
     if "+avx512f" in feats:
         return (6, 64)
