@@ -32,8 +32,8 @@ NATIVE_MIN_WORK = 1 << 15
 NATIVE_SURE_WORK = 1 << 22
 SPLIT_TRIALS = 3                # in between: time this many launches each way, then keep the faster
 # in between, a split takes at most one thread per this many accesses (at least two): a split waits for its
-# slowest thread, and on a shared host every thread more is one more chance of a descheduled core (session 9,
-# the 12-thread Xeon: 256x512x10, 0.5M accesses, split 12 ways ran 25-360 us per round against 115-157 us alone)
+# slowest thread, and on a shared host every thread more is one more chance of a descheduled core (benchmarks/kernels.py
+# --suite on the H100 host's Xeon, 12 threads: 256x512x10, 0.5M accesses, split 12 ways ran 25-360 us per round against 115-157 us alone)
 SPLIT_WORK_PER_THREAD = 1 << 17
 # the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
 # workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
@@ -46,7 +46,7 @@ TRIAL_ORDER = "ASSASA"
 RETRIAL_EVERY = 256
 # a verdict of one thread is retaken sooner: after RETRIAL_FIRST launches, then twice as many each time it
 # holds, up to RETRIAL_EVERY. Other load slows the splits, never the thread alone, so that verdict is the one
-# a burst of load gets wrong, and the wrong one costs the most (session 9, the Xeon host: 256x512x10 kept on
+# a burst of load gets wrong, and the wrong one costs the most (benchmarks/kernels.py --suite on the Xeon host: 256x512x10 kept on
 # one thread at 171 us, where a split takes 20-50 us, after its trial's splits ran beside OpenBLAS's
 # spinning threads); a retrial costs three split launches
 RETRIAL_FIRST = 16
