@@ -54,7 +54,7 @@ MIN_GROUPS = 2        # occupancy hint (LinearKernel.min_groups): two work-group
 DOUBLE_BUFFER = 1     # two shared buffers per tile; the next tile is loaded into registers while this one
                       # is computed and stored after it: one barrier per tile, global latency hidden.
                       # 2: always; 1: only where every A/B tile has vector fills (fewer registers); 0: never
-# async_fill: narrower copies stay register-staged. Session 9 on the H100, float32 4096^3: with A (along k,
+# async_fill: narrower copies stay register-staged. benchmarks/kernels.py on an H100, float32 4096^3: with A (along k,
 # four 4-byte copies per vector) copied too, static 2.90 -> 3.27 ms and symbolic 3.05 -> 3.21 ms
 ASYNC_MIN_BYTES = 16
 VECTOR_FILL = True    # full tiles: 4-wide global loads where the index provably keeps them aligned
