@@ -298,7 +298,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     merged = bool(rem) and lanes >= LANE_REMAINDER and _const(Cj) == 1 and n_static >= LANE_REMAINDER
     # the remainder (up to tj/4 columns: 1-4 on AVX2's 16, 1-8 on AVX-512's 32) as 4 or 8 lanes ending at N,
     # overlapping the tile where it is narrower (those outputs written twice, the same value). It was
-    # always 4 lanes: AVX-512's 5-8 column remainders (N = 37) left columns unwritten (session 7, Xeon)
+    # always 4 lanes: AVX-512's 5-8 column remainders (N = 37) left columns unwritten (tests/test_cpu.py on an AVX-512 Xeon)
     ew = LANE_REMAINDER * -(-rem // LANE_REMAINDER) if merged else 0
     extra = columns(N - ew, ew) if merged else []
 
