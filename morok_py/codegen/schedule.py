@@ -245,7 +245,8 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
                        # against NVRTC's 31 registers, one wave, 68.5 us, on an H100)
 
 
-# Schedule.upcast is a candidate, not a default: measured on an H100 (session 6, run 2) the batch-8 GEMV took
+# Schedule.upcast is a candidate, not a default: measured on an H100 by benchmarks/schedule_variants.py
+# (benchmarks/results/nvidia-h100/schedule_variants-*.json) the batch-8 GEMV took
 # 210 / 122 us (nvrtc / llvm-nvptx) with group 256 x split 8 (too few items: 128 groups of 256), 60 / 85 us with
 # 1024 x 32 (llvm-nvptx spills: LLVM sinks the combine's adds below every reduce's shared loads), against the
 # plain split's 66 / 86 us.
@@ -253,7 +254,7 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 
 # The upcast default of a printer whose capabilities set split_upcast (caps.split_upcast >= the batch): group
 # 512, split 16, unroll 4 unrolled by the lowering. Timed on an H100, batch-8 GEMV 8x4096x4096 on llvm-nvptx:
-# 49 us (session 6) and 53 us (session 7, as search's winner) against the plain split's 87-95 us. The same
+# 49 us (benchmarks/schedule_variants.py) and 53 us (as search's winner) against the plain split's 87-95 us. The same
 # shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
 GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
 # tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. Session 9,
@@ -270,7 +271,7 @@ def split_min_groups(group: int) -> int:
 
 def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, split_upcast: int = 0,
                   max_group: int = 1024) -> Schedule:
-    """The split schedule of a column-like reduction, as measured on an H100 (session 6): one load per step (a
+    """The split schedule of a column-like reduction, as measured on an H100 (benchmarks/schedule_variants.py): one load per step (a
     column sum) with the occupancy hint and the loop unrolled by the lowering where its trip count allows
     (8192^2: 108 -> 97 us); several (a GEMV: x and W) the plain split, which ran 64-66 us on NVRTC where the
     hint and the lowering's unroll took 92; on a printer with `split_upcast` (llvm-nvptx, 86-95 us plain) a
@@ -493,7 +494,7 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     out.append(Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill))
             if caps.async_copy:      # the default tile filled the other way, first after the default (at 0 it
                 # became the search's default: the H100's static 4096^3 search kept the register fill, 1.6%
-                # slower by its own timings, since the real default had to beat it by SWITCH_MARGIN; session 10)
+                # slower by its own timings, since the real default had to beat it by SWITCH_MARGIN; benchmarks/search_context.py)
                 out.insert(1, replace(base, async_fill=not base.async_fill))
             out.append(Schedule("groups", group=caps.default_group))
         elif shape.has_reduce and len(shape.globals_) <= 1 and caps.group_reduce:
