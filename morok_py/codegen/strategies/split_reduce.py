@@ -81,7 +81,7 @@ class SplitReduce:
         (Schedule.unrolled); else 0 (the loop carries an unroll hint). Why: the llvm-nvptx pair's own unrolling
         of `(k + 8u) * N + n` recomputed a 64-bit address per load (an IMAD.WIDE each, loads trickling between
         the FMAs); `base + 8uN` with one base per round gives [R + imm] loads, all in flight. Measured on an H100
-        (session 6): column sum 8192^2 108 -> 97 us, upcast GEMV 512/16/4 on llvm-nvptx 69 -> 49 us, but the
+        (benchmarks/schedule_variants.py): column sum 8192^2 108 -> 97 us, upcast GEMV 512/16/4 on llvm-nvptx 69 -> 49 us, but the
         plain split GEMV 64 -> 92 us on NVRTC (cause not found): a schedule choice, not a rule."""
         u, split = self.schedule.unroll, self.schedule.split
         if not self.schedule.unrolled or u < 2 or len(ranges) != 1:
