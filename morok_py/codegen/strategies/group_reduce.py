@@ -30,7 +30,7 @@ class GroupReduce:
     def vector_reduce_plan(self, nodes: list[UOp], ranges: list[UOp]):
         """A cooperative (group or grid) reduction over one range r whose loads of r are all 16-bit and
         contiguous in r: each work-item takes chunks of w = 2 x the target's 32-bit vector width (8 halves,
-        16 bytes: as many bytes per load as a float4) in one vector load per buffer (issue 13: scalar half
+        16 bytes: as many bytes per load as a float4) in one vector load per buffer (benchmarks/half_bandwidth.py: scalar half
         loads moved 2 bytes where float32 moves 4, at 0.8x its bytes/s). (r, w, loads, their row bases
         with r = 0); None for any other reduction, which keeps the scalar group-strided loop."""
         if (self.split_mode or self.lane_axes or len(ranges) != 1 or self.caps.vector_width < 2
