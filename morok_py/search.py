@@ -138,7 +138,7 @@ def time_schedules(device: "Device", cands: Sequence[Schedule], load: Callable[[
                 result.rejected[str(sched)] = f"{type(e).__name__}: {e}"[:200]
         # untimed passes over all of them back to back, for at least WARM_SECONDS: the device idled while the
         # later candidates compiled, and clocks ramp up over tens of milliseconds under load, so the first
-        # rounds favoured whichever ran later (session 9: a search of the H100's 4096^3 matmul kept a candidate
+        # rounds favoured whichever ran later (benchmarks/search_context.py: a search of the H100's 4096^3 matmul kept a candidate
         # its benchmark then measured 2% slower, with one warm pass of 12 ms)
         t_warm = time.perf_counter()
         while True:
