@@ -257,8 +257,8 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 # 49 us (benchmarks/schedule_variants.py) and 53 us (as search's winner) against the plain split's 87-95 us. The same
 # shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
 GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
-# tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. Session 9,
-# H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
+# tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. benchmarks/kernels.py
+# on an H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
 # ptxas issued the register-staged loads of the next tile ~200 instructions before their shared stores (SASS),
 # not enough to cover their latency. With B's 16-byte runs copied asynchronously (gpu_tile.ASYNC_MIN_BYTES):
 # static 2.91 -> 2.85 ms, symbolic 3.04 -> 2.82 ms on nvrtc; 2.95 -> 2.77 and 3.06 -> 2.87 on llvm-nvptx
