@@ -1,5 +1,5 @@
 """`kernels.conv2d`: a 2-D convolution (NCHW, unpadded) written as an implicit GEMM, so float16/bfloat16
-convolutions take the tensor cores the way matmul does (issue 13), float32 ones the tiled paths.
+convolutions take the tensor cores the way matmul does, float32 ones the tiled paths.
 Checked against a numpy convolution in float64: on every device pair (CPU here, CUDA and ROCm where
 present), in the test interpreter for the tensor-core lowering (mma.sync fragments, ldmatrix, the
 implicit-GEMM fills), and compiled for NVIDIA and AMD matrix units."""
