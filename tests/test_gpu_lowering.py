@@ -1,4 +1,4 @@
-"""The GPU lowering paths of issue 5: two-stage grid reductions, 4-wide vector loads/stores with a
+"""The GPU lowering paths: two-stage grid reductions, 4-wide vector loads/stores with a
 scalar tail, and rows kept in shared memory by multi-pass row kernels.
 
 The structural tests render with the real CUDA and ROCm renderers and compile with the real
