@@ -1,5 +1,5 @@
-"""float16 and bfloat16 reductions on a GPU load 16 bytes per access (issue 13: half kernels keep >= 0.9x
-the float32 bytes/s). The grid reduction (a whole-array sum) and the group reduction (a row max) stride
+"""float16 and bfloat16 reductions on a GPU load 16 bytes per access (the target: half kernels keep >= 0.9x
+the float32 bytes/s, benchmarks/half_bandwidth.py). The grid reduction (a whole-array sum) and the group reduction (a row max) stride
 their work-items over the reduced range in chunks of 8 halves, one 16-byte vector load per chunk
 (`GroupReduce.vector_reduce_plan`), the lanes combined in the float32 accumulator; the tail, and rows
 whose start is no multiple of 8, take the scalar strided loop. float32 reductions keep their scalar
