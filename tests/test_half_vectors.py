@@ -1,4 +1,4 @@
-"""float16 and bfloat16 elementwise GPU kernels move 16 bytes per access, as float32 ones do (issue 13:
+"""float16 and bfloat16 elementwise GPU kernels move 16 bytes per access, as float32 ones do (the target:
 half-precision kernels keep the float32 bandwidth). The default schedule widens the vector to 8 halves
 when every vector access is 16-bit (`vectorize.widened`), 4 when 16- and 32-bit accesses mix; the C
 printers keep half vectors as packed 32-bit words (uint1/uint2/uint4), the LLVM and MLIR printers as
