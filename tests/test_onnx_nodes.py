@@ -27,7 +27,7 @@ import ops as onnx_ops  # noqa: E402
 
 DEVICE = os.environ.get("MOROK_ONNX_DEVICE", "CPU")
 
-# ops of issue 11; a case qualifies when all its nodes' ops are in this list
+# the supported ops; a case qualifies when all its nodes' ops are in this list
 OPS = set("""Add Sub Mul Div Neg Abs Relu Sigmoid Tanh Exp Log Sqrt Reciprocal Pow Max Min Sum Mean Where Equal
 Less Greater LessOrEqual GreaterOrEqual And Or Xor Not Cast CastLike Clip Floor Ceil Round Sign Sin Cos Erf
 Softplus Softsign LeakyRelu Elu Selu Celu HardSigmoid HardSwish Mish PRelu ThresholdedRelu Gelu Identity IsNaN
@@ -179,5 +179,5 @@ def test_case_count_printed(capsys):
             print(f"compiling (or loading from the disk cache) {TOTALS['programs']} programs for "
                   f"{TOTALS['cases']} cases took {TOTALS['compile_s']:.1f} s")
     assert len(CASES) >= 1000
-    # issue 11's bar: at least 1150 cases run and are expected to pass (skips and xfails excluded)
+    # the bar: at least 1150 cases run and are expected to pass (skips and xfails excluded)
     assert len(CASES) - len(skipped) - len(KNOWN_FAILURES) - len(ROUNDING) >= 1150
