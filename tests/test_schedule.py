@@ -518,7 +518,7 @@ def _every_family(dt):
 def test_the_default_schedule_is_the_first_candidate(cpu, target, dt):
     """A search times cands[0] as the default, the one a candidate must beat by SWITCH_MARGIN. The flipped
     cp.async fill of the tiled matmul (targets with async copies) was inserted before it: the H100's static
-    4096^3 search then kept the register fill, 1.6% slower by its own timings (session 10)."""
+    4096^3 search then kept the register fill, 1.6% slower by its own timings (benchmarks/search_context.py)."""
     from morok_py.backends.cuda.renderer import cuda_caps
     from morok_py.backends.rocm.renderer import capabilities as rocm_caps
     caps = (cpu.pair()[0].caps if target == "cpu" else cuda_caps(target) if target.startswith("sm_")
