@@ -447,7 +447,7 @@ def test_device_matmul(gpu, rng, dt, M, N, Kd, static):
 
 
 # (tile, stages, swizzle) forms run on the GPU: named tiles, not TC_TILE, so that a change of the default
-# cannot turn a form into one the target refuses (session 7's H100 run caught exactly that: the forms were
+# cannot turn a form into one the target refuses (an H100 run caught exactly that: the forms were
 # written for a 128x256x32 default and 128x128x64 at 4 stages is over the 96 KiB opt-in)
 PIPELINE_FORMS = [((128, 256, 32, 64, 64), 4, True), ((128, 256, 32, 64, 64), 3, False), ((128, 128, 32, 64, 64), 2, True),
                   (TC_TILE_STATIC, 0, True), ((128, 128, 64, 64, 64), 3, True), ((128, 128, 64, 64, 64), 2, False)]
