@@ -29,7 +29,7 @@ class Ops(enum.Enum):
     ADD = enum.auto(); SUB = enum.auto(); MUL = enum.auto(); IDIV = enum.auto(); MOD = enum.auto()
     FDIV = enum.auto(); MAX = enum.auto(); MIN = enum.auto(); CMPLT = enum.auto(); CMPEQ = enum.auto()
     CMPNE = enum.auto(); AND = enum.auto(); OR = enum.auto(); XOR = enum.auto(); SHL = enum.auto()
-    SHR = enum.auto()
+    SHR = enum.auto(); CDIV = enum.auto(); CMOD = enum.auto()
     # ternary
     WHERE = enum.auto()
 
@@ -47,8 +47,20 @@ class AxisType(enum.Enum):
 
 UNARY = frozenset({Ops.NEG, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIP, Ops.TRUNC, Ops.NOT})
 BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.FDIV, Ops.MAX, Ops.MIN,
-                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+                    Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR,
+                    Ops.CDIV, Ops.CMOD})
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE})
+INT_DIVISION = frozenset({Ops.IDIV, Ops.MOD, Ops.CDIV, Ops.CMOD})
+"""Integer division, defined for every pair of operands (no input traps the process).
+
+  IDIV, MOD  (x // y, x % y): floor division and modulo as in Python and numpy; the remainder
+             takes the divisor's sign (-7 // 2 == -4, -7 % 2 == 1).
+  CDIV, CMOD (x.cdiv(y), x.cmod(y)): truncating division and remainder as in C and ONNX; the
+             remainder takes the dividend's sign (-7 cdiv 2 == -3, -7 cmod 2 == -1).
+  y == 0 gives 0 for all four (numpy's integer result). The one quotient that overflows,
+  INT_MIN // -1 (and cdiv), wraps to INT_MIN; its remainder is 0. On unsigned dtypes floor and
+  truncation agree. Lowering (codegen/decompose.defined_division) adds the guards, and only where
+  range analysis cannot prove them unnecessary, so renderers print plain machine division."""
 ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST}
 REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN)
 
@@ -321,7 +333,7 @@ class UOp:
                 a, b = _promote(a, b)
             if op in (Ops.AND, Ops.OR, Ops.XOR) and a.dtype.is_float:
                 raise TypeError(f"{op.name} needs integers or bools, got {a.dtype}")
-            if op in (Ops.IDIV, Ops.MOD) and not a.dtype.is_int:
+            if op in INT_DIVISION and not a.dtype.is_int:
                 raise TypeError(f"{op.name} needs integers, got {a.dtype}; use / for floats")
             if op is Ops.FDIV and not a.dtype.is_float:
                 raise TypeError(f"FDIV needs floats, got {a.dtype}")
@@ -350,6 +362,14 @@ class UOp:
     def __rfloordiv__(self, o): return _lift(o, self).alu(Ops.IDIV, self)
     def __mod__(self, o): return self.alu(Ops.MOD, o)
     def __rmod__(self, o): return _lift(o, self).alu(Ops.MOD, self)
+    def cdiv(self, o) -> "UOp":
+        """Truncating integer division (C, ONNX): -7 cdiv 2 == -3; by 0 gives 0, INT_MIN cdiv -1 wraps."""
+        return self.alu(Ops.CDIV, o)
+
+    def cmod(self, o) -> "UOp":
+        """The remainder of cdiv (C's %, ONNX Mod fmod=1 on ints): sign of the dividend; by 0 gives 0."""
+        return self.alu(Ops.CMOD, o)
+
     def __and__(self, o): return self.alu(Ops.AND, o)
     def __rand__(self, o): return _lift(o, self).alu(Ops.AND, self)
     def __or__(self, o): return self.alu(Ops.OR, o)
