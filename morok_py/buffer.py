@@ -8,6 +8,7 @@ import numpy as np
 
 from . import dlpack as D
 from .dtypes import DType, as_dtype, from_numpy
+from .errors import ArgumentError, ArgumentTypeError, BufferFreedError
 
 if TYPE_CHECKING:
     from .device import Device
@@ -22,7 +23,7 @@ class Buffer:
 
     def __init__(self, device: "Device", size: int, dtype: DType) -> None:
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-            raise ValueError(f"buffer size must be a non-negative int, got {size!r}")
+            raise ArgumentError(f"buffer size must be a non-negative int, got {size!r}")
         self.device = device
         self.size = int(size)
         self.dtype = as_dtype(dtype)
@@ -41,7 +42,7 @@ class Buffer:
     @property
     def ptr(self) -> int:
         if self._ptr is None:
-            raise ValueError("buffer was freed")
+            raise BufferFreedError(f"{self!r} was freed")
         return self._ptr
 
     def forget_on_free(self, table: dict, key: object) -> None:
@@ -71,10 +72,10 @@ class Buffer:
         arr = np.asarray(array)
         want = self.dtype.np
         if arr.dtype != want:
-            raise TypeError(f"copyin of a {arr.dtype} array into a {self.dtype.name} buffer; "
+            raise ArgumentTypeError(f"copyin of a {arr.dtype} array into a {self.dtype.name} buffer; "
                             f"convert it first (array.astype({want.name!r}))")
         if arr.size != self.size:
-            raise ValueError(f"copyin of {arr.size} element(s) into a buffer of {self.size}")
+            raise ArgumentError(f"copyin of {arr.size} element(s) into a buffer of {self.size}")
         if self.nbytes:
             self.device.allocator.copyin(self.ptr, np.ascontiguousarray(arr).reshape(-1))
         return self
@@ -88,7 +89,7 @@ class Buffer:
     def copy_to(self, other: "Buffer") -> "Buffer":
         """Copy into `other` (same dtype and size), device to device where the allocator can."""
         if other.dtype != self.dtype or other.size != self.size:
-            raise ValueError(f"copy_to needs the same dtype and size: {self.dtype.name}[{self.size}] -> "
+            raise ArgumentError(f"copy_to needs the same dtype and size: {self.dtype.name}[{self.size}] -> "
                              f"{other.dtype.name}[{other.size}]")
         if not self.nbytes:
             return other

@@ -47,6 +47,26 @@ class LaunchError(MorokError, ValueError):
     """A launch was refused before reaching the device: wrong buffers, variables or index bounds."""
 
 
+class BufferFreedError(LaunchError):
+    """A freed Buffer was used: launched, copied, read or exported (a LaunchError, so also a ValueError)."""
+
+
+class UnknownNameError(MorokError, ValueError):
+    """A name that matches nothing registered: a device, backend, compiler, dtype, kernel or arch."""
+
+
+class ConfigError(MorokError, ValueError):
+    """A MOROK_* environment setting holds a value it cannot take."""
+
+
+class ArgumentError(MorokError, ValueError):
+    """An argument's value is outside what the call takes: a size, a shape, a schedule field."""
+
+
+class ArgumentTypeError(MorokError, TypeError):
+    """An argument of the wrong type or dtype: a str where a UOp goes, a float16 array into an int32 buffer."""
+
+
 class DeviceError(MorokError):
     """A driver call failed: names the call and the driver's error code and name."""
 

@@ -17,17 +17,16 @@ from .cache import compile_through_caches
 from .codegen.symbols import check_kernel_name
 from .device import DeviceSpec
 from .dtypes import as_dtype
-from .errors import LaunchError
+from .errors import BufferFreedError, LaunchError
 from .ir import UOp
 from .registry import get_device
 from .validate import validated_launch
 
-__all__ = ["Device", "Program", "check_launch"]
+__all__ = ["Device", "Program", "check_buffers", "check_launch"]
 
-def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tuple:
-    """Every launch check of `program(*buffers, **values)`: count, device, dtype, aliasing of written
-    buffers, variable names, types and bounds, index bounds against the buffer sizes. Returns (values
-    by name, pointers, values in `var_names` order, global size, local size); raises LaunchError."""
+def check_buffers(program: contracts.Program, buffers: tuple) -> list[int]:
+    """The launch checks that need no variable values: count, type, freed, device, dtype, aliasing of
+    written buffers. Returns the buffer sizes; raises LaunchError (BufferFreedError for a freed one)."""
     info = program.launch
     name = program.name
     if info is None:
@@ -37,8 +36,10 @@ def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tu
     sizes = []
     dev = program.device
     for i, (b, p) in enumerate(zip(buffers, info.params)):
-        if not hasattr(b, "ptr") or not hasattr(b, "dtype"):
+        if not isinstance(b, Buffer) and not (hasattr(b, "ptr") and hasattr(b, "dtype")):
             raise LaunchError(f"{name}: argument {i} must be a Buffer, got {type(b).__name__}")
+        if getattr(b, "_ptr", 0) is None:
+            raise BufferFreedError(f"{name}: buffer {i} ({b!r}) was freed")
         if b.device is not dev:
             raise LaunchError(f"{name}: buffer {i} lives on {b.device.name}, the program on {dev.name}")
         if b.dtype != p.dtype:
@@ -50,6 +51,15 @@ def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tu
                 if j != i and b.same_memory(buffers[i]):
                     raise LaunchError(f"{name}: buffer {i} is written and also passed as buffer {j}; "
                                       f"kernels assume their buffers do not alias")
+    return sizes
+
+
+def check_launch(program: contracts.Program, buffers: tuple, values: dict) -> tuple:
+    """Every launch check of `program(*buffers, **values)`: those of `check_buffers`, then variable
+    names, types and bounds, index bounds against the buffer sizes. Returns (values by name, pointers,
+    values in `var_names` order, global size, local size); raises LaunchError."""
+    info = program.launch
+    sizes = check_buffers(program, buffers)
     vals = info.values_from(values)
     gs, ls, bounds, _work = info.prepare(vals)
     info.check_sizes(bounds, sizes)

@@ -1,13 +1,26 @@
 """ExecutionPlan: a prepared list of launches a graph executor replays many times."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from . import config
 from .buffer import Buffer
 from .device import Program
 from .errors import LaunchError, MorokError
+from .launch import check_buffers, check_launch
+
+
+@contextmanager
+def _naming_step(index: int, program: Program) -> Iterator[None]:
+    """Re-raise a LaunchError (same class) with the plan step it came from in front of its message."""
+    try:
+        yield
+    except LaunchError as e:
+        msg = str(e)
+        where = f"plan step {index}" if msg.startswith(program.name) else f"plan step {index} ({program.name})"
+        raise type(e)(f"{where}: {msg}") from None
 
 
 @dataclass
@@ -29,7 +42,12 @@ class ExecutionPlan:
     device can capture a plan (CUDA graphs), `run` captures it by itself the second time it runs
     with one value set (a value set seen once is not worth a capture) and replays the capture from
     then on; up to CAPTURES value sets keep their capture. `capture=False` always replays the
-    launches one by one. Freeing one of the plan's buffers makes the next run check again.
+    launches one by one.
+
+    A rebind is transactional: every step is checked before any changes, so a run whose values one
+    step refuses leaves the plan bound as before. The plan holds its buffers (they live as long as it
+    does); freeing one explicitly is allowed, and the next `run` raises BufferFreedError (a
+    LaunchError) naming the step that uses it. `add` runs every check of the direct call.
     """
 
     CAPTURES = 8
@@ -49,14 +67,22 @@ class ExecutionPlan:
         self._capture_failed = False
 
     def add(self, program: Program, *buffers: Buffer, **vars: Any) -> "ExecutionPlan":
+        """Append a launch; runs every check of the direct call `program(*buffers, **vars)` that its
+        values allow now (all of them when every variable is an int; plan-level names at `run`)."""
+        if self.device is not None and program.device is not self.device:
+            raise LaunchError(f"plan runs on {self.device.name}; {program.name} is loaded on {program.device.name}")
+        step = len(self.steps)
+        with _naming_step(step, program):
+            if any(isinstance(v, str) for v in vars.values()):
+                check_buffers(program, buffers)
+                # names, types and ranges of the fixed values (a plan-level name stands in as its variable's min)
+                lows = {v.name: v.min for v in program.launch.variables}
+                program.launch.values_from({k: (lows.get(k, 0) if isinstance(v, str) else v) for k, v in vars.items()})
+            else:
+                check_launch(program, buffers, vars)
         if self.device is None:
             self.device = program.device
-        elif program.device is not self.device:
-            raise LaunchError(f"plan runs on {self.device.name}; {program.name} is loaded on {program.device.name}")
-        info = program.launch
-        if len(buffers) != info.buf_count:
-            raise LaunchError(f"{program.name} takes {info.buf_count} buffer(s), got {len(buffers)}")
-        for k, v in vars.items():
+        for v in vars.values():
             if isinstance(v, str):
                 self.names.add(v)
         self.steps.append(_Step(program, tuple(buffers), [b.ptr for b in buffers], dict(vars), (), (), []))
@@ -79,19 +105,15 @@ class ExecutionPlan:
             raise LaunchError(f"plan has no variable(s) {sorted(extra)}; it takes {sorted(self.names)}")
         if not self._valid:       # first bind, or a buffer was freed: every capture holds old pointers
             self._forget_bindings()
-        for st in self.steps:
+        # validate every step, then commit: a step that fails its check leaves every step as it was
+        bound = []
+        for i, st in enumerate(self.steps):
             concrete = {k: (values[v] if isinstance(v, str) else v) for k, v in st.bindings.items()}
-            # the full check of the friendly path, once per value set
-            info = st.program.launch
-            vals = info.values_from(concrete)
-            gs, ls, bounds, _ = info.prepare(vals)
-            p = st.program
-            for i, (b, prm) in enumerate(zip(st.buffers, info.params)):
-                if b.device is not p.device or b.dtype != prm.dtype:
-                    raise LaunchError(f"{p.name}: buffer {i} must be {prm.dtype.name} on {p.device.name}")
-            info.check_sizes(bounds, [b.size for b in st.buffers])
-            st.ptrs = [b.ptr for b in st.buffers]      # raises for a freed buffer
-            st.gs, st.ls, st.ordered = gs, ls, [vals[n] for n in info.var_names]
+            with _naming_step(i, st.program):
+                vals, ptrs, ordered, gs, ls = check_launch(st.program, st.buffers, concrete)
+            bound.append((ptrs, gs, ls, ordered))
+        for st, (ptrs, gs, ls, ordered) in zip(self.steps, bound):
+            st.ptrs, st.gs, st.ls, st.ordered = ptrs, gs, ls, ordered
         if not self._valid:
             self._valid["bound"] = True
             seen: set[int] = set()
