@@ -1,4 +1,4 @@
-"""resnet50 and densenet121 (the onnx wheel's `light_*` models) through examples/onnx, beside
+"""resnet50 and densenet121 (the onnx wheel's `light_*` models) through morok_py.onnx, beside
 onnxruntime in the same run.
 
     python benchmarks/onnx_models.py [--device CPU|CUDA] [--compiler nvrtc|llvm-nvptx] [--runs 10]
@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "onnx"))
 
 
 def light(name: str) -> tuple[Path, Path]:
@@ -40,7 +39,7 @@ def light(name: str) -> tuple[Path, Path]:
 
 
 def feeds_for(model) -> dict[str, np.ndarray]:
-    from run import dummy_input
+    from morok_py.onnx.run import dummy_input
     inits = {i.name for i in model.graph.initializer}
     return {vi.name: dummy_input(vi) for vi in model.graph.input if vi.name not in inits}
 
@@ -50,7 +49,7 @@ def worker(args) -> None:
     import onnx
     from onnx import numpy_helper
     from morok_py.registry import get_device
-    from executor import OnnxExecutor
+    from morok_py.onnx import OnnxExecutor
     path, want_path = light(args.worker)
     model = onnx.load(str(path))
     want = numpy_helper.to_array(onnx.load_tensor(str(want_path)))

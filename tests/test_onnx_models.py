@@ -1,5 +1,5 @@
 """The nine `light_*` CNNs shipped in the onnx wheel (onnx/backend/test/data/light), end to end through
-examples/onnx, against their shipped `*_output_0.pb` with ONNX's model-test tolerances (rtol 1e-3,
+morok_py.onnx, against their shipped `*_output_0.pb` with ONNX's model-test tolerances (rtol 1e-3,
 atol 1e-7), fed the way ONNX's backend runner feeds them (generate_dummy_data: arange(n)/n).
 
 Device: CPU by default, `MOROK_ONNX_DEVICE=CUDA` for a GPU (skips with the reason without one).
@@ -8,7 +8,6 @@ Each test prints its first-run (compile included) and replay times.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -18,11 +17,8 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed (pip install -e '.[onnx]')")
 from onnx import numpy_helper  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "onnx"))
-
-from executor import OnnxExecutor  # noqa: E402
-from run import dummy_input  # noqa: E402
+from morok_py.onnx import OnnxExecutor  # noqa: E402
+from morok_py.onnx.run import dummy_input  # noqa: E402
 
 DEVICE = os.environ.get("MOROK_ONNX_DEVICE", "CPU")
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"

@@ -1,6 +1,6 @@
 """ONNX's own node tests, generated in-process by the installed onnx package
 (`onnx.backend.test.case.node.collect_testcases`, nothing downloaded), run through the executor in
-examples/onnx: every case whose ops are all ones the executor implements. One test per case, id = the
+morok_py.onnx: every case whose ops are all ones the executor implements. One test per case, id = the
 case's name; outputs compared with the case's own rtol/atol.
 
 Device: CPU by default. `MOROK_ONNX_DEVICE=CUDA` (and `MOROK_CUDA_COMPILER=nvrtc|llvm-nvptx` for the
@@ -10,20 +10,14 @@ element type morok_py has no dtype for are skipped with that reason (SKIPS below
 from __future__ import annotations
 
 import os
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed (pip install -e '.[onnx]')")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples" / "onnx"))
-
-from executor import NARROW, OnnxExecutor, SUPPORTED, UnsupportedDtype, elem_type_name  # noqa: E402
-import ops as onnx_ops  # noqa: E402
+from morok_py.onnx.executor import NARROW, OnnxExecutor, SUPPORTED, elem_type_name  # noqa: E402
 
 DEVICE = os.environ.get("MOROK_ONNX_DEVICE", "CPU")
 

@@ -19,12 +19,9 @@ from morok_py import Device, ExecutionPlan
 from morok_py.dtypes import from_numpy
 from morok_py.registry import get_device
 
-from tensor import Kernels, View
-import ops as O
-
-
-class UnsupportedDtype(Exception):
-    """The model needs a tensor element type morok_py has no dtype for."""
+from morok_py.onnx import ops as O
+from morok_py.onnx.errors import OnnxError, UnsupportedDtype, UnsupportedOp
+from morok_py.onnx.tensor import Kernels, View
 
 
 # ONNX element types morok_py can hold (numpy dtype of each)
@@ -67,9 +64,9 @@ class OnnxExecutor:
             check_dtype(tt.elem_type)
         for n in self.graph.node:
             if n.domain not in ("", "ai.onnx"):
-                raise NotImplementedError(f"domain {n.domain!r} of node {n.name or n.op_type}")
+                raise UnsupportedOp(f"domain {n.domain!r} of node {n.name or n.op_type}")
             if n.op_type not in O.OPS:
-                raise NotImplementedError(f"op {n.op_type} is not implemented")
+                raise UnsupportedOp(f"op {n.op_type} is not implemented")
             for a in n.attribute:
                 if a.name == "to" and n.op_type == "Cast":
                     check_dtype(a.i)
@@ -117,7 +114,7 @@ class OnnxExecutor:
         feeds = {}
         for n in self.input_names:
             if n not in inputs:
-                raise ValueError(f"missing input {n!r}")
+                raise OnnxError(f"missing input {n!r}")
             arr = inputs[n]
             if isinstance(arr, onnx.TensorProto):
                 arr = numpy_helper.to_array(arr)
@@ -148,4 +145,4 @@ class OnnxExecutor:
 
 
 def _missing(name: str, node):
-    raise KeyError(f"input {name!r} of node {node.name or node.op_type} is not computed")
+    raise OnnxError(f"input {name!r} of node {node.name or node.op_type} is not computed")

@@ -1,6 +1,6 @@
 """Run an ONNX model through morok_py and print its outputs and a per-kernel compile/run table.
 
-    python examples/onnx/run.py MODEL.onnx [--device CPU|CUDA|CUDA:1|ROCM] [--compiler nvrtc|llvm-nvptx]
+    python -m morok_py.onnx.run MODEL.onnx [--device CPU|CUDA|CUDA:1|ROCM] [--compiler nvrtc|llvm-nvptx]
                                 [--input NAME=file.npy ...] [--runs 3]
 
 Inputs not given are generated the way ONNX's own backend runner feeds its model tests
@@ -14,12 +14,9 @@ import sys
 import time
 
 import numpy as np
+import onnx
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import onnx  # noqa: E402
-
-from executor import OnnxExecutor  # noqa: E402
+from morok_py.onnx.executor import OnnxExecutor
 
 
 def dummy_input(vi: onnx.ValueInfoProto) -> np.ndarray:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from morok_py import AxisType, Buffer, Ops, UOp, dtypes
+from morok_py import AxisType, Buffer, UOp, dtypes
 from morok_py.dtypes import DType, from_numpy
+from morok_py.onnx.errors import OnnxError
 
 INDEX_MAX = 2**31 - 1
 
@@ -77,7 +78,7 @@ class View:
         """A view with `shape` over the same elements, or None when the strides do not allow one."""
         shape = tuple(int(s) for s in shape)
         if prod(shape) != self.size:
-            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+            raise OnnxError(f"cannot reshape {self.shape} to {shape}")
         if self.is_contiguous():
             return self.with_(shape, contiguous_strides(shape))
         # group old dims into chunks that are each contiguous, then split the chunks
@@ -109,7 +110,7 @@ def bcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
         for i, d in enumerate(s):
             if d != 1:
                 if out[i] not in (1, d):
-                    raise ValueError(f"shapes {shapes} do not broadcast")
+                    raise OnnxError(f"shapes {shapes} do not broadcast")
                 out[i] = d
     return tuple(out)
 
@@ -229,7 +230,7 @@ class KB:
         idx = list(idx)[len(idx) - v.ndim:] if len(idx) >= v.ndim else [0] * (v.ndim - len(idx)) + list(idx)
         idx = [0 if s == 1 else i for s, i in zip(v.shape, idx)]
         if v.size == 0:
-            raise ValueError("load from an empty tensor")
+            raise OnnxError("load from an empty tensor")
         return self.param(v).load(self.index(v, idx))
 
     def store(self, out: View, idx: Sequence[UOp | int], value: UOp) -> None:
