@@ -22,7 +22,7 @@ import numpy as np
 
 from . import cache, config, kernels
 from .device import Device, DeviceSpec
-from .errors import MorokError
+from .errors import MorokError, UnknownNameError
 
 GPU_BACKENDS = ("CUDA", "ROCM")
 MAX_ORDINALS = 16
@@ -327,7 +327,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.compiler:
         chosen = [(r, c) for r, c in pairs if c.cache_key == args.compiler]
         if not chosen:
-            raise ValueError(f"{args.device} has no compiler {args.compiler!r}; "
+            raise UnknownNameError(f"{args.device} has no compiler {args.compiler!r}; "
                              f"registered: {', '.join(c.cache_key for _, c in pairs)}")
         renderer, compiler = chosen[0]
     else:

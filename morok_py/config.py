@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .errors import ConfigError
+
 
 # os.environ.get of an unset name costs ~2 us on the 2-vCPU CI machine (Mapping.get raises and catches a
 # KeyError inside), and a split CPU launch read three settings (24 us per launch against 6.5 on one thread).
@@ -37,7 +39,7 @@ def getenv_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
 
 
 def debug_level() -> int:
@@ -64,7 +66,7 @@ def arch_override(backend: str) -> str | None:
 def cpu_threads() -> int:
     n = getenv_int("MOROK_CPU_THREADS", 0)
     if n < 0:
-        raise ValueError(f"MOROK_CPU_THREADS must be >= 0, got {n}")
+        raise ConfigError(f"MOROK_CPU_THREADS must be >= 0, got {n}")
     if n == 0:
         try:
             n = len(os.sched_getaffinity(0))
@@ -77,7 +79,7 @@ def cpu_pool() -> str:
     """MOROK_CPU_POOL: 'native' (default; backends/cpu/pool.py, where the platform has it) or 'python'."""
     raw = getenv("MOROK_CPU_POOL") or "native"
     if raw not in ("native", "python"):
-        raise ValueError(f"MOROK_CPU_POOL must be 'native' or 'python', got {raw!r}")
+        raise ConfigError(f"MOROK_CPU_POOL must be 'native' or 'python', got {raw!r}")
     return raw
 
 
@@ -85,7 +87,7 @@ def cpu_spin(default: int) -> int:
     """MOROK_CPU_SPIN: pause instructions an idle native CPU worker spins before it sleeps (>= 0)."""
     n = getenv_int("MOROK_CPU_SPIN", default)
     if n < 0:
-        raise ValueError(f"MOROK_CPU_SPIN must be >= 0, got {n}")
+        raise ConfigError(f"MOROK_CPU_SPIN must be >= 0, got {n}")
     return n
 
 

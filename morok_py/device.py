@@ -14,7 +14,8 @@ from .codegen.linear import LinearKernel
 from .codegen.lower import Capabilities, LaunchInfo, Variable, lower
 from .codegen.symbols import check_kernel_name, symbol_for
 from .dtypes import DType
-from .errors import DeviceError, DeviceUnavailableError, OutOfMemoryError
+from .errors import (ArgumentError, ArgumentTypeError, ConfigError, DeviceError, DeviceUnavailableError,
+                     OutOfMemoryError, UnknownNameError)
 from .ir import UOp
 
 if TYPE_CHECKING:
@@ -38,10 +39,10 @@ class DeviceSpec:
         if isinstance(text, DeviceSpec):
             return text
         if not isinstance(text, str):
-            raise TypeError(f"a device is named by a string like 'CUDA:1', got {text!r}")
+            raise ArgumentTypeError(f"a device is named by a string like 'CUDA:1', got {text!r}")
         m = _SPEC_RE.match(text)
         if not m:
-            raise ValueError(f"cannot parse device {text!r}; expected NAME or NAME:ORDINAL, e.g. 'CPU', 'CUDA:1'")
+            raise UnknownNameError(f"cannot parse device {text!r}; expected NAME or NAME:ORDINAL, e.g. 'CPU', 'CUDA:1'")
         return DeviceSpec(m.group(1).upper(), int(m.group(2) or 0))
 
     def base_type(self) -> str:
@@ -271,7 +272,7 @@ class Allocator(abc.ABC):
 
     def alloc(self, nbytes: int) -> int:
         if not isinstance(nbytes, int) or nbytes < 0:
-            raise ValueError(f"allocation size must be a non-negative int, got {nbytes!r}")
+            raise ArgumentError(f"allocation size must be a non-negative int, got {nbytes!r}")
         size = max(nbytes, 1)
         with self._lock:
             bucket = self._cache.get(size)
@@ -321,7 +322,11 @@ class _DeviceMeta(abc.ABCMeta):
     @property
     def DEFAULT(cls) -> str:
         """`MOROK_DEVICE`, else CPU."""
-        return str(DeviceSpec.parse(config.getenv("MOROK_DEVICE", "CPU") or "CPU"))
+        raw = config.getenv("MOROK_DEVICE", "CPU") or "CPU"
+        try:
+            return str(DeviceSpec.parse(raw))
+        except UnknownNameError as e:
+            raise ConfigError(f"MOROK_DEVICE={raw!r}: {e}") from None
 
 
 class Device(metaclass=_DeviceMeta):
@@ -332,7 +337,7 @@ class Device(metaclass=_DeviceMeta):
     def __init__(self, spec: DeviceSpec, allocator: Allocator, compilers: list[tuple[Renderer, Compiler]],
                  runtime: RuntimeFactory, *, arch: str = "") -> None:
         if not compilers:
-            raise ValueError(f"{spec}: a device needs at least one (renderer, compiler) pair")
+            raise ArgumentError(f"{spec}: a device needs at least one (renderer, compiler) pair")
         self.spec = spec
         self.device = spec
         self.allocator = allocator
@@ -359,14 +364,14 @@ class Device(metaclass=_DeviceMeta):
                 if why is not None:
                     raise DeviceUnavailableError(f"{self.name} compiler {want!r}", why)
                 return r, c
-        raise ValueError(f"MOROK_{self.spec.type}_COMPILER={want!r} is not a compiler of {self.name}; "
+        raise ConfigError(f"MOROK_{self.spec.type}_COMPILER={want!r} is not a compiler of {self.name}; "
                          f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
 
     def pair(self, cache_key: str) -> tuple[Renderer, Compiler]:
         for r, c in self.compilers:
             if c.cache_key == cache_key:
                 return r, c
-        raise ValueError(f"{self.name} has no compiler {cache_key!r}; "
+        raise UnknownNameError(f"{self.name} has no compiler {cache_key!r}; "
                          f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
 
     def synchronize(self) -> None:

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import ArgumentTypeError, UnknownNameError
+
 
 @dataclass(frozen=True, eq=True)
 class DType:
@@ -111,7 +113,7 @@ class dtypes:
         try:
             return BY_NAME[name]
         except KeyError:
-            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(BY_NAME)}") from None
+            raise UnknownNameError(f"unknown dtype {name!r}; known: {', '.join(BY_NAME)}") from None
 
     @staticmethod
     def from_numpy(dt: Any) -> DType:
@@ -162,7 +164,7 @@ def _bfloat16_numpy() -> np.dtype:
     try:
         import ml_dtypes  # optional: numpy has no bfloat16 of its own
     except ImportError:
-        raise TypeError("bfloat16 has no numpy dtype without the ml_dtypes package "
+        raise ArgumentTypeError("bfloat16 has no numpy dtype without the ml_dtypes package "
                         "(pip install ml_dtypes)") from None
     return np.dtype(ml_dtypes.bfloat16)
 
@@ -171,12 +173,12 @@ def _ml_dtypes_numpy(name: str) -> np.dtype:
     try:
         import ml_dtypes  # optional: numpy has no bfloat16, float8 or int4 of its own
     except ImportError:
-        raise TypeError(f"{name} has no numpy dtype without the ml_dtypes package "
+        raise ArgumentTypeError(f"{name} has no numpy dtype without the ml_dtypes package "
                         "(pip install ml_dtypes)") from None
     try:
         return np.dtype(getattr(ml_dtypes, name))
     except AttributeError:
-        raise TypeError(f"{name} needs ml_dtypes >= 0.5 (installed: {ml_dtypes.__version__})") from None
+        raise ArgumentTypeError(f"{name} needs ml_dtypes >= 0.5 (installed: {ml_dtypes.__version__})") from None
 
 
 def to_numpy(dt: DType) -> np.dtype:
@@ -189,14 +191,17 @@ def to_numpy(dt: DType) -> np.dtype:
 
 def from_numpy(dt: Any) -> DType:
     """The IR dtype for a numpy dtype (or anything `np.dtype` accepts)."""
-    npdt = np.dtype(dt)
+    try:
+        npdt = np.dtype(dt)
+    except TypeError as e:
+        raise ArgumentTypeError(f"{dt!r} is no dtype ({e}); known: {', '.join(BY_NAME)}") from None
     if npdt == np.bool_:
         return dtypes.bool
     if npdt.name in BY_NAME:
         return BY_NAME[npdt.name]
     if npdt.name == "bfloat16":
         return dtypes.bfloat16
-    raise TypeError(f"numpy dtype {npdt} has no morok_py dtype; known: {', '.join(BY_NAME)}")
+    raise ArgumentTypeError(f"numpy dtype {npdt} has no morok_py dtype; known: {', '.join(BY_NAME)}")
 
 
 def as_dtype(x: Any) -> DType:

@@ -10,6 +10,7 @@ import math
 from typing import Callable, Sequence
 
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
+from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, Ops, UOp
 
 Size = "int | UOp | None"
@@ -85,7 +86,7 @@ def broadcast_shape(sa: Sequence[int], sb: Sequence[int]) -> tuple[int, ...]:
     out = []
     for x, y in zip(pa, pb):
         if x != y and 1 not in (x, y):
-            raise ValueError(f"shapes {tuple(sa)} and {tuple(sb)} do not broadcast")
+            raise ArgumentError(f"shapes {tuple(sa)} and {tuple(sb)} do not broadcast")
         out.append(max(x, y))
     return tuple(out)
 
@@ -113,7 +114,7 @@ def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UO
     dt = as_dtype(dtype)
     nd = len(shape)
     if not -nd <= axis < nd:
-        raise ValueError(f"axis {axis} out of range for {nd} dimensions")
+        raise ArgumentError(f"axis {axis} out of range for {nd} dimensions")
     axis %= nd
     shape = [size(d, f"d{i}") for i, d in enumerate(shape)]
     x, out = UOp.param(0, dt), UOp.param(1, dt)
@@ -179,11 +180,11 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     geo = {"C": C, "H": H, "W": W, "CO": CO, "KH": KH, "KW": KW, "stride": stride, "dilation": dilation}
     for k, v in geo.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"conv2d: {k} must be a positive int, got {v!r}")
+            raise ArgumentError(f"conv2d: {k} must be a positive int, got {v!r}")
     OH = (H - (KH - 1) * dilation - 1) // stride + 1
     OW = (W - (KW - 1) * dilation - 1) // stride + 1
     if OH < 1 or OW < 1:
-        raise ValueError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
+        raise ArgumentError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
                          f"pad the input first")
     N = size(N, "N")
     params = [UOp.param(s, dt) for s in range(4 if bias else 3)]
@@ -276,4 +277,4 @@ def named(name: str) -> UOp:
     try:
         return NAMED[name]()
     except KeyError:
-        raise ValueError(f"unknown kernel {name!r}; known: {', '.join(NAMED)}") from None
+        raise UnknownNameError(f"unknown kernel {name!r}; known: {', '.join(NAMED)}") from None

@@ -7,7 +7,7 @@ import threading
 from typing import Callable
 
 from .device import Device, DeviceSpec
-from .errors import DeviceUnavailableError
+from .errors import ArgumentError, ArgumentTypeError, ConfigError, DeviceUnavailableError, UnknownNameError
 
 BackendFactory = Callable[[DeviceSpec], Device]
 
@@ -27,9 +27,9 @@ _entry_points_loaded = False
 def register_backend(name: str, factory: BackendFactory) -> None:
     """Register (or replace) a backend: `factory(DeviceSpec) -> Device`."""
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"backend name must be an identifier, got {name!r}")
+        raise ArgumentError(f"backend name must be an identifier, got {name!r}")
     if not callable(factory):
-        raise TypeError("factory must be callable: DeviceSpec -> Device")
+        raise ArgumentTypeError("factory must be callable: DeviceSpec -> Device")
     with _lock:
         key = name.upper()
         _factories[key] = factory
@@ -65,7 +65,7 @@ def _factory(kind: str) -> BackendFactory:
         if kind in _factories:
             return _factories[kind]
         if kind not in _BUILTIN:
-            raise ValueError(f"unknown device {kind!r}; registered: {', '.join(registered())}")
+            raise UnknownNameError(f"unknown device {kind!r}; registered: {', '.join(registered())}")
         module, extra, install = _BUILTIN[kind]
         try:
             mod = importlib.import_module(module)
@@ -90,7 +90,12 @@ def get_device(name: "str | DeviceSpec | None" = None) -> Device:
         dev = _devices.get(key)
         if dev is not None:
             return dev
-        factory = _factory(spec.type)
+        try:
+            factory = _factory(spec.type)
+        except UnknownNameError as e:
+            if name is None:
+                raise ConfigError(f"MOROK_DEVICE={Device.DEFAULT!r}: {e}") from None
+            raise
         dev = factory(spec)
         _devices[key] = dev
         return dev

@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 
+from .errors import ArgumentError
+
 STAGING_BYTES = 16 << 20     # pinned host memory per device; larger copies go through it in chunks
 
 
@@ -76,7 +78,7 @@ class PinnedStaging(abc.ABC):
 
     def copyout(self, dst: np.ndarray, handle: int) -> None:
         if not dst.flags.c_contiguous:
-            raise ValueError("copyout needs a C-contiguous destination array")
+            raise ArgumentError("copyout needs a C-contiguous destination array")
         total = dst.nbytes
         if not total:
             return

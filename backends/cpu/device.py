@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from morok_py import config
 from morok_py.device import CompiledSpec, DeviceSpec
+from morok_py.errors import UnknownNameError
 from morok_py.launch import Device
 
 from .allocator import HostAllocator
@@ -57,5 +58,5 @@ def cpu_model() -> str:
 
 def create_device(spec: DeviceSpec) -> CPUDevice:
     if spec.ordinal != 0:
-        raise ValueError(f"there is one CPU device; got {spec.type}:{spec.ordinal}")
+        raise UnknownNameError(f"there is one CPU device; got {spec.type}:{spec.ordinal}")
     return CPUDevice(spec)

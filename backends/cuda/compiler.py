@@ -19,7 +19,7 @@ from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
 from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
 from morok_py.codegen.symbols import symbol_for
-from morok_py.errors import CompileError, DeviceUnavailableError
+from morok_py.errors import ArgumentTypeError, CompileError, DeviceUnavailableError, UnknownNameError
 
 from .renderer import MLIRNVVMRenderer
 
@@ -32,10 +32,10 @@ def normalize_arch(arch: "str | tuple[int, int]") -> str:
     if isinstance(arch, tuple):
         return f"sm_{arch[0]}{arch[1]}"
     if not isinstance(arch, str):
-        raise TypeError(f"a CUDA arch is a string like 'sm_90', got {arch!r}")
+        raise ArgumentTypeError(f"a CUDA arch is a string like 'sm_90', got {arch!r}")
     m = _ARCH_RE.match(arch.strip().lower())
     if not m:
-        raise ValueError(f"{arch!r} is not a CUDA arch; expected sm_XY like sm_80 or sm_90 (or sm_90a)")
+        raise UnknownNameError(f"{arch!r} is not a CUDA arch; expected sm_XY like sm_80 or sm_90 (or sm_90a)")
     return f"sm_{m.group(1)}{m.group(2)}{m.group(3)}"
 
 

@@ -15,7 +15,7 @@ from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
 from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
-from morok_py.errors import CompileError, DeviceUnavailableError
+from morok_py.errors import CompileError, DeviceUnavailableError, UnknownNameError
 
 from .hiprtc import HiprtcFailed, load_hiprtc
 from .renderer import CODE_OBJECT_VERSION, TRIPLE, MLIRROCDLRenderer, parse_arch, wave_size
@@ -318,7 +318,7 @@ def check_arch(arch: str) -> str:
     """The base arch name if LLVM here can target it (LLVM only warns and emits generic code otherwise)."""
     name, _ = parse_arch(arch)
     if name not in EF_AMDGPU_MACH:
-        raise ValueError(f"unknown AMDGPU arch {name!r}; known: {', '.join(EF_AMDGPU_MACH)}")
+        raise UnknownNameError(f"unknown AMDGPU arch {name!r}; known: {', '.join(EF_AMDGPU_MACH)}")
     return name
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from morok_py import config
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, Renderer
 from morok_py.launch import Device
-from morok_py.errors import DeviceUnavailableError
+from morok_py.errors import DeviceUnavailableError, UnknownNameError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 
 from .compiler import AMDGPUCompiler, check_arch, mlir_pair
@@ -62,7 +62,7 @@ class ROCMDevice(Device):
         hip = hip_module()
         count = check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
         if not 0 <= spec.ordinal < count:
-            raise ValueError(f"{spec}: there are {count} ROCm device(s), ROCM:0..ROCM:{count - 1}")
+            raise UnknownNameError(f"{spec}: there are {count} ROCm device(s), ROCM:0..ROCM:{count - 1}")
         self._hip = hip
         self.spec = spec               # the allocator reads the name before Device.__init__ runs
         self.ordinal = spec.ordinal

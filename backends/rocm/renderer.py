@@ -16,6 +16,7 @@ from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
 from morok_py.device import DeviceSpec, Renderer
 from morok_py.dtypes import DType
+from morok_py.errors import UnknownNameError
 from morok_py.ir import Ops
 
 TRIPLE = "amdgcn-amd-amdhsa"
@@ -32,7 +33,7 @@ def parse_arch(arch: str) -> tuple[str, str]:
     name, _, rest = arch.strip().partition(":")
     name = name.lower()
     if not _ARCH_RE.match(name):
-        raise ValueError(f"{arch!r} is not an AMDGPU arch like gfx90a, gfx942 or gfx1100")
+        raise UnknownNameError(f"{arch!r} is not an AMDGPU arch like gfx90a, gfx942 or gfx1100")
     return name, (":" + rest if rest else "")
 
 def wave_size(arch: str) -> int:

@@ -19,6 +19,8 @@ import functools
 import hashlib
 import re
 
+from ..errors import ArgumentError
+
 __all__ = ["check_kernel_name", "symbol_for", "SYMBOL_MAX_BODY"]
 
 SYMBOL_MAX_BODY = 64            # characters of the name kept in the symbol
@@ -30,9 +32,9 @@ _OTHER = re.compile(r"[^A-Za-z0-9]+")
 def check_kernel_name(name: object) -> str:
     """`name` if it is a valid kernel name (any non-empty str), else a ValueError saying why."""
     if not isinstance(name, str):
-        raise ValueError(f"a kernel name must be a non-empty str, got {type(name).__name__} {name!r}")
+        raise ArgumentError(f"a kernel name must be a non-empty str, got {type(name).__name__} {name!r}")
     if not name:
-        raise ValueError("a kernel name must be a non-empty str, got ''")
+        raise ArgumentError("a kernel name must be a non-empty str, got ''")
     return name
 
 
