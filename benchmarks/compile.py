@@ -12,7 +12,7 @@ fresh process, for add, softmax and matmul (symbolic sizes, as `morok compile` b
   that compile call; the import, device-open and process times are reported beside it. A hit by
   AST neither lowers nor renders: the child reports its renders and AST-level hits, and a note
   says when it rendered.
-Targets (issue 5): disk-cache hit in a fresh process <= 5 ms (CPU), <= 2 ms (CUDA).
+Targets: disk-cache hit in a fresh process <= 5 ms (CPU), <= 2 ms (CUDA).
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ ROCm gfx90a: llvm-amdgpu, hiprtc, mlir). Each pair is warmed up on one kernel fi
 and LLVM initialization are paid once per process, not per kernel); the time is the best of
 `--repeat` compiles, the pairs taking turns (no disk cache involved: `Compiler.compile` is called directly).
 
-    python benchmarks/compile_time.py [--repeat 3] [--json out.json]
+    python benchmarks/compile_time.py [--repeat 3] [--no-save]
+
+writes benchmarks/results/<machine kind>/compile_time.json (--json PATH: there instead).
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from morok_py import kernels as K  # noqa: E402
 from morok_py.cli import compile_only_pairs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
 
 
 def targets() -> list[tuple[str, str]]:
@@ -67,14 +72,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-save", action="store_true", help="print only")
     args = ap.parse_args()
     res = measure(args.repeat)
     print(f"compile time per kernel in ms (best of {args.repeat}), {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs")
     print(table(res))
+    doc = {"unit": "ms", "repeat": args.repeat, "results": res}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"unit": "ms", "repeat": args.repeat, "results": res}, f, indent=1)
+            json.dump(doc, f, indent=1)
+    elif not args.no_save:
+        H.write_result("compile_time", doc)
     return 0
 
 

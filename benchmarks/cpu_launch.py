@@ -20,8 +20,8 @@ import time
 import harness as H
 from harness import np
 
-TARGET = 3.0          # Program.execute / bare (issue 5)
-CALL_TARGET = 2.0     # Program.__call__ / bare (issue 15)
+TARGET = 3.0          # Program.execute / bare
+CALL_TARGET = 2.0     # Program.__call__ / bare
 
 
 def per_call(fn, calls: int, repeats: int) -> float:

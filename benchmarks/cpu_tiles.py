@@ -1,4 +1,4 @@
-"""CPU register tiles of a matmul timed side by side with numpy, in interleaved rounds (issue 12's CPU
+"""CPU register tiles of a matmul timed side by side with numpy, in interleaved rounds (the CPU
 1024^3 target): which (rows x columns) tile a host should default to.
 
 Each shape is compiled under the host's default schedule and under forced tiles (packed panels, the host's
@@ -8,7 +8,9 @@ the median over rounds of each variant's round median and its ratio to numpy's, 
 round (on a shared host other tenants slow whole rounds: round medians of one kernel moved 2x). A tile "RxC" is packed
 (B's column panels copied, where the shape allows), "RxCu" the same tile unpacked.
 
-    OPENBLAS_NUM_THREADS=12 taskset -c 4-15 python benchmarks/cpu_tiles.py --json tiles.json
+    OPENBLAS_NUM_THREADS=12 taskset -c 4-15 python benchmarks/cpu_tiles.py --tag 12threads
+
+writes benchmarks/results/<machine kind>/cpu_tiles[-TAG].json (--json PATH: there instead).
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from morok_py import Device, dtypes, kernels as K  # noqa: E402
 from morok_py.codegen.schedule import Schedule, using  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -34,6 +39,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tag", default="", help="appended to the result's name (e.g. the thread count)")
     a = ap.parse_args()
     dev = Device["CPU"]
     r, c = dev.renderer, dev.compiler
@@ -110,6 +116,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    else:
+        H.write_result(H.result_name("cpu_tiles", None, a.tag), out)
 
 
 if __name__ == "__main__":

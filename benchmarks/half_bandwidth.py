@@ -1,5 +1,5 @@
 """Half-precision bandwidth on a GPU: add, sum, row max and softmax in float32, float16 and bfloat16,
-as bytes per second, beside PyTorch on the same data (issue 13's target: float16 elementwise kernels
+as bytes per second, beside PyTorch on the same data (the target: float16 elementwise kernels
 and reductions keep >= 0.9x the float32 figures in bytes per second).
 
     python benchmarks/half_bandwidth.py --device CUDA [--quick]

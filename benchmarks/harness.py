@@ -1,13 +1,15 @@
 """The shared benchmark harness: device selection, warm-up and repeats with the median, timers
 (the program's own `wait=True` time; CUDA events for GPU peers; `perf_counter` on the CPU), a
-progress bar, a terminal table, the machine record, JSON under `benchmarks/results/` and a PNG chart.
+progress bar, a terminal table, the machine record, and the result files.
 
 Records are flat: one per (benchmark, size, peer), so that a reader filters them with one
 comprehension. A measurement with no peer is one record with `peer: null`. `ratio` is ours over
 the peer's, oriented so that higher is better (for times: peer_time / our_time).
 
-Every script of one device, machine and day writes into the same JSON file
-(`<device>-<gpu or cpu model>-<date>.json`); each replaces only its own records (`script`).
+A result is a current fact: each benchmark writes `benchmarks/results/<machine kind>/<name>.json`
+(and `<name>.png`), replacing the last run of the same benchmark on the same kind of machine, with the
+commit and the date inside; git keeps the history. The name is the script's, then its mode
+(`kernels-suite`), a `--tag`, and on a GPU the compiler pair (`kernels-suite-nvrtc`).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "results"
+# the results root; MOROK_RESULTS_DIR moves it (the GPU runner writes a copy of the tree elsewhere)
+RESULTS = Path(os.environ.get("MOROK_RESULTS_DIR") or Path(__file__).resolve().parent / "results")
 
 # a source checkout runs without installing: put the repository root on the path
 try:
@@ -42,6 +45,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import machine_kind  # noqa: E402
+
 # ---------------------------------------------------------------------------------------------
 # command line and device
 
@@ -53,8 +59,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
     p.add_argument("--repeats", type=int, default=7, help="timed runs; the median is reported")
-    p.add_argument("--no-save", action="store_true", help="print only: write no JSON or PNG")
-    p.add_argument("--results", default=str(RESULTS), help="folder for the JSON and PNG")
+    p.add_argument("--no-save", action="store_true", help="print only: write no JSON or PNG (--quick implies it)")
+    p.add_argument("--results", default=str(RESULTS),
+                   help="results root: the JSON and PNG go to ROOT/<machine kind>/<name>.json")
+    p.add_argument("--tag", default="", help="appended to the result's name (a variant of the run)")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to SECONDS for the 1-minute load average to drop below 0.5")
     return p
@@ -342,37 +350,78 @@ class Results:
         self.records.append(rec)
         return rec
 
-    def save(self, chart: Callable[[Path], None] | None = None) -> Path | None:
-        if self.args.no_save:
+    def save(self, chart: Callable[[Path], None] | None = None, mode: str = "") -> Path | None:
+        """Write `<results>/<machine kind>/<name>.json` (and the chart's `<name>.png`), replacing the last."""
+        if self.args.no_save or self.args.quick:
             return None
         mach = machine(self.device)
-        folder = Path(self.args.results)
-        folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{mach['device'].split(':')[0].lower()}-{slug(mach['model'])}-{mach['date']}"
-        if self.args.quick:
-            stem += "-quick"
-        path = folder / f"{stem}.json"
-        old: list[dict] = []
-        if path.exists():
-            try:
-                old = [r for r in json.loads(path.read_text()).get("results", []) if r.get("script") != self.script]
-            except (ValueError, OSError):
-                old = []
-        for r in self.records:       # the machine record is the last script's; each record keeps its commit
+        name = result_name(self.script, self.device, mode, getattr(self.args, "tag", ""))
+        for r in self.records:
             r.setdefault("git", mach["git"])
-        doc = {"machine": mach, "results": old + self.records}
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-        os.replace(tmp, path)
-        note(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        path = write_result(name, {"machine": mach, "results": self.records}, self.device, Path(self.args.results))
         if chart is not None:
-            png = folder / f"{stem}-{self.script}.png"
+            png = path.with_suffix(".png")
             if optional("matplotlib") is None:
                 note("matplotlib is not installed: skipping the chart (pip install matplotlib)")
             else:
                 chart(png)
-                note(f"wrote {png.relative_to(ROOT) if png.is_relative_to(ROOT) else png}")
+                note(f"wrote {_show(png)}")
         return path
+
+
+def result_name(script: str, dev=None, mode: str = "", tag: str = "") -> str:
+    """`script[-mode][-tag]`, then the compiler pair on a GPU or a CPU pair other than the default."""
+    parts = [script, mode, tag]
+    if dev is not None:
+        key = dev.compiler.cache_key
+        if is_gpu(dev) or key != dev.compilers[0][1].cache_key:
+            parts.append(key)
+    return "-".join(p for p in parts if p)
+
+
+def kind_of(dev=None) -> str:
+    """The machine kind of a device (None: the CPU)."""
+    if dev is None or not is_gpu(dev):
+        return machine_kind("CPU")
+    return machine_kind(dev.name, _gpu_name(dev))
+
+
+def commit() -> str | None:
+    """The commit measured: MOROK_BENCH_GIT where the tree is a copy whose .git is not its own (the GPU
+    machines get a working tree over an older checkout); else HEAD, "-dirty" with uncommitted changes."""
+    git = os.environ.get("MOROK_BENCH_GIT") or None
+    if git is None:
+        try:
+            git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip() or None
+            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no",
+                                    "--", ".", ":!benchmarks/results", ":!tests/results"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            if git and dirty:
+                git += "-dirty"
+        except Exception:
+            git = None
+    return git
+
+
+def write_result(name: str, doc: dict, dev=None, root: Path | str | None = None, kind: str | None = None) -> Path:
+    """Write one benchmark's result to `<root>/<kind>/<name>.json`, replacing the last, with the benchmark's
+    name, the machine kind, the commit and the date first in the file."""
+    kind = kind or kind_of(dev)
+    folder = Path(root or RESULTS) / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    head = {"benchmark": name, "machine_kind": kind, "commit": commit(), "date": _dt.date.today().isoformat()}
+    out = {**head, **{k: v for k, v in doc.items() if k not in head}}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=1, default=_json_default) + "\n")
+    os.replace(tmp, path)
+    note(f"wrote {_show(path)}")
+    return path
+
+
+def _show(path: Path) -> str:
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 
 
 def _json_default(o):
@@ -427,7 +476,7 @@ def machine(dev) -> dict:
         return _MACHINE
     import morok_py
     from morok_py import config
-    from morok_py.backends.cpu.device import cpu_model
+    from machine import cpu_model
     cpu = cpu_model()
     gpu = _gpu_name(dev) if is_gpu(dev) else None
     info: dict = {}
@@ -445,21 +494,9 @@ def machine(dev) -> dict:
             v = _version(dist)
         if v:
             libs[name] = v
-    # the commit measured: MOROK_BENCH_GIT where the tree is a copy whose .git is not its own (the GPU
-    # machines get a working tree over an older checkout); else HEAD, "-dirty" with uncommitted changes
-    git = os.environ.get("MOROK_BENCH_GIT") or None
-    if git is None:
-        try:
-            git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True, timeout=10).stdout.strip() or None
-            dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            if git and dirty:
-                git += "-dirty"
-        except Exception:
-            git = None
+    git = commit()
     _MACHINE = {
-        "device": dev.name, "model": gpu or cpu, "gpu": gpu, "cpu": cpu, "cores": os.cpu_count(),
+        "device": dev.name, "kind": kind_of(dev), "model": gpu or cpu, "gpu": gpu, "cpu": cpu, "cores": os.cpu_count(),
         "cpu_threads": config.cpu_threads(), "arch": getattr(dev, "arch", ""),
         "compiler": dev.compiler.cache_key, "device_info": info,
         "python": platform.python_version(), "platform": platform.platform(), "libraries": libs,

@@ -35,7 +35,7 @@ SYMBOLIC_TARGET = 0.95      # symbolic-size matmul time / static: within 5%
 BLAS_SPIN_S = 0.3           # CPU: pause before timing ours, while a peer's BLAS threads stop spinning
 COLD_COMPILE_TARGET_S = 0.150   # CPU: cold compile (render + compile + load, no cache) of a matmul
 ALL = ("add", "sum", "row_max", "softmax", "matmul")
-# issue 12's general suite: shapes one step off the tuned five (`--suite`)
+# the general suite: shapes one step off the tuned five (`--suite`)
 SUITE = ("sum_cols", "gemv8", "softmax_vocab", "matmul", "matmul_sym", "matmul_odd", "mlp1", "mlp2")
 KNOWN = ALL + tuple(n for n in SUITE if n not in ALL)
 
@@ -477,7 +477,7 @@ def symbolic_vs_static(dev, args, res: H.Results, rng) -> None:
 
 
 def cold_compile(dev, res: H.Results, repeats: int) -> None:
-    """Issue 12's CPU target: a matmul compiled cold (memory caches cleared, disk cache off), render +
+    """The CPU target: a matmul compiled cold (memory caches cleared, disk cache off), render +
     compile + load, median of `repeats` after one warm-up compile of another kernel (library loads and
     LLVM initialization are paid once per process). The symbolic matmul is `morok compile`'s and
     benchmarks/compile.py's kernel; the static 1024^3 is the suite's."""
@@ -635,7 +635,7 @@ def chart(res: H.Results, dev) -> Callable[[Path], None]:
 def main() -> None:
     p = H.parser(__doc__.split("\n\n")[0])
     p.add_argument("--only", default=",".join(ALL), help=f"comma-separated subset of {','.join(KNOWN)}")
-    p.add_argument("--suite", action="store_true", help=f"issue 12's general suite: {','.join(SUITE)}")
+    p.add_argument("--suite", action="store_true", help=f"the general suite: {','.join(SUITE)}")
     p.add_argument("--beam", type=int, default=0, help="also search N candidate schedules per kernel (MOROK_BEAM) "
                    "and time the winner")
     p.add_argument("--beam-seconds", type=float, default=60.0, help="time budget of one search")
@@ -708,7 +708,9 @@ def main() -> None:
     if sw:
         print()
         H.results_table(sw, "add size sweep (rows with unit GB/s compare against memcpy of the same bytes)")
-    res.save(chart(res, dev) if sw else None)
+    mode = "-".join(m for m in ("suite" if args.suite else "", "beam" if args.beam else "",
+                                "symbolic" if args.symbolic else "") if m)
+    res.save(chart(res, dev) if sw else None, mode)
 
 
 if __name__ == "__main__":

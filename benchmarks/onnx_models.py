@@ -4,6 +4,8 @@ onnxruntime in the same run.
     python benchmarks/onnx_models.py [--device CPU|CUDA] [--compiler nvrtc|llvm-nvptx] [--runs 10]
                                      [--models resnet50,densenet121] [--json OUT.json]
 
+writes benchmarks/results/<machine kind>/onnx_models[-<pair>].json unless --json names a file.
+
 For each model and each morok_py pair, two fresh processes:
   cold   an empty disk cache (XDG_CACHE_HOME set to a new folder): the first run renders, compiles and
          loads every kernel, then runs;
@@ -162,6 +164,12 @@ def main() -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
+    else:       # benchmarks/results/<machine kind>/onnx_models[-<pair>].json
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import harness as H
+        one = args.compiler[0] if args.compiler and len(args.compiler) == 1 else ""
+        H.write_result("-".join(p for p in ("onnx_models", one) if p), result,
+                       kind=H.machine_kind(args.device))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Named schedules of one kernel timed side by side, with torch in the same process (issue 12's GPU misses).
+"""Named schedules of one kernel timed side by side, with torch in the same process.
 
 Each case compiles the kernel under its default schedule and under a list of alternatives (the ones a
 change should beat, or the one it replaces), checks every output against numpy, and times them in
@@ -6,7 +6,9 @@ interleaved rounds (best round of each, CUDA events through Program.execute; tor
 A `flag` variant flips a module switch of the lowering before compiling (e.g. gpu_tile.ALIGNED_VARIANT)
 to time what a change replaced. The disk cache is off (a flag is no part of a cache key).
 
-    MOROK_CUDA_COMPILER=llvm-nvptx python benchmarks/schedule_variants.py --device CUDA --json out.json
+    MOROK_CUDA_COMPILER=llvm-nvptx python benchmarks/schedule_variants.py --device CUDA
+
+writes benchmarks/results/<machine kind>/schedule_variants-<pair>.json (--json PATH: there instead).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def variants(name: str, default=None):
     from morok_py.codegen.schedule import Schedule as S
     gpr = lambda **k: S("group_per_row", reduce="group", **k)  # noqa: E731
     if name == "softmax_vocab":
-        return [("default", None, None), ("one group per row, 256 (session 5)", gpr(group=256), None),
+        return [("default", None, None), ("one group per row, 256", gpr(group=256), None),
                 ("rows 132 x 1024", gpr(group=1024, row_groups=132), None),
                 ("rows 256 x 1024", gpr(group=1024, row_groups=256), None)]
     if name == "gemv8":
@@ -131,6 +133,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    elif not a.quick:
+        H.write_result(H.result_name("schedule_variants", dev), out, dev)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Why a search's winner can lose in the benchmark: two schedules of one kernel timed under different
-loads, in one process (session 10, the H100's static 4096^3 float32 matmul on nvrtc: the search kept the
-register fill, which the benchmark times 1.7% slower than the default cp.async fill).
+loads, in one process (the H100's static 4096^3 float32 matmul on nvrtc: a search that timed candidates
+before the default kept the register fill, which the benchmark times 1.7% slower than the default cp.async fill).
 
 Modes, each interleaving the two programs in rounds (CUDA events through Program.execute):
   search   blocks of search.REPEATS runs back to back, nothing else on the GPU (what time_schedules does)
@@ -9,7 +9,9 @@ Modes, each interleaving the two programs in rounds (CUDA events through Program
 then the search itself (cache.beam_search, 4 candidates) with its own timings. With --smi, nvidia-smi samples
 the SM clock and power every 50 ms into the log, with the mode boundaries marked.
 
-    MOROK_CUDA_COMPILER=nvrtc python benchmarks/search_context.py --json out.json
+    MOROK_CUDA_COMPILER=nvrtc python benchmarks/search_context.py --case matmul
+
+writes benchmarks/results/<machine kind>/search_context-<case>-<pair>.json (--json PATH: there instead).
 """
 from __future__ import annotations
 
@@ -109,6 +111,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    else:
+        H.write_result(H.result_name("search_context", dev, a.case), out, dev)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""Print the issue's targets as a markdown table from a results JSON: each measured, met or missed.
+"""Print a result file's targets as a markdown table: each measured, met or missed.
 
-    python benchmarks/targets.py benchmarks/results/cpu-amd-epyc-2026-11-21.json
+    python benchmarks/targets.py benchmarks/results/nvidia-h100/kernels-nvrtc.json
 """
 from __future__ import annotations
 

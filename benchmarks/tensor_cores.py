@@ -1,12 +1,15 @@
-"""Issue 13: float16/bfloat16 contractions on tensor cores against torch.matmul (cuBLAS), same run.
+"""float16/bfloat16 contractions on tensor cores against torch.matmul (cuBLAS), same run.
 
 Rows: matmul 4096^3 and the fused dense layer relu(x @ W + b) at 4096^3 and 4000x3001x1023, each in float16 and
 bfloat16, static sizes, plus the symbolic 4096^3 matmul; ours with the default schedule (tensor cores on
-sm_80+), or with --no-tensor-cores the CUDA-core tiles (the schedule before issue 13) for comparison. Times are GPU-event
+sm_80+), or with --no-tensor-cores the CUDA-core tiles for comparison. Times are GPU-event
 medians (the checked call's wait=True time for ours, torch.cuda.Event for torch); every output is
 checked against torch's (float32 accumulation) before it is timed.
 
-    python benchmarks/tensor_cores.py --results benchmarks/results/cuda-h100-DATE-issue13
+    python benchmarks/tensor_cores.py [--no-tensor-cores | --sweep]
+
+writes benchmarks/results/<machine kind>/tensor_cores[-cuda-cores|-sweep]-<pair>.json (--json PATH: there
+instead).
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from morok_py import Device, dtypes, kernels as K  # noqa: E402
 from morok_py.dtypes import to_numpy  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness as H  # noqa: E402
+
 
 def median_time(fn, warmup=3, repeats=15):
     for _ in range(warmup):
@@ -32,7 +38,7 @@ def median_time(fn, warmup=3, repeats=15):
 
 def alternating(fa, fb, repeats=15, rounds=5):
     """Medians of fa and fb timed in alternating rounds (the GPU's clocks drift between processes and over
-    seconds: torch alone measured 612-720 TFLOP/s for one product in one session), each the median over
+    seconds: torch alone measured 612-720 TFLOP/s for one product in one process), each the median over
     its rounds' medians."""
     for f in (fa, fb):
         for _ in range(3):
@@ -47,10 +53,10 @@ def alternating(fa, fb, repeats=15, rounds=5):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--results", default="tensor_cores")
+    ap.add_argument("--json", default=None, help="write here instead of benchmarks/results/<machine kind>/")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--no-tensor-cores", action="store_true",
-                    help="the CUDA-core tiles (the schedule before issue 13), for comparison")
+                    help="the CUDA-core tiles instead of tensor cores, for comparison")
     ap.add_argument("--beam", type=int, default=0, help="also search this many schedules of float16 4096^3")
     ap.add_argument("--beam-seconds", type=float, default=25.0)
     ap.add_argument("--sweep", action="store_true",
@@ -136,8 +142,15 @@ def main() -> None:
         print(json.dumps(search), flush=True)
     info = {"device": str(dev.info()) if hasattr(dev, "info") else str(dev), "torch": torch.__version__,
             "compiler": dev.compiler.cache_key, "tensor_cores": not args.no_tensor_cores, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    with open(args.results + ".json", "w") as f:
-        json.dump({"machine": info, "rows": rows, "search": search}, f, indent=1)
+    save(args, dev, "cuda-cores" if args.no_tensor_cores else "", {"machine": info, "rows": rows, "search": search})
+
+
+def save(args, dev, mode: str, doc: dict) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    else:
+        H.write_result(H.result_name("tensor_cores", dev, mode), doc, dev)
 
 
 SWEEP = [((128, 256, 32, 64, 64), 4, True), ((128, 256, 32, 64, 64), 3, True), ((128, 256, 64, 64, 64), 2, True),
@@ -192,9 +205,8 @@ def sweep(dev, torch, rng, args) -> None:
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print(json.dumps(row), flush=True)
             rows.append(row)
-    with open(args.results + ".json", "w") as f:
-        json.dump({"machine": {"compiler": compiler.cache_key, "torch": torch.__version__,
-                               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "sweep": rows}, f, indent=1)
+    save(args, dev, "sweep", {"machine": {"compiler": compiler.cache_key, "torch": torch.__version__,
+                                          "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}, "sweep": rows})
 
 
 if __name__ == "__main__":
