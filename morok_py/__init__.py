@@ -32,8 +32,9 @@ _mount_backends()
 
 from .cache import __version__  # noqa: E402
 from .dtypes import DType, dtypes  # noqa: E402
-from .errors import (CompileError, DeviceError, DeviceUnavailableError, LaunchError, MorokError,  # noqa: E402
-                     OutOfMemoryError, RuntimeStackConflictError, ValidationError)
+from .errors import (ArgumentError, ArgumentTypeError, BufferFreedError, CompileError, ConfigError,  # noqa: E402
+                     DeviceError, DeviceUnavailableError, LaunchError, MorokError, OutOfMemoryError,
+                     RuntimeStackConflictError, UnknownNameError, ValidationError)
 from .ir import AxisType, Ops, UOp  # noqa: E402
 from .codegen.lower import Capabilities, Variable  # noqa: E402
 from .device import (Allocator, CompiledSpec, Compiler, DeviceSpec, ProgramSpec, Renderer,  # noqa: E402
@@ -47,4 +48,5 @@ __all__ = ["__version__", "DType", "dtypes", "UOp", "Ops", "AxisType", "Variable
            "DeviceSpec", "ProgramSpec", "CompiledSpec", "Renderer", "Compiler", "RuntimeFactory", "Program",
            "Allocator", "Device", "Buffer", "ExecutionPlan", "register_backend",
            "MorokError", "CompileError", "DeviceUnavailableError", "RuntimeStackConflictError", "LaunchError",
-           "DeviceError", "OutOfMemoryError", "ValidationError"]
+           "DeviceError", "OutOfMemoryError", "ValidationError", "BufferFreedError", "UnknownNameError",
+           "ConfigError", "ArgumentError", "ArgumentTypeError"]
