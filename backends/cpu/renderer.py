@@ -76,7 +76,7 @@ def register_tile_for(features: str) -> tuple[int, int]:
     16 ymm hold 6x16. AVX-512's 6x64 beats 8x32 (16 accumulators): per k 8x32 loads 8 broadcasts and
     2 vectors for 16 FMAs, 6x64 loads 6 and 4 for 24; on the H100 host's Xeon 6x64 ran 1024^3 in 1.90 /
     2.66 ms (16 / 12 threads, best rounds) against 8x32's 2.11 / 3.01 (benchmarks/cpu_tiles.py,
-    benchmarks/results/cpu-xeon-avx512-16c/cpu_tiles.json)."""
+    benchmarks/results/cpu-xeon-avx512-16c/cpu_tiles-{16,12}threads.json)."""
     feats = set(features.split(","))
     if "+avx512f" in feats:
         return (6, 64)
