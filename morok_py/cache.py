@@ -544,6 +544,16 @@ def compile_through_caches(device: "Device", renderer: "Renderer", compiler: "Co
         return prog
 
 
+def load_compiled(device: "Device", compiler: "Compiler", ast: "UOp", name: str | None,
+                  compiled: "CompiledSpec") -> "Program":
+    """compile_through_caches for a kernel compiled elsewhere (a batch compile's worker): `compiled`
+    goes into the method cache, unless the key has an entry already, and is loaded like a hit."""
+    mkey = method_key(device, compiler, ast, name)
+    with _lock:
+        _method_cache.setdefault(mkey, compiled)
+    return compile_through_caches(device, None, compiler, ast, name)    # type: ignore[arg-type]
+
+
 def beam_search(device: "Device", ast: "UOp", name: str | None = None, *, beam: int = 8,
                 values: "dict[str, int] | None" = None, compiler: str | None = None,
                 seconds: float | None = None, store: bool = True, seed: int = 0) -> "SearchResult":
