@@ -73,7 +73,7 @@ class Buffer:
         want = self.dtype.np
         if arr.dtype != want:
             raise ArgumentTypeError(f"copyin of a {arr.dtype} array into a {self.dtype.name} buffer; "
-                            f"convert it first (array.astype({want.name!r}))")
+                                    f"convert it first (array.astype({want.name!r}))")
         if arr.size != self.size:
             raise ArgumentError(f"copyin of {arr.size} element(s) into a buffer of {self.size}")
         if self.nbytes:
@@ -90,7 +90,7 @@ class Buffer:
         """Copy into `other` (same dtype and size), device to device where the allocator can."""
         if other.dtype != self.dtype or other.size != self.size:
             raise ArgumentError(f"copy_to needs the same dtype and size: {self.dtype.name}[{self.size}] -> "
-                             f"{other.dtype.name}[{other.size}]")
+                                f"{other.dtype.name}[{other.size}]")
         if not self.nbytes:
             return other
         try:

@@ -328,7 +328,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         chosen = [(r, c) for r, c in pairs if c.cache_key == args.compiler]
         if not chosen:
             raise UnknownNameError(f"{args.device} has no compiler {args.compiler!r}; "
-                             f"registered: {', '.join(c.cache_key for _, c in pairs)}")
+                                   f"registered: {', '.join(c.cache_key for _, c in pairs)}")
         renderer, compiler = chosen[0]
     else:
         renderer, compiler = pairs[0]

@@ -365,14 +365,14 @@ class Device(metaclass=_DeviceMeta):
                     raise DeviceUnavailableError(f"{self.name} compiler {want!r}", why)
                 return r, c
         raise ConfigError(f"MOROK_{self.spec.type}_COMPILER={want!r} is not a compiler of {self.name}; "
-                         f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
+                          f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
 
     def pair(self, cache_key: str) -> tuple[Renderer, Compiler]:
         for r, c in self.compilers:
             if c.cache_key == cache_key:
                 return r, c
         raise UnknownNameError(f"{self.name} has no compiler {cache_key!r}; "
-                         f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
+                               f"registered: {', '.join(c.cache_key for _, c in self.compilers)}")
 
     def synchronize(self) -> None:
         """Wait for all work queued on this device."""

@@ -165,7 +165,7 @@ def _bfloat16_numpy() -> np.dtype:
         import ml_dtypes  # optional: numpy has no bfloat16 of its own
     except ImportError:
         raise ArgumentTypeError("bfloat16 has no numpy dtype without the ml_dtypes package "
-                        "(pip install ml_dtypes)") from None
+                                "(pip install ml_dtypes)") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 
@@ -174,7 +174,7 @@ def _ml_dtypes_numpy(name: str) -> np.dtype:
         import ml_dtypes  # optional: numpy has no bfloat16, float8 or int4 of its own
     except ImportError:
         raise ArgumentTypeError(f"{name} has no numpy dtype without the ml_dtypes package "
-                        "(pip install ml_dtypes)") from None
+                                "(pip install ml_dtypes)") from None
     try:
         return np.dtype(getattr(ml_dtypes, name))
     except AttributeError:

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, Iterable, Iterator, Union
 
 from .dtypes import FLOAT_FORMATS, DType, accumulation_dtype, dtypes, as_dtype
+from .errors import ArgumentError, ArgumentTypeError
 
 
 class Ops(enum.Enum):
@@ -69,19 +70,19 @@ ConstLike = Union[int, float, bool]
 
 def _normalize_const(value: Any, dtype: DType) -> ConstLike:
     if isinstance(value, UOp):
-        raise TypeError("UOp.const takes a Python number, not a UOp")
+        raise ArgumentTypeError("UOp.const takes a Python number, not a UOp")
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
         if isinstance(value, float) and not value.is_integer():
-            raise TypeError(f"constant {value!r} is not an integer but the dtype is {dtype.name}")
+            raise ArgumentTypeError(f"constant {value!r} is not an integer but the dtype is {dtype.name}")
         v = int(value)
         if not dtype.min() <= v <= dtype.max():
-            raise ValueError(f"constant {v} does not fit {dtype.name} [{dtype.min()}, {dtype.max()}]")
+            raise ArgumentError(f"constant {v} does not fit {dtype.name} [{dtype.min()}, {dtype.max()}]")
         return v
     if dtype.storage_only:
-        raise TypeError(f"no {dtype.name} constants: a storage-only dtype is never computed on; use a "
-                        f"float32 constant and .cast(dtypes.{dtype.name})")
+        raise ArgumentTypeError(f"no {dtype.name} constants: a storage-only dtype is never computed on; use a "
+                                f"float32 constant and .cast(dtypes.{dtype.name})")
     return float(value)
 
 
@@ -133,7 +134,7 @@ class UOp:
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
-        raise TypeError("a UOp has no truth value; use .where() or compare in the kernel")
+        raise ArgumentTypeError("a UOp has no truth value; use .where() or compare in the kernel")
 
     # ---- identity -------------------------------------------------------------------------
     @cached_property
@@ -184,19 +185,19 @@ class UOp:
     def param(slot: int, dtype: Any) -> "UOp":
         """Buffer argument number `slot` holding elements of `dtype`."""
         if not isinstance(slot, int) or slot < 0:
-            raise ValueError(f"param slot must be a non-negative int, got {slot!r}")
+            raise ArgumentError(f"param slot must be a non-negative int, got {slot!r}")
         return UOp(Ops.PARAM, as_dtype(dtype), (), slot)
 
     @staticmethod
     def variable(name: str, min: int, max: int) -> "UOp":
         """A symbolic integer, bound at launch time to a value in [min, max]."""
         if not isinstance(name, str) or not name.isidentifier():
-            raise ValueError(f"variable name must be an identifier, got {name!r}")
+            raise ArgumentError(f"variable name must be an identifier, got {name!r}")
         if not (isinstance(min, int) and isinstance(max, int)) or min > max:
-            raise ValueError(f"variable {name}: need int bounds with min <= max, got [{min}, {max}]")
+            raise ArgumentError(f"variable {name}: need int bounds with min <= max, got [{min}, {max}]")
         lo, hi = dtypes.index.min(), dtypes.index.max()
         if min < lo or max > hi:
-            raise ValueError(f"variable {name}: bounds [{min}, {max}] exceed the index type {dtypes.index.name}")
+            raise ArgumentError(f"variable {name}: bounds [{min}, {max}] exceed the index type {dtypes.index.name}")
         return UOp(Ops.DEFINE_VAR, dtypes.index, (), (name, min, max))
 
     @staticmethod
@@ -210,12 +211,12 @@ class UOp:
     def range(end: "UOp | int", axis: int, kind: AxisType = AxisType.GLOBAL) -> "UOp":
         """The loop variable of axis `axis` running over [0, end)."""
         if not isinstance(kind, AxisType):
-            raise TypeError(f"range kind must be an AxisType, got {kind!r}")
+            raise ArgumentTypeError(f"range kind must be an AxisType, got {kind!r}")
         end_u = end if isinstance(end, UOp) else UOp.const(int(end), dtypes.index)
         if end_u.dtype != dtypes.index:
-            raise TypeError(f"range end must be {dtypes.index.name}, got {end_u.dtype}")
+            raise ArgumentTypeError(f"range end must be {dtypes.index.name}, got {end_u.dtype}")
         if end_u.op is Ops.CONST and end_u.arg < 0:
-            raise ValueError(f"range end must be >= 0, got {end_u.arg}")
+            raise ArgumentError(f"range end must be >= 0, got {end_u.arg}")
         return UOp(Ops.RANGE, dtypes.index, (end_u,), (int(axis), kind))
 
     @staticmethod
@@ -225,24 +226,24 @@ class UOp:
         for s in stores:
             flat.extend(s if isinstance(s, (list, tuple)) else [s])
         if not flat:
-            raise ValueError("a kernel needs at least one store")
+            raise ArgumentError("a kernel needs at least one store")
         for s in flat:
             if not isinstance(s, UOp) or s.op is not Ops.STORE:
-                raise TypeError(f"UOp.sink takes STOREs, got {s!r}")
+                raise ArgumentTypeError(f"UOp.sink takes STOREs, got {s!r}")
         return UOp(Ops.SINK, None, tuple(flat), None)
 
     # ---- memory ---------------------------------------------------------------------------
     def load(self, index: "UOp | int") -> "UOp":
         if self.op is not Ops.PARAM:
-            raise TypeError("load() is called on a buffer (UOp.param)")
+            raise ArgumentTypeError("load() is called on a buffer (UOp.param)")
         return UOp(Ops.LOAD, self.dtype, (self, _as_index(index)), None)
 
     def store(self, index: "UOp | int", value: "UOp | ConstLike") -> "UOp":
         if self.op is not Ops.PARAM:
-            raise TypeError("store() is called on a buffer (UOp.param)")
+            raise ArgumentTypeError("store() is called on a buffer (UOp.param)")
         v = value if isinstance(value, UOp) else UOp.const(value, self.dtype)
         if v.dtype != self.dtype:
-            raise TypeError(f"storing {v.dtype} into a {self.dtype} buffer; cast it first")
+            raise ArgumentTypeError(f"storing {v.dtype} into a {self.dtype} buffer; cast it first")
         return UOp(Ops.STORE, None, (self, _as_index(index), v), None)
 
     def reduce(self, *ranges: "UOp", op: Ops = Ops.ADD, acc_dtype: Any = None) -> "UOp":
@@ -254,24 +255,24 @@ class UOp:
         product multiplies in float32 as well (as cuBLAS does). To keep working at the accumulation
         precision after the reduction (a mean, a norm), cast the input instead: x.cast(f32).reduce(k)."""
         if op not in REDUCE_OPS:
-            raise ValueError(f"reduce op must be one of {[o.name for o in REDUCE_OPS]}, got {op!r}")
+            raise ArgumentError(f"reduce op must be one of {[o.name for o in REDUCE_OPS]}, got {op!r}")
         if not ranges:
-            raise ValueError("reduce needs at least one range")
+            raise ArgumentError("reduce needs at least one range")
         for r in ranges:
             if not isinstance(r, UOp) or r.op is not Ops.RANGE:
-                raise TypeError(f"reduce takes RANGE UOps, got {r!r}")
+                raise ArgumentTypeError(f"reduce takes RANGE UOps, got {r!r}")
             if r.arg[1] is not AxisType.REDUCE:
-                raise ValueError(f"range of axis {r.arg[0]} is {r.arg[1].name}; reduce needs AxisType.REDUCE ranges")
+                raise ArgumentError(f"range of axis {r.arg[0]} is {r.arg[1].name}; reduce needs AxisType.REDUCE ranges")
         dt = self.dtype
         if acc_dtype is None:
             acc = accumulation_dtype(dt, additive=op in (Ops.ADD, Ops.MUL))
         else:
             acc = as_dtype(acc_dtype)
             if acc.kind != dt.kind and not (dt.is_int and acc.is_int) or acc.itemsize < dt.itemsize:
-                raise ValueError(f"a {dt.name} reduction cannot accumulate in {acc.name}: use a dtype of the same "
-                                 f"kind at least as wide, or cast the input first")
+                raise ArgumentError(f"a {dt.name} reduction cannot accumulate in {acc.name}: use a dtype of the same "
+                                    f"kind at least as wide, or cast the input first")
         if acc.storage_only:
-            raise ValueError(f"a reduction cannot accumulate in the storage-only {acc.name}")
+            raise ArgumentError(f"a reduction cannot accumulate in the storage-only {acc.name}")
         if acc == dt:
             return UOp(Ops.REDUCE, dt, (self, *ranges), op)
         return UOp(Ops.REDUCE, acc, (_widen(self, acc), *ranges), op).cast(dt)
@@ -315,37 +316,37 @@ class UOp:
                 b = _lift(b, a)
             cond = self
             if cond.dtype != dtypes.bool:
-                raise TypeError(f"where() condition must be bool, got {cond.dtype}")
+                raise ArgumentTypeError(f"where() condition must be bool, got {cond.dtype}")
             a, b = _promote(a, b)
             return UOp(Ops.WHERE, a.dtype, (cond, a, b), None)
         srcs = [self] + [o if isinstance(o, UOp) else UOp.const(o, self._const_dtype(o)) for o in others]
         for u in srcs:
             if u.dtype is not None and u.dtype.storage_only:
-                raise TypeError(f"{op.name} on {u.dtype.name}: a storage-only dtype is loaded, stored, selected "
-                                f"and cast, never computed on; cast it first (x.cast(dtypes.float32))")
+                raise ArgumentTypeError(f"{op.name} on {u.dtype.name}: a storage-only dtype is loaded, stored, selected "
+                                        f"and cast, never computed on; cast it first (x.cast(dtypes.float32))")
         if op in BINARY:
             a, b = srcs
             if op in (Ops.SHL, Ops.SHR):
                 if not a.dtype.is_int:
-                    raise TypeError(f"{op.name} needs integers, got {a.dtype}")
+                    raise ArgumentTypeError(f"{op.name} needs integers, got {a.dtype}")
                 b = b if b.dtype == a.dtype else b.cast(a.dtype)
             else:
                 a, b = _promote(a, b)
             if op in (Ops.AND, Ops.OR, Ops.XOR) and a.dtype.is_float:
-                raise TypeError(f"{op.name} needs integers or bools, got {a.dtype}")
+                raise ArgumentTypeError(f"{op.name} needs integers or bools, got {a.dtype}")
             if op in INT_DIVISION and not a.dtype.is_int:
-                raise TypeError(f"{op.name} needs integers, got {a.dtype}; use / for floats")
+                raise ArgumentTypeError(f"{op.name} needs integers, got {a.dtype}; use / for floats")
             if op is Ops.FDIV and not a.dtype.is_float:
-                raise TypeError(f"FDIV needs floats, got {a.dtype}")
+                raise ArgumentTypeError(f"FDIV needs floats, got {a.dtype}")
             dt = dtypes.bool if op in COMPARE else a.dtype
             return UOp(op, dt, (a, b), None)
         if op in UNARY:
             if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIP, Ops.TRUNC) and not self.dtype.is_float:
-                raise TypeError(f"{op.name} needs a float, got {self.dtype}")
+                raise ArgumentTypeError(f"{op.name} needs a float, got {self.dtype}")
             if op is Ops.NOT and not (self.dtype.is_int or self.dtype.is_bool):
-                raise TypeError(f"NOT needs an integer or bool, got {self.dtype}")
+                raise ArgumentTypeError(f"NOT needs an integer or bool, got {self.dtype}")
             return UOp(op, self.dtype, (self,), None)
-        raise ValueError(f"{op!r} is not an ALU op")
+        raise ArgumentError(f"{op!r} is not an ALU op")
 
     def _const_dtype(self, value: Any) -> DType:
         if isinstance(value, float) and not self.dtype.is_float:
@@ -398,7 +399,7 @@ class UOp:
 
     def logical_not(self) -> "UOp":
         if self.dtype != dtypes.bool:
-            raise TypeError("logical_not needs a bool")
+            raise ArgumentTypeError("logical_not needs a bool")
         return self.alu(Ops.NOT)
 
     def maximum(self, o) -> "UOp": return self.alu(Ops.MAX, o)
@@ -451,7 +452,7 @@ class UOp:
         float8_e8m0fnu only, with ONNX's definitions. Narrow integers wrap, like C's integer casts."""
         dt = as_dtype(dtype)
         if round_mode not in ("nearest", "up", "down"):
-            raise ValueError(f"round_mode must be 'nearest', 'up' or 'down', got {round_mode!r}")
+            raise ArgumentError(f"round_mode must be 'nearest', 'up' or 'down', got {round_mode!r}")
         if dt == self.dtype:
             return self
         if dt.storage_only or self.dtype.storage_only:
@@ -461,7 +462,7 @@ class UOp:
     def bitcast(self, dtype: Any) -> "UOp":
         dt = as_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize or dt.is_bool or self.dtype.is_bool:
-            raise TypeError(f"bitcast needs types of the same size, got {self.dtype} -> {dt}")
+            raise ArgumentTypeError(f"bitcast needs types of the same size, got {self.dtype} -> {dt}")
         return UOp(Ops.BITCAST, dt, (self,), None)
 
 
@@ -506,7 +507,7 @@ def _promote(a: UOp, b: UOp) -> tuple[UOp, UOp]:
 def _as_index(index: "UOp | int") -> UOp:
     u = index if isinstance(index, UOp) else UOp.const(int(index), dtypes.index)
     if u.dtype is None or not u.dtype.is_int:
-        raise TypeError(f"an index must be an integer UOp, got {u.dtype}")
+        raise ArgumentTypeError(f"an index must be an integer UOp, got {u.dtype}")
     return u if u.dtype == dtypes.index else u.cast(dtypes.index)
 
 
@@ -567,7 +568,7 @@ def _arg_to_json(arg: Any) -> Any:
         return {"axis": arg.name}
     if t is DType:
         return {"dtype": arg.name}
-    raise TypeError(f"a UOp arg of type {t.__name__} ({arg!r}) has no JSON form")
+    raise ArgumentTypeError(f"a UOp arg of type {t.__name__} ({arg!r}) has no JSON form")
 
 
 _FROM_TAG = {"op": Ops.__members__, "axis": AxisType.__members__}
@@ -589,7 +590,7 @@ def _arg_from_json(x: Any) -> Any:
             members = _FROM_TAG.get(tag)
             if members is not None and v in members:
                 return members[v]
-    raise ValueError(f"bad UOp arg {x!r}")
+    raise ArgumentError(f"bad UOp arg {x!r}")
 
 
 def uops_to_json(roots: Iterable[UOp]) -> dict:
@@ -603,7 +604,7 @@ def uops_to_json(roots: Iterable[UOp]) -> dict:
     root_ids: list[int] = []
     for root in roots:
         if not isinstance(root, UOp):
-            raise TypeError(f"uops_to_json takes UOps, got {type(root).__name__}")
+            raise ArgumentTypeError(f"uops_to_json takes UOps, got {type(root).__name__}")
         for u in root.toposort():
             if id(u) not in index:
                 index[id(u)] = len(index)
@@ -616,10 +617,10 @@ def uops_to_json(roots: Iterable[UOp]) -> dict:
 def uops_from_json(d: Any) -> list[UOp]:
     """The roots of a `uops_to_json` table; ValueError for anything malformed or unknown."""
     if type(d) is not dict or d.get("format") != UOPS_FORMAT:
-        raise ValueError(f"not a {UOPS_FORMAT} UOp table")
+        raise ArgumentError(f"not a {UOPS_FORMAT} UOp table")
     nodes, roots = d.get("nodes"), d.get("roots")
     if type(nodes) is not list or type(roots) is not list:
-        raise ValueError("a UOp table needs 'nodes' and 'roots' lists")
+        raise ArgumentError("a UOp table needs 'nodes' and 'roots' lists")
     ops, dts = Ops.__members__, _dtype_names()
     built: list[UOp] = []
     i, end = 0, len(nodes)
@@ -635,11 +636,11 @@ def uops_from_json(d: Any) -> list[UOp]:
                     raise ValueError
             arg = _arg_from_json(nodes[i + 3 + n])
         except (ValueError, TypeError, KeyError, IndexError):
-            raise ValueError(f"bad UOp table entry {len(built)} at position {i}") from None
+            raise ArgumentError(f"bad UOp table entry {len(built)} at position {i}") from None
         built.append(UOp(op, dt, tuple([built[s] for s in src]), arg))
         i += 4 + n
     if not all(type(r) is int and 0 <= r < len(built) for r in roots):
-        raise ValueError(f"bad root indices {roots!r}")
+        raise ArgumentError(f"bad root indices {roots!r}")
     return [built[r] for r in roots]
 
 
@@ -783,7 +784,7 @@ def _pow(x: UOp, y: "UOp | ConstLike") -> UOp:
     cdt = dtypes.float32 if out.itemsize < 4 else dtypes.float64
     if not isinstance(y, UOp):
         if isinstance(y, bool) or not isinstance(y, (int, float)):
-            raise TypeError(f"pow exponent must be a UOp or a number, got {y!r}")
+            raise ArgumentTypeError(f"pow exponent must be a UOp or a number, got {y!r}")
         if y == 0:    # 1 everywhere, NaN included; still a function of x so the kernel keeps its input
             return x.isnan().where(1.0, 1.0).cast(out) if x.dtype.is_float else x.cast(out).isnan().where(1.0, 1.0)
         if float(y).is_integer() and abs(y) <= 16:

@@ -185,7 +185,7 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     OW = (W - (KW - 1) * dilation - 1) // stride + 1
     if OH < 1 or OW < 1:
         raise ArgumentError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
-                         f"pad the input first")
+                            f"pad the input first")
     N = size(N, "N")
     params = [UOp.param(s, dt) for s in range(4 if bias else 3)]
     x, w, out = params[0], params[1], params[-1]

@@ -14,6 +14,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable
 
+from ..errors import ArgumentError, ArgumentTypeError
 from ..dtypes import DType, dtypes
 from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
@@ -118,8 +119,8 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         if node.op is Ops.RANGE:
             if id(node) in self.global_instr:
                 return self.global_instr[id(node)]
-            raise ValueError(f"range of axis {node.axis} ({node.axis_type.name}) is used outside the loop that "
-                             f"defines it")
+            raise ArgumentError(f"range of axis {node.axis} ({node.axis_type.name}) is used outside the loop that "
+                                f"defines it")
         depth = self.depth_of(node, chain)
         if node.op is Ops.REDUCE:
             if (self.group_mode or self.split_mode) and self.at_group_top(chain, depth):
@@ -273,9 +274,9 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         for store in stores:
             bad = [r for r in store.free_ranges if r.axis_type is AxisType.REDUCE]
             if bad:
-                raise ValueError(f"store to buffer {store.src[0].arg} uses REDUCE range(s) of axis "
-                                 f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them "
-                                 f"LOOP ranges")
+                raise ArgumentError(f"store to buffer {store.src[0].arg} uses REDUCE range(s) of axis "
+                                    f"{sorted(r.axis for r in bad)} outside a reduce(); reduce them or make them "
+                                    f"LOOP ranges")
         loops = sorted((r for r in stores[0].free_ranges if r.axis_type is AxisType.LOOP
                         and r.axis not in self.lane_axes), key=lambda r: r.axis)
         for n_r, r in enumerate(loops):
@@ -517,10 +518,10 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     (or, when None, the one `schedule.using` names, else `default_schedule`) says how; ValueError
     when the kernel cannot take a given schedule."""
     if not isinstance(ast, UOp) or ast.op is not Ops.SINK:
-        raise TypeError("a kernel AST is a UOp.sink(...) of stores")
+        raise ArgumentTypeError("a kernel AST is a UOp.sink(...) of stores")
     ast = rewrite(ast, decompose) if decompose is not None else simplify(ast)
     if ast.op is not Ops.SINK:
-        raise TypeError("decomposition must keep the SINK root")
+        raise ArgumentTypeError("decomposition must keep the SINK root")
     scan = scan_kernel(ast)
     given = schedule if schedule is not None else chosen()
     if given is not None:
@@ -554,6 +555,6 @@ def lower(ast: UOp, caps: Capabilities, name: str,
             tiled[0].schedule = schedule
             return tiled
         if given is not None:
-            raise ValueError(f"{schedule}: the tiles do not fit the target's shared memory")
+            raise ArgumentError(f"{schedule}: the tiles do not fit the target's shared memory")
         schedule = default_schedule(ast, replace(caps, matmul_tile=None), scan)   # the general path
     return _Lowerer(ast, caps, name, schedule, lane_axes, scratch).run(scan)

@@ -21,6 +21,7 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Iterator
 
+from ..errors import ArgumentError
 from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
 from .scan import KernelScan, is_column_reduction
@@ -106,52 +107,52 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.mapping not in MAPPINGS:
-            raise ValueError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
+            raise ArgumentError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
         if self.reduce not in REDUCES:
-            raise ValueError(f"schedule reduce {self.reduce!r}: one of {', '.join(REDUCES)}")
+            raise ArgumentError(f"schedule reduce {self.reduce!r}: one of {', '.join(REDUCES)}")
         if self.reduce == "stream":
             if self.mapping != "threads" or self.stream_block < 1 or self.register_tile is not None:
-                raise ValueError("reduce 'stream' is a CPU ('threads') schedule with a stream_block, no register tile")
+                raise ArgumentError("reduce 'stream' is a CPU ('threads') schedule with a stream_block, no register tile")
         elif self.stream_block:
-            raise ValueError("stream_block needs reduce 'stream'")
+            raise ArgumentError("stream_block needs reduce 'stream'")
         elif self.reduce != "serial" and self.mapping != "group_per_row":
-            raise ValueError(f"reduce={self.reduce!r} needs mapping 'group_per_row'")
+            raise ArgumentError(f"reduce={self.reduce!r} needs mapping 'group_per_row'")
         if self.mapping == "group_per_row" and self.reduce == "serial":
-            raise ValueError("mapping 'group_per_row' reduces across the group: reduce 'group' or 'grid'")
+            raise ArgumentError("mapping 'group_per_row' reduces across the group: reduce 'group' or 'grid'")
         if (self.mapping == "tiled") != (self.matmul_tile is not None):
-            raise ValueError("mapping 'tiled' and matmul_tile go together")
+            raise ArgumentError("mapping 'tiled' and matmul_tile go together")
         if self.tensor_core is not None and self.mapping != "tiled":
-            raise ValueError("tensor_core needs mapping 'tiled'")
+            raise ArgumentError("tensor_core needs mapping 'tiled'")
         if (self.tc_stages or self.tc_swizzle) and self.tensor_core is None:
-            raise ValueError("tc_stages and tc_swizzle need a tensor_core")
+            raise ArgumentError("tc_stages and tc_swizzle need a tensor_core")
         if self.async_fill and (self.mapping != "tiled" or self.tensor_core is not None):
-            raise ValueError("async_fill is a field of the tiled mapping without a tensor_core (which stages by tc_stages)")
+            raise ArgumentError("async_fill is a field of the tiled mapping without a tensor_core (which stages by tc_stages)")
         if self.register_tile is not None and self.mapping != "threads":
-            raise ValueError("register_tile is a CPU ('threads') schedule")
+            raise ArgumentError("register_tile is a CPU ('threads') schedule")
         if self.tile_lanes and (self.register_tile is None or self.tile_lanes < 4
                                 or self.tile_lanes & (self.tile_lanes - 1)):
-            raise ValueError("tile_lanes needs a register_tile and is a power of two >= 4")
+            raise ArgumentError("tile_lanes needs a register_tile and is a power of two >= 4")
         if self.pack and not self.tile_lanes:
-            raise ValueError("pack needs a register_tile with tile_lanes")
+            raise ArgumentError("pack needs a register_tile with tile_lanes")
         if self.row_cache and self.reduce != "group":
-            raise ValueError("row_cache needs reduce 'group'")
+            raise ArgumentError("row_cache needs reduce 'group'")
         if self.row_groups < 0 or self.row_groups and self.reduce != "group":
-            raise ValueError("row_groups needs reduce 'group' (and is not negative)")
+            raise ArgumentError("row_groups needs reduce 'group' (and is not negative)")
         if self.min_groups < 0 or self.min_groups and self.mapping in ("threads", "tiled"):
-            raise ValueError("min_groups is a hint of the general GPU path (the tiled path sets its own)")
+            raise ArgumentError("min_groups is a hint of the general GPU path (the tiled path sets its own)")
         if self.upcast and (self.split < 2 or self.upcast < 2):
-            raise ValueError("upcast needs a split reduction and an extent of at least 2")
+            raise ArgumentError("upcast needs a split reduction and an extent of at least 2")
         if self.unrolled and (self.split < 2 or self.unroll < 2):
-            raise ValueError("unrolled needs a split reduction and an unroll of at least 2")
+            raise ArgumentError("unrolled needs a split reduction and an unroll of at least 2")
         if self.split > 1 and (self.mapping != "groups" or self.vector_width != 1 or self.group % self.split
                                or self.split & (self.split - 1)):
-            raise ValueError("split needs mapping 'groups', no vector width and a power of two dividing group")
+            raise ArgumentError("split needs mapping 'groups', no vector width and a power of two dividing group")
         if self.group < 0 or self.vector_width < 1 or self.unroll < 0 or self.split < 1:
-            raise ValueError(f"bad sizes in {self}")
+            raise ArgumentError(f"bad sizes in {self}")
         if self.mapping == "threads" and (self.group or self.vector_width != 1 or self.unroll or self.split != 1):
-            raise ValueError("group, vector_width and unroll are GPU fields")
+            raise ArgumentError("group, vector_width and unroll are GPU fields")
         if self.mapping != "threads" and (self.group < 1 or self.group & (self.group - 1)):
-            raise ValueError(f"a GPU schedule needs a power-of-two group size, got {self.group}")
+            raise ArgumentError(f"a GPU schedule needs a power-of-two group size, got {self.group}")
 
     def __str__(self) -> str:
         parts = [self.mapping]
@@ -170,33 +171,33 @@ class Schedule:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"not a schedule: {e}") from None
+            raise ArgumentError(f"not a schedule: {e}") from None
         names = {f.name for f in fields(Schedule)}
         if not isinstance(d, dict) or set(d) - names or "mapping" not in d:
-            raise ValueError(f"not a schedule: {text[:80]!r}")
+            raise ArgumentError(f"not a schedule: {text[:80]!r}")
         for k in ("register_tile", "matmul_tile"):
             if d.get(k) is not None:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
-                    raise ValueError(f"bad {k} {d[k]!r}")
+                    raise ArgumentError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
         for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
-                raise ValueError(f"bad {k} {d[k]!r}")
+                raise ArgumentError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
-            raise ValueError(f"bad pack {d['pack']!r}")
+            raise ArgumentError(f"bad pack {d['pack']!r}")
         for k in ("unrolled", "async_fill"):
             if k in d and not isinstance(d[k], bool):
-                raise ValueError(f"bad {k} {d[k]!r}")
+                raise ArgumentError(f"bad {k} {d[k]!r}")
         if d.get("tensor_core") is not None and not isinstance(d["tensor_core"], str):
-            raise ValueError(f"bad tensor_core {d['tensor_core']!r}")
+            raise ArgumentError(f"bad tensor_core {d['tensor_core']!r}")
         if "tc_stages" in d and (not isinstance(d["tc_stages"], int) or isinstance(d["tc_stages"], bool)):
-            raise ValueError(f"bad tc_stages {d['tc_stages']!r}")
+            raise ArgumentError(f"bad tc_stages {d['tc_stages']!r}")
         if "tc_swizzle" in d and not isinstance(d["tc_swizzle"], bool):
-            raise ValueError(f"bad tc_swizzle {d['tc_swizzle']!r}")
+            raise ArgumentError(f"bad tc_swizzle {d['tc_swizzle']!r}")
         try:
             return Schedule(**d)
         except TypeError as e:
-            raise ValueError(str(e)) from None
+            raise ArgumentError(str(e)) from None
 
 
 # -- which schedule a render uses when its caller names one ----------------------------------------
@@ -380,66 +381,66 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
     shape = shape_of(scan)
     gpu = caps.has_local
     if gpu == (schedule.mapping == "threads"):
-        raise ValueError(f"{schedule} is not a schedule for a {'GPU' if gpu else 'CPU'} target")
+        raise ArgumentError(f"{schedule} is not a schedule for a {'GPU' if gpu else 'CPU'} target")
     if gpu and schedule.group > min(caps.max_threads_per_group, caps.local_max[0]):
-        raise ValueError(f"{schedule}: group of {schedule.group} is over the target's limit")
+        raise ArgumentError(f"{schedule}: group of {schedule.group} is over the target's limit")
     if schedule.reduce == "stream":
         from .opt import stream_applies
         if not stream_applies(ast):
-            raise ValueError(f"{schedule}: the kernel is no plain column reduction")
+            raise ArgumentError(f"{schedule}: the kernel is no plain column reduction")
     if schedule.register_tile is not None:
         from .opt import register_tile_applies
         if not register_tile_applies(ast):
-            raise ValueError(f"{schedule}: the kernel has no register-tileable reduction")
+            raise ArgumentError(f"{schedule}: the kernel has no register-tileable reduction")
     if schedule.pack:
         from .opt import pack_applies
         if not pack_applies(ast, schedule.register_tile, schedule.tile_lanes):
-            raise ValueError(f"{schedule}: no operand of the kernel takes packed panels")
+            raise ArgumentError(f"{schedule}: no operand of the kernel takes packed panels")
     if schedule.tile_lanes:
         from .opt import lanes_apply
         if not caps.tile_lanes or not lanes_apply(ast):
-            raise ValueError(f"{schedule}: the target prints no tile lanes or the kernel's columns are no vectors")
+            raise ArgumentError(f"{schedule}: the target prints no tile lanes or the kernel's columns are no vectors")
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
                 or tc_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle,
                            schedule.tensor_core) is None):
-            raise ValueError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
+            raise ArgumentError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
     elif schedule.mapping == "tiled":
         from .gpu_tile import plan_tile
         if not caps.has_shared or plan_tile(ast, caps, scan, schedule.matmul_tile) is None:
-            raise ValueError(f"{schedule}: the kernel is not a contraction these tiles fit")
+            raise ArgumentError(f"{schedule}: the kernel is not a contraction these tiles fit")
         if schedule.async_fill and not caps.async_copy:
-            raise ValueError(f"{schedule}: the target has no asynchronous copies (async_fill)")
+            raise ArgumentError(f"{schedule}: the target has no asynchronous copies (async_fill)")
     if schedule.mapping == "group_per_row":
         if not caps.has_shared and schedule.group > 1:
-            raise ValueError(f"{schedule}: the target has no shared memory")
+            raise ArgumentError(f"{schedule}: the target has no shared memory")
         if len(shape.globals_) > 1 or not shape.has_reduce:
-            raise ValueError(f"{schedule}: group_per_row takes a reduction over at most one GLOBAL range")
+            raise ArgumentError(f"{schedule}: group_per_row takes a reduction over at most one GLOBAL range")
         if schedule.reduce == "grid":
             from .strategies.grid_reduce import grid_plan
             if grid_plan(ast, shape.globals_, schedule.group) is None:
-                raise ValueError(f"{schedule}: not a full reduction")
+                raise ArgumentError(f"{schedule}: not a full reduction")
         if schedule.row_groups and len(shape.globals_) != 1:
-            raise ValueError(f"{schedule}: row_groups needs one GLOBAL range (the rows)")
+            raise ArgumentError(f"{schedule}: row_groups needs one GLOBAL range (the rows)")
     if schedule.upcast:
         from .strategies.split_reduce import upcast, upcast_plan
         up = upcast_plan(ast, scan)
         if up is None or up.src[0].arg != schedule.upcast:
-            raise ValueError(f"{schedule}: the kernel has no GLOBAL range of extent {schedule.upcast} to upcast")
+            raise ArgumentError(f"{schedule}: the kernel has no GLOBAL range of extent {schedule.upcast} to upcast")
         from .scan import scan_kernel
         ast = upcast(ast, up)
         scan = scan_kernel(ast)
     if schedule.split > 1 and (not gpu or not caps.has_shared or not split_applies(ast, scan)):
-        raise ValueError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
+        raise ArgumentError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
     if schedule.unrolled:
         from .strategies.split_reduce import lowering_unroll_applies
         if not lowering_unroll_applies(ast, schedule.split, schedule.unroll):
-            raise ValueError(f"{schedule}: the split loop's trip count is no constant multiple of split x unroll")
+            raise ArgumentError(f"{schedule}: the split loop's trip count is no constant multiple of split x unroll")
     if schedule.vector_width > 1:
         from .strategies.vectorize import vector_plan
         if schedule.mapping != "groups" or vector_plan(ast, shape.globals_, scan, schedule.vector_width) is None:
-            raise ValueError(f"{schedule}: the kernel has no vectorizable elementwise access")
+            raise ArgumentError(f"{schedule}: the kernel has no vectorizable elementwise access")
 
 
 def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[Schedule]:
