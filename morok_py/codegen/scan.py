@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ArgumentError
 from ..dtypes import DType
 from ..ir import Ops, UOp
 from .launch_check import Variable
@@ -37,19 +38,19 @@ def scan_kernel(ast: UOp) -> KernelScan:
     for n in nodes:
         if n.op is Ops.PARAM:
             if n.arg in params and params[n.arg] is not n:
-                raise ValueError(f"param slot {n.arg} is declared with two dtypes: "
-                                 f"{params[n.arg].dtype.name} and {n.dtype.name}")
+                raise ArgumentError(f"param slot {n.arg} is declared with two dtypes: "
+                                    f"{params[n.arg].dtype.name} and {n.dtype.name}")
             params[n.arg] = n
         elif n.op is Ops.DEFINE_VAR:
             if n.arg[0] in variables and variables[n.arg[0]] is not n:
-                raise ValueError(f"variable {n.arg[0]!r} is declared twice with different bounds")
+                raise ArgumentError(f"variable {n.arg[0]!r} is declared twice with different bounds")
             variables[n.arg[0]] = n
         elif n.op is Ops.RANGE:
             if n.axis in ranges and ranges[n.axis] is not n:
-                raise ValueError(f"axis {n.axis} is used by two different ranges")
+                raise ArgumentError(f"axis {n.axis} is used by two different ranges")
             ranges[n.axis] = n
             if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
-                raise ValueError(f"the end of range {n.axis} must depend only on variables and constants")
+                raise ArgumentError(f"the end of range {n.axis} must depend only on variables and constants")
         elif n.op is Ops.LOAD:
             reads.add(n.src[0].arg)
         elif n.op is Ops.STORE:
@@ -60,7 +61,7 @@ def scan_kernel(ast: UOp) -> KernelScan:
         if loads:
             loads_from[id(n)] = loads
     if sorted(params) != list(range(len(params))):
-        raise ValueError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
+        raise ArgumentError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
     index_nodes: set[int] = set()
     for n in nodes:
         if n.op in (Ops.LOAD, Ops.STORE):
