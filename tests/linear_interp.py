@@ -537,8 +537,8 @@ def alu(op: Ops, dt: DType, a: list[np.ndarray], src_dts: list[DType]) -> np.nda
     elif op is Ops.SUB: r = x - y
     elif op is Ops.MUL: r = x * y
     elif op is Ops.FDIV: r = x / y
-    elif op is Ops.IDIV: r = _c_idiv(x, y)
-    elif op is Ops.MOD: r = x - _c_idiv(x, y) * np.where(y == 0, 1, y)
+    elif op in (Ops.IDIV, Ops.CDIV): r = _c_idiv(x, y)      # all four print as machine division
+    elif op in (Ops.MOD, Ops.CMOD): r = x - _c_idiv(x, y) * np.where(y == 0, 1, y)
     elif op is Ops.MAX: r = (x | y) if x.dtype == np.bool_ else np.maximum(x, y)
     elif op is Ops.MIN: r = (x & y) if x.dtype == np.bool_ else np.minimum(x, y)
     elif op is Ops.CMPLT: r = x < y

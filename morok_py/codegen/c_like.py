@@ -343,7 +343,9 @@ class CStylePrinter:
             sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.SHL: "<<"}[op]
             rhs = a[1] if op is Ops.SHL else f"({u}){a[1]}"
             return f"({dt.c})(({u}){a[0]} {sym} {rhs})"
+        # the divisions are trap-free and truncating here (decompose.defined_division)
         binops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
+                  Ops.CDIV: "/", Ops.CMOD: "%",
                   Ops.CMPLT: "<", Ops.CMPEQ: "==", Ops.CMPNE: "!=", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
                   Ops.SHL: "<<", Ops.SHR: ">>"}
         if op in binops:

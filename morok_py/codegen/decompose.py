@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..dtypes import dtypes
-from ..ir import Ops, UOp
+from ..dtypes import DType, dtypes
+from ..ir import INT_DIVISION, Ops, UOp
+from .symbolic import Interval, static_intervals
 
 # 2**f on [-0.5, 0.5], degree 6, relative error 1.9e-9 (least squares on Chebyshev nodes)
 _EXP2_POLY = (1.0000000005920209, 0.6931472056005099, 0.24022646608714093, 0.055503289975169734,
@@ -49,3 +50,64 @@ def chain(*rules: Callable[[UOp], UOp | None]) -> Callable[[UOp], UOp | None]:
                 return out
         return None
     return apply
+
+
+def defined_division(root: UOp) -> UOp:
+    """Every IDIV / MOD / CDIV / CMOD of `root` as machine division that cannot trap, computing what
+    ir.INT_DIVISION defines. Where range analysis (symbolic.static_intervals) proves the divisor
+    nonzero, no INT_MIN / -1, and floor equal to truncation, the node is left as it is: index
+    arithmetic renders unchanged. Renderers print all four ops as plain sdiv / srem (C's / and %)."""
+    nodes = root.toposort()
+    if not any(n.op in INT_DIVISION for n in nodes):
+        return root
+    iv = static_intervals(root)
+    memo: dict[int, UOp] = {}
+    for node in nodes:
+        src = tuple(memo[id(s)] for s in node.src)
+        new = node if all(a is b for a, b in zip(src, node.src)) else UOp(node.op, node.dtype, src, node.arg)
+        if node.op in INT_DIVISION:
+            new = _safe_division(node.op, src[0], src[1], iv[id(node.src[0])], iv[id(node.src[1])], node.dtype)
+        memo[id(node)] = new
+    return memo[id(root)]
+
+
+def _safe_division(op: Ops, x: UOp, y: UOp, X: Interval, Y: Interval, dt: DType) -> UOp:
+    """x op y given the intervals X of x and Y of y: the divisor is replaced by 1 where it is 0 (the
+    quotient then selected to 0; the remainder x % 1 is 0 already) or where x == INT_MIN and y == -1
+    (x / 1 == INT_MIN is the wrapped quotient, x % 1 == 0 the remainder); floor division steps the
+    truncated quotient down by one where the remainder is nonzero and its sign differs from y's."""
+    signed = not dt.is_unsigned
+    may_zero = Y[0] <= 0 <= Y[1]
+    may_wrap = signed and X[0] <= dt.min() and Y[0] <= -1 <= Y[1]
+    same_signs = (X[0] >= 0 and Y[0] >= 0) or (X[1] <= 0 and Y[1] <= 0)
+    floor_fix = op in (Ops.IDIV, Ops.MOD) and signed and not same_signs
+    if not (may_zero or may_wrap or floor_fix):
+        return UOp(op, dt, (x, y), None)
+    bad = (y == 0) if may_zero else None
+    if may_wrap:
+        wraps = (x == dt.min()) & (y == -1)
+        bad = wraps if bad is None else bad | wraps
+    ys = bad.where(1, y) if bad is not None else y
+    quotient = op in (Ops.IDIV, Ops.CDIV)
+    if not floor_fix:
+        if not quotient:
+            return UOp(Ops.CMOD, dt, (x, ys), None)
+        q = UOp(Ops.CDIV, dt, (x, ys), None)
+        return (y == 0).where(0, q) if may_zero else q
+    r = UOp(Ops.CMOD, dt, (x, ys), None)
+    # adjust where r != 0 and sign(r) != sign(ys); a known sign of y or x leaves one comparison
+    if Y[0] >= 0:           # ys >= 1
+        adj = r < 0
+    elif Y[1] <= 0:         # ys <= -1, or ys == 1 with r == 0
+        adj = 0 < r
+    elif X[0] >= 0:         # r >= 0
+        adj = (0 < r) & (ys < 0)
+    elif X[1] <= 0:         # r <= 0
+        adj = (r < 0) & (0 < ys)
+    else:
+        adj = (r != 0) & ((r ^ ys) < 0)
+    if not quotient:
+        return adj.where(r + ys, r)
+    q = UOp(Ops.CDIV, dt, (x, ys), None)
+    q = adj.where(q - 1, q)
+    return (y == 0).where(0, q) if may_zero else q

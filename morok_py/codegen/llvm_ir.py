@@ -489,8 +489,10 @@ class LLVMIRPrinter:
         if op is Ops.SUB: return f"fsub {fm}{t} {a[0]}, {a[1]}" if f else f"sub {nsw}{t} {a[0]}, {a[1]}"
         if op is Ops.MUL: return f"fmul {fm}{t} {a[0]}, {a[1]}" if f else f"mul {nsw}{t} {a[0]}, {a[1]}"
         if op is Ops.FDIV: return f"fdiv {t} {a[0]}, {a[1]}"
-        if op is Ops.IDIV: return f"{'udiv' if u else 'sdiv'} {t} {a[0]}, {a[1]}"
-        if op is Ops.MOD: return f"{'urem' if u else 'srem'} {t} {a[0]}, {a[1]}"
+        # all four divisions are plain: lowering (decompose.defined_division) made them trap-free, and
+        # IDIV / MOD are left only where they equal truncation
+        if op in (Ops.IDIV, Ops.CDIV): return f"{'udiv' if u else 'sdiv'} {t} {a[0]}, {a[1]}"
+        if op in (Ops.MOD, Ops.CMOD): return f"{'urem' if u else 'srem'} {t} {a[0]}, {a[1]}"
         if op in (Ops.MAX, Ops.MIN):
             if f:
                 # NaN-propagating like numpy.maximum / numpy.max

@@ -18,6 +18,7 @@ from ..errors import ArgumentError, ArgumentTypeError
 from ..dtypes import DType, dtypes
 from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
+from .decompose import defined_division
 from .launch_check import (Access, HiddenBuffer, LaunchInfo, SteppedLoop, Variable,  # noqa: F401 (re-exported)
                            merge_accesses)
 from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
@@ -522,6 +523,7 @@ def lower(ast: UOp, caps: Capabilities, name: str,
     ast = rewrite(ast, decompose) if decompose is not None else simplify(ast)
     if ast.op is not Ops.SINK:
         raise ArgumentTypeError("decomposition must keep the SINK root")
+    ast = defined_division(ast)     # integer division that cannot trap; what lowering adds is index math
     scan = scan_kernel(ast)
     given = schedule if schedule is not None else chosen()
     if given is not None:

@@ -396,9 +396,9 @@ class MLIRPrinter:
             e(f"{r} = arith.{base}f {a[0]}, {a[1]}{fm} : {t}" if f else f"{r} = arith.{base}i {a[0]}, {a[1]}{nsw} : {t}")
         elif op is Ops.FDIV:
             e(f"{r} = arith.divf {a[0]}, {a[1]} : {t}")
-        elif op is Ops.IDIV:
+        elif op in (Ops.IDIV, Ops.CDIV):    # trap-free and truncating after decompose.defined_division
             e(f"{r} = arith.{'divui' if u else 'divsi'} {a[0]}, {a[1]} : {t}")
-        elif op is Ops.MOD:
+        elif op in (Ops.MOD, Ops.CMOD):
             e(f"{r} = arith.{'remui' if u else 'remsi'} {a[0]}, {a[1]} : {t}")
         elif op in (Ops.MAX, Ops.MIN):
             big = op is Ops.MAX

@@ -173,7 +173,7 @@ def pack_applies(ast: UOp, tile: tuple[int, int], lanes: int) -> bool:
 
 # ops the lanes of a register tile may compute as vectors (the LLVM printer's lane path prints them all)
 _LANE_SAFE = frozenset({Ops.LOAD, Ops.REDUCE, Ops.RANGE, Ops.CONST, Ops.PARAM, Ops.DEFINE_VAR, Ops.CAST, Ops.BITCAST,
-                        Ops.WHERE, Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN,
+                        Ops.WHERE, Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.CDIV, Ops.CMOD, Ops.MAX, Ops.MIN,
                         Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.NEG,
                         Ops.NOT, Ops.RECIP, Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.TRUNC})
 

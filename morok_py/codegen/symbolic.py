@@ -6,7 +6,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from ..dtypes import DType, dtypes
-from ..ir import Ops, UOp
+from ..ir import INT_DIVISION, Ops, UOp
 
 # ---------------------------------------------------------------------------------------------
 # folding
@@ -19,6 +19,17 @@ def _c_idiv(a: int, b: int) -> int:
 
 def _c_mod(a: int, b: int) -> int:
     return a - b * _c_idiv(a, b)
+
+
+def int_divide(op: Ops, a: int, b: int, dt: DType | None = None) -> int:
+    """What IDIV / MOD / CDIV / CMOD give for a and b (ir.INT_DIVISION): floor or truncating, 0 for
+    b == 0; with `dt` the quotient wraps to it (INT_MIN // -1 == INT_MIN)."""
+    if b == 0:
+        return 0
+    if op is Ops.MOD: return a % b
+    if op is Ops.CMOD: return _c_mod(a, b)
+    q = a // b if op is Ops.IDIV else _c_idiv(a, b)
+    return _wrap(q, dt) if dt is not None and dt.is_int else q
 
 
 def _wrap(v: int, dt: DType) -> int:
@@ -41,17 +52,17 @@ _INT_FOLD: dict[Ops, Callable[[int, int], int]] = {
 }
 
 
+_FOLDED = frozenset(_INT_FOLD) | INT_DIVISION
+
+
 def fold(node: UOp) -> UOp:
     """One step of folding on a node whose sources are already folded."""
     op, src = node.op, node.src
-    if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.AND, Ops.OR, Ops.XOR) \
-            and node.dtype.is_int:
+    if op in _FOLDED and node.dtype.is_int:
         a, b = src
         if a.op is Ops.CONST and b.op is Ops.CONST:
-            if op is Ops.IDIV:
-                return UOp.const(_c_idiv(a.arg, b.arg), node.dtype) if b.arg != 0 else node
-            if op is Ops.MOD:
-                return UOp.const(_c_mod(a.arg, b.arg), node.dtype) if b.arg != 0 else node
+            if op in INT_DIVISION:
+                return UOp.const(int_divide(op, a.arg, b.arg, node.dtype), node.dtype)
             return UOp.const(_wrap(_INT_FOLD[op](a.arg, b.arg), node.dtype), node.dtype)
         if op is Ops.ADD:
             if _is_const(b, 0): return a
@@ -61,13 +72,15 @@ def fold(node: UOp) -> UOp:
             if _is_const(b, 1): return a
             if _is_const(a, 1): return b
             if _is_const(b, 0) or _is_const(a, 0): return UOp.const(0, node.dtype)
-        if op is Ops.IDIV and _is_const(b, 1): return a
-        if op is Ops.MOD and _is_const(b, 1): return UOp.const(0, node.dtype)
-        # (x * c) // c -> x and (x * c) % c -> 0 hold for truncating division when x*c does not
-        # overflow, which the launch-time bounds check guarantees for index math
-        if op in (Ops.IDIV, Ops.MOD) and b.op is Ops.CONST and b.arg > 0 and a.op is Ops.MUL \
-                and a.src[1].op is Ops.CONST and a.src[1].arg == b.arg:
-            return a.src[0] if op is Ops.IDIV else UOp.const(0, node.dtype)
+        if op in INT_DIVISION:
+            # x // 1 == x, x % 1 == 0 and x // 0 == x % 0 == 0, for floor and truncating division alike
+            if _is_const(b, 1) and op in (Ops.IDIV, Ops.CDIV): return a
+            if _is_const(b, 1) or _is_const(b, 0): return UOp.const(0, node.dtype)
+            # (x * c) // c -> x and (x * c) % c -> 0 hold for floor and truncating division when x*c
+            # does not wrap, which the launch-time bounds check guarantees for index math (only there)
+            if node.dtype is dtypes.index and b.op is Ops.CONST and b.arg > 0 and a.op is Ops.MUL \
+                    and a.src[1].op is Ops.CONST and a.src[1].arg == b.arg:
+                return a.src[0] if op in (Ops.IDIV, Ops.CDIV) else UOp.const(0, node.dtype)
     if op is Ops.MUL and node.dtype.is_float:
         a, b = src
         if _is_const(b, 1.0): return a
@@ -132,8 +145,7 @@ def _eval_node(node: UOp, s: list, values: Mapping[str, int]) -> Any:
     if op is Ops.ADD: return s[0] + s[1]
     if op is Ops.SUB: return s[0] - s[1]
     if op is Ops.MUL: return s[0] * s[1]
-    if op is Ops.IDIV: return _c_idiv(s[0], s[1])
-    if op is Ops.MOD: return _c_mod(s[0], s[1])
+    if op in INT_DIVISION: return int_divide(op, s[0], s[1], node.dtype)
     if op is Ops.MAX: return max(s[0], s[1])
     if op is Ops.MIN: return min(s[0], s[1])
     if op is Ops.NEG: return -s[0]
@@ -165,18 +177,16 @@ def _corners(f, a: Interval, b: Interval) -> Interval:
     return (min(vals), max(vals))
 
 
-_EXACT = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.MIN, Ops.NEG, Ops.AND, Ops.OR,
+_EXACT = INT_DIVISION | frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.MIN, Ops.NEG, Ops.AND, Ops.OR,
                     Ops.XOR, Ops.SHL, Ops.SHR, Ops.CMPLT, Ops.CMPEQ, Ops.CMPNE, Ops.WHERE, Ops.CAST, Ops.NOT})
 
 
 def _exact(op: Ops, node: UOp, v: list) -> int | None:
     """The value of an integer/bool node whose sources are known exactly, as the kernel computes it
-    (C division, two's-complement wrap for bitwise ops and casts); None where that is not plain
-    (division by zero, a shift past the width, a cast from a float)."""
+    (division as ir.INT_DIVISION defines it, two's-complement wrap for bitwise ops and casts); None
+    where that is not plain (a shift past the width, a cast from a float)."""
     dt = node.dtype
     if dt is None or not (dt.is_int or dt.is_bool):
-        return None
-    if op in (Ops.IDIV, Ops.MOD) and v[1] == 0:
         return None
     if op in (Ops.SHL, Ops.SHR) and not (v[0] >= 0 and 0 <= v[1] < dt.bits):
         return None
@@ -187,6 +197,48 @@ def _exact(op: Ops, node: UOp, v: list) -> int | None:
     r = int(_eval_node(node, v, {}))
     # arithmetic is left unwrapped so that the launch check sees (and refuses) an overflow
     return _wrap(r, dt) if op in (Ops.AND, Ops.OR, Ops.XOR, Ops.CAST) and not dt.is_bool else r
+
+
+def _division_interval(op: Ops, x: Interval, y: Interval) -> Interval:
+    """The values of x op y (ir.INT_DIVISION) over the nonzero divisors of y, and 0 where y may be 0.
+    Quotients are not wrapped (INT_MIN // -1 shows as an overflow, like other arithmetic)."""
+    parts: list[Interval] = []
+    if y[0] <= 0 <= y[1]:
+        parts.append((0, 0))
+    for lo, hi in ((max(y[0], 1), y[1]), (y[0], min(y[1], -1))):
+        if lo > hi:
+            continue
+        if op is Ops.IDIV:      # floor and truncation are monotone in x, and in y on one side of 0
+            parts.append(_corners(lambda a, b: a // b, x, (lo, hi)))
+        elif op is Ops.CDIV:
+            parts.append(_corners(_c_idiv, x, (lo, hi)))
+        elif op is Ops.CMOD:    # the dividend's sign, below |y| and |x| in magnitude
+            m = max(abs(lo), abs(hi)) - 1
+            parts.append((0 if x[0] >= 0 else max(x[0], -m), 0 if x[1] <= 0 else min(x[1], m)))
+        elif lo > 0:            # MOD by a positive divisor: [0, y), and x itself where x >= 0
+            parts.append((0, min(x[1], hi - 1) if x[0] >= 0 else hi - 1))
+        else:                   # MOD by a negative divisor: (y, 0], and x itself where x <= 0
+            parts.append((max(x[0], lo + 1) if x[1] <= 0 else lo + 1, 0))
+    return (min(p[0] for p in parts), max(p[1] for p in parts))
+
+
+def static_intervals(root: UOp) -> dict[int, Interval]:
+    """id -> [lo, hi] of every node of `root` for any launch: variables over their declared bounds,
+    ranges over [0, end - 1] for their largest end, loaded data over its dtype. Sound under
+    wrap-around: an interval that leaves its dtype becomes the whole dtype."""
+    memo: dict[int, Interval] = {}
+    for node in root.toposort():
+        op, dt = node.op, node.dtype
+        if op is Ops.DEFINE_VAR:
+            iv = (node.arg[1], node.arg[2])
+        elif op is Ops.RANGE:
+            iv = (0, max(0, memo[id(node.src[0])][1] - 1))
+        else:
+            iv = interval_of(node, [memo[id(s)] for s in node.src], {}, lambda r: 0)
+        if dt is not None and dt.is_int and (iv[0] < dt.min() or iv[1] > dt.max()):
+            iv = _dtype_range(dt)
+        memo[id(node)] = iv
+    return memo
 
 
 def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
@@ -216,17 +268,8 @@ def interval_of(node: UOp, s: list[Interval], values: Mapping[str, int],
     if op is Ops.MAX: return (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
     if op is Ops.MIN: return (min(s[0][0], s[1][0]), min(s[0][1], s[1][1]))
     if op is Ops.WHERE: return (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
-    if op is Ops.IDIV:
-        if s[1][0] > 0 or s[1][1] < 0:
-            return _corners(_c_idiv, s[0], s[1])
-        return _dtype_range(dt)
-    if op is Ops.MOD:
-        if s[1][0] > 0:
-            m = s[1][1] - 1
-            if s[0][0] >= 0:
-                return (0, min(s[0][1], m))
-            return (-m, m)
-        return _dtype_range(dt)
+    if op in INT_DIVISION:
+        return _division_interval(op, s[0], s[1])
     if op is Ops.AND and s[0][0] >= 0 and s[1][0] >= 0:
         return (0, min(s[0][1], s[1][1]))
     if op is Ops.SHL and s[0][0] >= 0 and 0 <= s[1][0] and s[1][1] < dt.bits:
