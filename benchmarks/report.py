@@ -44,6 +44,27 @@ peer before it is timed.
 | `search_context.py` | a search's timings against the benchmark's, for one kernel | - |
 | `cpu_tiles.py` | CPU register tiles of a matmul | numpy (OpenBLAS) |
 | `onnx_models.py` | resnet50 and densenet121 through the ONNX executor: cold and warm first runs, replay | onnxruntime |
+
+Run one from a source checkout, `python benchmarks/kernels.py --device CUDA` (no install needed). Common flags:
+`--quick` (small sizes, prints only), `--repeats N`, `--warmup N`, `--rounds N` (ours and the peers interleaved in
+N rounds, so drift of a shared machine lands on all alike), `--no-save`, `--wait-quiet SECONDS` (wait for the load
+average to settle first), `--results DIR` (another results root), `--tag TAG` (a variant's own file).
+
+How they measure:
+
+- **Ours** is the program's own `wait=True` time on the raw launch path (`Program.execute` with addresses and
+  launch sizes prepared once, as an `ExecutionPlan` replays it): `perf_counter` around the call on the CPU,
+  device events on a GPU. Every kernel is checked against numpy once before it is timed.
+- **Peers** run the same work on the same data: CPU peers timed with `perf_counter`, GPU peers with their
+  library's CUDA events. numba runs with `parallel=True, fastmath=True` and `OMP_WAIT_POLICY=PASSIVE`.
+- **Memory ceiling**: the device's own copy bandwidth, bytes read + written per second (`np.copyto` of a
+  256 MiB array on the CPU; a device-to-device copy through CuPy or PyTorch on a GPU). Kernel bandwidth counts
+  the minimal bytes read + written (add: 12 bytes per element, sum: 4, softmax: 8); `copies.py` counts bytes
+  copied, one direction.
+- **Sweeps** rotate inputs that fit in the last-level cache through several sets, so that mid sizes measure
+  memory; the smallest sizes measure launch cost.
+- A 2-vCPU machine shared with other work gives rough CPU figures: each file records the load average at its
+  start (`machine.loadavg_at_start`).
 """
 
 
