@@ -51,8 +51,11 @@ class BufferFreedError(LaunchError):
     """A freed Buffer was used: launched, copied, read or exported (a LaunchError, so also a ValueError)."""
 
 
-class UnknownNameError(MorokError, ValueError):
-    """A name that matches nothing registered: a device, backend, compiler, dtype, kernel or arch."""
+class UnknownNameError(MorokError, ValueError, KeyError):
+    """A name that matches nothing registered: a device, backend, compiler, dtype, kernel, op or arch
+    (a ValueError, and a KeyError for the lookups that raised one before)."""
+
+    __str__ = Exception.__str__     # KeyError's would quote the message
 
 
 class ConfigError(MorokError, ValueError):

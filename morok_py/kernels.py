@@ -59,12 +59,20 @@ UNARY: dict[str, Callable[[UOp], UOp]] = {
 }
 
 
+def _pick(table: dict, name: str, what: str):
+    """`table[name]`, or UnknownNameError listing the names `table` knows."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        raise UnknownNameError(f"unknown {what} {name!r}; known: {', '.join(table)}") from None
+
+
 def unary(fn: str, n=None, dtype=dtypes.float32) -> UOp:
     """out[i] = fn(x[i]) over n elements; out has fn's result dtype (bool for isnan and isinf)."""
     dt = as_dtype(dtype)
     x = UOp.param(0, dt)
     i = UOp.range(size(n, "n"), 0)
-    val = UNARY[fn](x.load(i))
+    val = _pick(UNARY, fn, "unary op")(x.load(i))
     return UOp.sink(UOp.param(1, val.dtype).store(i, val))
 
 
@@ -77,7 +85,7 @@ def binary(op: str, n=None, dtype=dtypes.float32) -> UOp:
     dt = as_dtype(dtype)
     a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
     i = UOp.range(size(n, "n"), 0)
-    return UOp.sink(c.store(i, BINARY[op](a.load(i), b.load(i))))
+    return UOp.sink(c.store(i, _pick(BINARY, op, "binary op")(a.load(i), b.load(i))))
 
 
 def broadcast_shape(sa: Sequence[int], sb: Sequence[int]) -> tuple[int, ...]:
@@ -106,7 +114,7 @@ def broadcast_binary(op: str, shape_a: Sequence[int], shape_b: Sequence[int], dt
 
     ia = _index(ranges, shape, bstrides(shape_a))
     ib = _index(ranges, shape, bstrides(shape_b))
-    return UOp.sink(c.store(_index(ranges, shape), BINARY[op](a.load(ia), b.load(ib))))
+    return UOp.sink(c.store(_index(ranges, shape), _pick(BINARY, op, "binary op")(a.load(ia), b.load(ib))))
 
 
 def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UOp:
@@ -119,7 +127,7 @@ def reduce_axis(op: str, shape: Sequence, axis: int, dtype=dtypes.float32) -> UO
     shape = [size(d, f"d{i}") for i, d in enumerate(shape)]
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     ranges = [UOp.range(d, ax, AxisType.REDUCE if ax == axis else AxisType.GLOBAL) for ax, d in enumerate(shape)]
-    rop = {"sum": Ops.ADD, "mean": Ops.ADD, "max": Ops.MAX, "min": Ops.MIN, "prod": Ops.MUL}[op]
+    rop = _pick({"sum": Ops.ADD, "mean": Ops.ADD, "max": Ops.MAX, "min": Ops.MIN, "prod": Ops.MUL}, op, "reduction")
     v = x.load(_index(ranges, shape))
     if op == "mean":    # summed and divided at the accumulation precision, rounded once
         acc = accumulation_dtype(dt)
