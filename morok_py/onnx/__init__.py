@@ -20,5 +20,8 @@ except ImportError as _e:
 
 from morok_py.onnx.errors import OnnxError, UnsupportedDtype, UnsupportedOp  # noqa: E402
 from morok_py.onnx.executor import OnnxExecutor  # noqa: E402
+from morok_py.onnx.session import InferenceSession, NodeArg  # noqa: E402
+from morok_py.onnx.backend import MorokBackend  # noqa: E402
 
-__all__ = ["OnnxError", "OnnxExecutor", "OnnxUnavailableError", "UnsupportedDtype", "UnsupportedOp"]
+__all__ = ["InferenceSession", "MorokBackend", "NodeArg", "OnnxError", "OnnxExecutor", "OnnxUnavailableError",
+           "UnsupportedDtype", "UnsupportedOp"]

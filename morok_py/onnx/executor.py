@@ -8,6 +8,7 @@ depended on a value read back from the inputs.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +34,9 @@ NARROW = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float
           21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 
 
+MAX_PLANS = 8      # input shapes whose launch lists are kept for replay
+
+
 def elem_type_name(t: int) -> str:
     return onnx.TensorProto.DataType.Name(t)
 
@@ -47,17 +51,45 @@ def attrs_of(node) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def load_model(model: onnx.ModelProto | str | os.PathLike | bytes) -> onnx.ModelProto:
+    """A ModelProto from a path, serialized bytes or a ModelProto."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return onnx.load_from_string(bytes(model))
+    if isinstance(model, (str, os.PathLike)):
+        return onnx.load(os.fspath(model))
+    raise OnnxError(f"a model is a path, bytes or an onnx.ModelProto, not {type(model).__name__}")
+
+
+def dynamic_dims(graph) -> bool:
+    """Whether an input of the graph has a dimension without a fixed value (a dim_param or none)."""
+    for vi in graph.input:
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.HasField("shape"):
+            if any(not d.HasField("dim_value") for d in tt.shape.dim):
+                return True
+    return False
+
+
 class OnnxExecutor:
-    def __init__(self, model: onnx.ModelProto | str, device: Device | str | None = None,
-                 compiler: str | None = None, profile: bool = False) -> None:
-        if isinstance(model, str):
-            model = onnx.load(model)
+    """Runs one model on one device, node by node, replaying recorded launches when input shapes repeat.
+
+    `symbolic_outer` (default: whether an input has a dynamic dimension) gives every kernel's outermost
+    parallel range a symbolic extent, so a new batch size reuses the compiled programs."""
+
+    def __init__(self, model: onnx.ModelProto | str | os.PathLike | bytes, device: Device | str | None = None,
+                 compiler: str | None = None, profile: bool = False, symbolic_outer: bool | None = None) -> None:
+        model = load_model(model)
         self.model = model
         self.graph = model.graph
         self.dev = device if isinstance(device, Device) else get_device(device)
-        self.k = Kernels(self.dev, compiler, profile)
+        self.k = Kernels(self.dev, compiler, profile,
+                         dynamic_dims(self.graph) if symbolic_outer is None else symbolic_outer)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         for vi in list(self.graph.input) + list(self.graph.output):
+            if vi.type.WhichOneof("value") is None:      # no type given: whatever the graph computes
+                continue
             tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
             if tt is None:
                 raise UnsupportedDtype(f"{vi.name} is not a tensor ({vi.type.WhichOneof('value')})")
@@ -77,8 +109,8 @@ class OnnxExecutor:
             check_dtype(init.data_type)
             self.weights[init.name] = self.k.from_numpy(numpy_helper.to_array(init), const=True)
         self.input_names = [i.name for i in self.graph.input if i.name not in self.weights]
-        self.plan: ExecutionPlan | None = None
-        self._plan_key = None
+        # recorded launches per input-shape key: (plan, input views, output views, the env it points at)
+        self.plans: dict[tuple, tuple[ExecutionPlan, dict, list, dict]] = {}
         self.dynamic = False
         self.last_run_s = 0.0
 
@@ -100,11 +132,12 @@ class OnnxExecutor:
         inputs = {n: numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
                   for n, v in inputs.items()}
         key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs)
-        if self.plan is not None and key == self._plan_key:
-            for n, v in self._plan_inputs.items():
+        if key in self.plans:
+            plan, plan_inputs, plan_outputs, _ = self.plans[key]
+            for n, v in plan_inputs.items():
                 v.buf.copyin(np.ascontiguousarray(inputs[n]).reshape(-1))
-            self.plan.run()
-            out = [self.k.numpy(v) for v in self._plan_outputs]
+            plan.run()
+            out = [self.k.numpy(v) for v in plan_outputs]
             self.last_run_s = time.perf_counter() - t0
             return out
         self.k.launches.clear()
@@ -137,9 +170,9 @@ class OnnxExecutor:
             plan = ExecutionPlan(self.dev)
             for prog, bufs, vars in self.k.launches:
                 plan.add(prog, *bufs, **vars)
-            self.plan, self._plan_key = plan, key
-            self._plan_inputs, self._plan_outputs = feeds, outs
-            self._keep = env      # the buffers the plan points at stay alive
+            if len(self.plans) >= MAX_PLANS:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[key] = (plan, feeds, outs, env)     # env: the buffers the plan points at stay alive
         self.last_run_s = time.perf_counter() - t0
         return result
 

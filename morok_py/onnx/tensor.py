@@ -133,10 +133,14 @@ class Kernels:
     """Builds, compiles (once per AST) and launches kernels on one device; keeps a time table and an
     optional record of every launch for replay through an ExecutionPlan."""
 
-    def __init__(self, device, compiler: str | None = None, profile: bool = False) -> None:
+    def __init__(self, device, compiler: str | None = None, profile: bool = False,
+                 symbolic_outer: bool = False) -> None:
         self.dev = device
         self.compiler = compiler
         self.profile = profile
+        # the outermost parallel range of every kernel gets a symbolic extent, bound at launch: a model
+        # with a dynamic dimension (the batch) then reuses its programs for every value of it
+        self.symbolic_outer = symbolic_outer
         self.programs: dict[str, object] = {}     # ast.key -> Program
         self.stats: list[KernelStat] = []
         self.launches: list[tuple] = []           # (program, buffers, vars)
@@ -197,9 +201,15 @@ class KB:
         self.params: list[UOp] = []
         self.axis = 0
         self.stores: list[tuple[View, list, UOp]] = []
+        self.vars: dict[str, int] = {}
 
     def rng(self, n: int, kind: AxisType = AxisType.GLOBAL) -> UOp:
         n = int(n)
+        if self.k.symbolic_outer and self.axis == 0 and kind is AxisType.GLOBAL and n >= 1:
+            self.vars["outer"] = n
+            r = UOp.range(UOp.variable("outer", 1, INDEX_MAX), 0, kind)
+            self.axis += 1
+            return r
         if n == 1:
             return iconst(0)
         r = UOp.range(n, self.axis, kind)
@@ -253,7 +263,7 @@ class KB:
                 value = value.cast(out.dtype)
             sts.append(p.store(self.index(out, idx), value))
         ast = UOp.sink(*sts)
-        self.k.launch(self.name, ast, [v.buf for v in self.inputs] + [o.buf for o in outs], **vars)
+        self.k.launch(self.name, ast, [v.buf for v in self.inputs] + [o.buf for o in outs], **self.vars, **vars)
 
 
 def elementwise(k: Kernels, name: str, inputs: Sequence[View], fn: Callable, out_dtype: DType,
