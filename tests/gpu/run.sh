@@ -35,7 +35,7 @@ while (( $# )); do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
-    -h|--help) sed -n '2,28p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | cut -c3-; exit 0 ;;
     all) SUITES+=(cuda onnx bench search cpu); shift ;;
     cuda|onnx|bench|search|cpu|cpu-bench) SUITES+=("$1"); shift ;;
     *) echo "unknown suite or option: $1 (suites: cuda onnx bench search cpu cpu-bench all)" >&2; exit 2 ;;
