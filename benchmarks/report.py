@@ -211,8 +211,31 @@ def kind_order(kind: str) -> tuple[int, str]:
     return (0 if not kind.startswith("cpu-") else 1, kind)
 
 
+def targets_table(results: Path) -> str:
+    """Every record that carries a target: met and missed per machine kind, and each one missed."""
+    counts: dict[str, list[int]] = {}
+    missed = []
+    for folder in sorted((p for p in results.iterdir() if p.is_dir()), key=lambda p: kind_order(p.name)):
+        for f in sorted(folder.glob("*.json")):
+            doc = json.loads(f.read_text())
+            for r in doc.get("results", []) if isinstance(doc.get("results"), list) else []:
+                tgt, rt = r.get("target"), r.get("ratio")
+                if tgt is None or rt is None:
+                    continue
+                c = counts.setdefault(folder.name, [0, 0])
+                c[rt < tgt] += 1
+                if rt < tgt:
+                    missed.append([folder.name, f.stem, r["name"], r.get("label", r.get("size")),
+                                   r.get("peer") or "-", f">= {tgt:g}x", ratio(rt)])
+    text = "## Targets\n\nMeasurements that carry a target (the tables below mark each one).\n\n"
+    text += md_table(["machine", "met", "missed"], [[k, v[0], v[1]] for k, v in counts.items()])
+    text += "\n\nThe ones missed:\n\n" + md_table(["machine", "file", "kernel", "size", "peer", "target", "ratio"],
+                                                      missed)
+    return text + "\n"
+
+
 def render(results: Path = RESULTS) -> str:
-    parts = [INTRO]
+    parts = [INTRO, targets_table(results)]
     for folder in sorted((p for p in results.iterdir() if p.is_dir()), key=lambda p: kind_order(p.name)):
         parts.append(f"## {folder.name}\n")
         for f in sorted(folder.glob("*.json")):
