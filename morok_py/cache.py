@@ -5,13 +5,18 @@ shared by every ordinal of a device type; loaded Programs stay per device instan
 
 Disk cache, two levels, both entries raw bytes plus JSON metadata with the bytes' sha256 (never pickle;
 atomic writes; a corrupt or unreadable entry is a miss, counted, removed and rewritten):
-- by AST (looked up first, before any lowering or rendering): sha256(package version, the code that
-  renders, renderer fingerprint, cheap compiler identity, arch, kernel name, ast key) -> the launch
-  information as JSON (codegen/launch_io) and the key of the entry below. A hit in a fresh process
-  costs two small file reads and a JSON parse.
+- by AST (looked up first, before any rendering): sha256(package version, the code that renders,
+  renderer fingerprint, cheap compiler identity, arch, kernel name, ast key) -> the key of the entry
+  below. A hit skips rendering and compiling; what the launch check relies on (accesses, ranges,
+  dtypes, launch sizes) is lowered again from the kernel, never read back.
 - by source: sha256(package version, cheap compiler identity, arch, kernel name, rendered source) ->
   the compiled bytes. It outlives edits of the code that renders: when they leave a kernel's source
   unchanged, the compile is saved.
+
+A checksum only catches accidents. Compiled bytes read back are checked structurally (morok_py.elf:
+the compiler's `object_kind`, the kernel's symbol) before any loader sees them; an entry that fails
+is recompiled and rewritten in the same call. A path that is not a usable file (a directory, no
+permission) is removed, or else bypassed, with one warning per cache folder.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ import functools
 import hashlib
 import json
 import os
+import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -28,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from . import config
-from .codegen import launch_io   # here, not at the first hit: its import is part of `import morok_py`
+from . import config, elf
+from .codegen.symbols import symbol_for
 
 if TYPE_CHECKING:
     from .codegen.schedule import Schedule
@@ -89,6 +96,85 @@ def write_atomically(path: Path, payload: bytes) -> None:
         raise
 
 
+_warned_roots: set[str] = set()
+MAX_ENTRY_BYTES = 1 << 30
+
+
+def warn_once(root: Path, what: str) -> None:
+    """One RuntimeWarning per cache folder and process: a cache that cannot work as it should is said
+    once, never silently recompiled around forever, never an error."""
+    with _lock:
+        if str(root) in _warned_roots:
+            return
+        _warned_roots.add(str(root))
+    warnings.warn(f"morok_py: disk cache {root}: {what} (further problems with this folder are not reported)",
+                  RuntimeWarning, stacklevel=3)
+
+
+class UnusablePath(OSError):
+    """A cache path that exists but is not a regular file this process can read."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+
+
+def read_file(path: Path) -> bytes | None:
+    """The bytes of a regular file; None when nothing is there. UnusablePath for anything else: a
+    directory, a link, a pipe, a file this process may not read, a parent that is not a folder. A pipe
+    or a link is never opened through (no blocking, no reading outside the cache)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return _parent_problem(path)
+    except OSError as e:
+        raise UnusablePath(path, e.strerror or type(e).__name__) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnusablePath(path, "not a regular file")
+        if st.st_size > MAX_ENTRY_BYTES:
+            raise UnusablePath(path, f"{st.st_size} bytes")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except UnusablePath:
+        raise
+    except OSError as e:
+        raise UnusablePath(path, e.strerror or type(e).__name__) from None
+    finally:
+        os.close(fd)
+
+
+def _parent_problem(path: Path) -> None:
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UnusablePath(parent, "not a folder")
+    return None
+
+
+def remove_path(path: Path) -> bool:
+    """Remove a file, link or folder that sits where a cache file belongs (a link is removed, never
+    followed); whether it is gone."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return not os.path.lexists(path)
+    return not os.path.lexists(path)
+
+
 class DiskCache:
     """Compiled bytes on disk, keyed by a sha256 the caller computes."""
 
@@ -110,24 +196,41 @@ class DiskCache:
         return d / f"{key}.bin", d / f"{key}.json"
 
     def get(self, key: str) -> tuple[bytes, dict] | None:
+        """The entry's bytes and metadata; None when it is missing or unusable (then removed, counted)."""
         bin_path, meta_path = self._paths(key)
-        try:
-            raw_meta = meta_path.read_bytes()
-            data = bin_path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return None
-        try:
-            meta = json.loads(raw_meta)
-            ok = (isinstance(meta, dict) and meta.get("key") == key
-                  and meta.get("sha256") == hashlib.sha256(data).hexdigest() and meta.get("size") == len(data))
-        except (ValueError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            self.discard(key, "its bytes do not match their checksum")
-            return None
-        return data, meta
+        for _ in range(2):      # a mismatch is read again once: a writer may be between its two renames
+            try:
+                raw_meta = read_file(meta_path)
+                data = read_file(bin_path) if raw_meta is not None else None
+            except UnusablePath as e:
+                self.unusable(e.path, e.why)
+                return None
+            if raw_meta is None or data is None:
+                return None
+            try:
+                meta = json.loads(raw_meta)
+                ok = (isinstance(meta, dict) and meta.get("key") == key and meta.get("size") == len(data)
+                      and meta.get("sha256") == hashlib.sha256(data).hexdigest())
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                ok = False
+            if ok:
+                return data, meta
+        self.discard(key, "its bytes do not match their checksum")
+        return None
+
+    def unusable(self, path: Path, why: str) -> None:
+        """A path where a cache file belongs that is not one: counted, removed (or else bypassed), and
+        said once per cache folder. Nothing outside the cache folder is ever removed."""
+        if self.root not in path.parents:
+            warn_once(self.root, f"{path} is not usable ({why}); compiling without the disk cache")
+            return
+        with _lock:
+            stats.disk_corrupt += 1
+        if remove_path(path):
+            warn_once(self.root, f"removed {path}, which was not a usable cache file ({why})")
+        else:
+            warn_once(self.root, f"{path} is not a usable cache file ({why}) and cannot be removed; "
+                                 f"kernels stored there are compiled without the disk cache")
 
     def discard(self, key: str, why: str) -> None:
         """Count and remove a corrupt or unreadable entry (the caller then recompiles and rewrites it)."""
@@ -142,16 +245,23 @@ class DiskCache:
             config.log(f"disk cache entry {key[:12]} is unusable ({why}); recompiling")
 
     def put(self, key: str, data: bytes, meta: dict) -> None:
+        """Write an entry; a folder that cannot take it is said once (warn_once), never an error."""
         bin_path, meta_path = self._paths(key)
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.root, 0o700)
-            bin_path.parent.mkdir(exist_ok=True, mode=0o700)
+            shard = bin_path.parent
+            if os.path.lexists(shard) and (shard.is_symlink() or not shard.is_dir()):
+                remove_path(shard)
+            shard.mkdir(exist_ok=True, mode=0o700)
             full = dict(meta, key=key, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
             # bytes first, metadata last: a reader that sees the metadata sees the whole entry
             for path, payload in ((bin_path, data), (meta_path, json.dumps(full, sort_keys=True).encode())):
+                if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+                    remove_path(path)      # a folder or a link in the way: os.replace cannot replace it
                 write_atomically(path, payload)
         except OSError as e:
+            warn_once(self.root, f"cannot write to it ({e}); compiling without the disk cache")
             if config.debug_level() >= 1:
                 config.log(f"disk cache write failed ({e}); continuing without it")
 
@@ -230,8 +340,11 @@ def remembered_path(what: str, find: Callable[[], str]) -> str:
     root = cache_dir()
     memo = root / f"paths-{environment_fingerprint()[:32]}.json"
     try:
-        known = json.loads(memo.read_bytes())
-    except (OSError, ValueError):
+        known = json.loads(read_file(memo) or b"{}")
+    except UnusablePath as e:
+        DiskCache(root).unusable(e.path, e.why)
+        known = {}
+    except (ValueError, RecursionError):
         known = {}
     if not isinstance(known, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in known.items()):
         known = {}
@@ -244,6 +357,7 @@ def remembered_path(what: str, find: Callable[[], str]) -> str:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomically(memo, json.dumps(known).encode("utf-8", "surrogateescape"))
     except OSError as e:
+        warn_once(root, f"cannot write to it ({e}); compiling without the disk cache")
         if config.debug_level() >= 1:
             config.log(f"could not remember where {what} is ({e}); continuing without it")
     return path
@@ -374,18 +488,51 @@ def compile_spec(compiler: "Compiler", spec: "ProgramSpec") -> "CompiledSpec":
     return _compile_spec(compiler, spec, config.cache_enabled())[0]
 
 
+def check_output(compiler: "Compiler", name: str, kind: object, payload: bytes) -> None:
+    """ElfError unless `payload` can be what `compiler` emits for kernel `name`: an object of the
+    compiler's `object_kind` (class, machine, tables) defining the kernel's symbol, or text ("src")
+    that names it. A compiler without an `object_kind` has its bytes taken as they are."""
+    symbol = symbol_for(name)
+    if kind == "src":
+        elf.check_text(payload, symbol)
+    elif kind != "bytes":
+        raise elf.ElfError(f"unknown output kind {kind!r}")
+    else:
+        object_kind = getattr(compiler, "object_kind", None)
+        if object_kind is not None:
+            elf.check_object(payload, object_kind, symbol)
+
+
+def checked_entry(dc: DiskCache, key: str, compiler: "Compiler", name: str) -> tuple[bytes, str] | None:
+    """A source-level entry's (payload, kind) when it is there and passes `check_output` for this
+    compiler and kernel; an entry that fails is discarded (the caller compiles and rewrites it)."""
+    hit = dc.get(key)
+    if hit is None:
+        return None
+    payload, meta = hit
+    try:
+        if (meta.get("name"), meta.get("compiler"), meta.get("arch")) != (name, compiler.cache_key, compiler.arch):
+            raise elf.ElfError(f"the entry is for {meta.get('name')!r} by {meta.get('compiler')!r} "
+                               f"for {meta.get('arch')!r}")
+        check_output(compiler, name, meta.get("kind"), payload)
+    except elf.ElfError as e:
+        dc.discard(key, str(e))
+        return None
+    return payload, meta["kind"]
+
+
 def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> tuple["CompiledSpec", str | None]:
     """The compiled spec and its source-level key (None with the disk cache off)."""
     from .device import CompiledSpec
     dc = DiskCache()
     key = disk_key(compiler, spec) if use_disk else None
     if key is not None:
-        hit = dc.get(key)
+        hit = checked_entry(dc, key, compiler, spec.name)
         if hit is not None:
-            data, meta = hit
+            data, kind = hit
             with _lock:
                 stats.disk_hits += 1
-            if meta.get("kind") == "src":
+            if kind == "src":
                 return CompiledSpec.from_source(spec, data.decode(), arch=compiler.arch,
                                                 compiler=compiler.cache_key), key
             return CompiledSpec.from_bytes(spec, data, arch=compiler.arch, compiler=compiler.cache_key), key
@@ -402,59 +549,57 @@ def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> 
         # somewhere other than where a lookup expected it): the entry goes under that identity
         key = disk_key(compiler, spec)
         kind = "bytes" if compiled.bytes is not None else "src"
+        try:        # what could not be read back is not written
+            check_output(compiler, spec.name, kind, compiled.payload)
+        except elf.ElfError as e:
+            warn_once(dc.root, f"the output of {compiler.cache_key} for {spec.name} fails its check ({e}); "
+                               f"it is not stored")
+            return compiled, None
         dc.put(key, compiled.payload, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
                                        "kind": kind, "identity": compiler.identity()})
     return compiled, key
 
 
-AST_ENTRY_FORMAT = "morok-ast-entry-1"
+AST_ENTRY_FORMAT = "morok-ast-entry-2"
+AST_ENTRY_FIELDS = frozenset({"format", "ast", "name", "source_key"})
 
 
-def _ast_entry(compiled: "CompiledSpec", source_key: str) -> bytes:
-    """What an AST-level entry holds (its bytes, so the stored checksum covers all of it): every field
-    of the CompiledSpec except the compiled output, which lives in the source-level entry."""
-    entry = {"format": AST_ENTRY_FORMAT, "source_key": source_key, "name": compiled.name,
-             "var_names": list(compiled.var_names),
-             "global_size": None if compiled.global_size is None else list(compiled.global_size),
-             "local_size": None if compiled.local_size is None else list(compiled.local_size),
-             "buf_count": compiled.buf_count, "param_dtypes": [d.name for d in compiled.param_dtypes],
-             "launch": launch_io.dump(compiled.launch)}
+def _ast_entry(ast: "UOp", name: str, source_key: str) -> bytes:
+    """What an AST-level entry holds: which kernel it is for and where its compiled output lives.
+    Nothing a launch check relies on: that is lowered again from the kernel on every hit."""
+    entry = {"format": AST_ENTRY_FORMAT, "ast": ast.key, "name": name, "source_key": source_key}
     return json.dumps(entry, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _from_ast_entry(data: bytes, dc: DiskCache, compiler: "Compiler", ast: "UOp",
-                    name: str) -> "CompiledSpec | None":
-    """The CompiledSpec an AST-level entry describes, its output read from the source-level entry;
-    None when that entry is gone. ValueError (incl. LaunchIOError) when the entry is malformed."""
-    from .device import CompiledSpec
-    from .dtypes import dtypes
+def _source_key_of(data: bytes, ast: "UOp", name: str) -> str:
+    """The source-level key an AST-level entry names, after checking the entry is exactly one for this
+    kernel; ValueError otherwise."""
     e = json.loads(data)
-    if not isinstance(e, dict) or e.get("format") != AST_ENTRY_FORMAT or e.get("name") != name:
-        raise ValueError(f"not a {AST_ENTRY_FORMAT} entry for {name}")
+    if not isinstance(e, dict) or set(e) != AST_ENTRY_FIELDS or e["format"] != AST_ENTRY_FORMAT:
+        raise ValueError(f"not a {AST_ENTRY_FORMAT} entry")
+    if e["ast"] != ast.key or e["name"] != name:
+        raise ValueError(f"the entry is for kernel {e['name']!r} ({str(e['ast'])[:12]}), not {name!r} ({ast.key[:12]})")
+    key = e["source_key"]
+    if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+        raise ValueError(f"bad source key {key!r}")
+    return key
 
-    def size(x):
-        if x is None:
-            return None
-        if not (isinstance(x, list) and len(x) == 3 and all(type(v) is int for v in x)):
-            raise ValueError(f"bad launch size {x!r}")
-        return tuple(x)
 
-    var_names, dts, buf_count = e["var_names"], e["param_dtypes"], e["buf_count"]
-    if not (isinstance(var_names, list) and all(type(v) is str for v in var_names) and isinstance(dts, list)
-            and all(type(d) is str for d in dts) and type(buf_count) is int and type(e["source_key"]) is str):
-        raise ValueError("bad spec fields")
-    launch = launch_io.load(e["launch"])
-    gs, ls, param_dtypes = size(e["global_size"]), size(e["local_size"]), tuple(dtypes.from_name(d) for d in dts)
-    hit = dc.get(e["source_key"])
-    if hit is None:
-        return None
-    payload, meta = hit
-    kind = meta.get("kind")
-    if kind not in ("src", "bytes"):
-        raise ValueError(f"bad output kind {kind!r}")
+def _lowered_spec(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str,
+                  schedule: "Schedule | None", payload: bytes, kind: str) -> "CompiledSpec":
+    """The CompiledSpec of a hit: the compiled output read back (and checked), everything else lowered
+    again from the kernel, the way `Renderer.render` derives it."""
+    from .codegen.lower import lower
+    from .codegen.schedule import using
+    from .device import CompiledSpec
+    with using(schedule):
+        _, info = lower(ast, renderer.caps, name, renderer.decompositor())
+    gs = ls = None
+    if not info.symbolic:
+        gs, ls = info.launch_dims({})
     src, out = (payload.decode(), None) if kind == "src" else (None, payload)
-    return CompiledSpec(name, src, out, ast, tuple(var_names), gs, ls, buf_count, launch, compiler.arch,
-                        compiler.cache_key, param_dtypes)
+    return CompiledSpec(name, src, out, ast, tuple(info.var_names), gs, ls, info.buf_count, info, compiler.arch,
+                        compiler.cache_key, tuple(p.dtype for p in info.params))
 
 
 def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str | None,
@@ -471,17 +616,19 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     # MOROK_DEBUG >= 2 prints the rendered source: render even when the AST entry would hit
     if akey is not None and debug < 2:
         hit = dc.get(akey)
+        source_key = None
         if hit is not None:
             try:
-                compiled = _from_ast_entry(hit[0], dc, compiler, ast, nm)
+                source_key = _source_key_of(hit[0], ast, nm)
             except Exception as e:   # whatever an entry holds, it is never worse than a miss
                 dc.discard(akey, f"{type(e).__name__}: {e}")
-                compiled = None
-            if compiled is not None:
-                with _lock:
-                    stats.disk_hits += 1
-                    stats.ast_hits += 1
-                return compiled
+        output = checked_entry(dc, source_key, compiler, nm) if source_key is not None else None
+        if output is not None:
+            compiled = _lowered_spec(renderer, compiler, ast, nm, schedule, *output)
+            with _lock:
+                stats.disk_hits += 1
+                stats.ast_hits += 1
+            return compiled
     with using(schedule):
         spec = renderer.render(ast, name)
     with _lock:
@@ -495,16 +642,10 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     compiled, skey = _compile_spec(compiler, spec, use_disk)
     if debug >= 3:
         config.log(f"{spec.name} compiled:\n{_compiled_text(compiler, spec, compiled)}")
-    if akey is not None and skey is not None and compiled.launch is not None:
+    if akey is not None and skey is not None:
         akey = ast_key(renderer, compiler, ast, nm, schedule)     # after the compile, as the source-level key
-        try:
-            entry = _ast_entry(compiled, skey)
-        except launch_io.LaunchIOError as e:     # launch information launch_io cannot store: source level only
-            if debug >= 1:
-                config.log(f"{spec.name}: no AST-level disk cache entry ({e})")
-        else:
-            dc.put(akey, entry, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
-                                 "kind": "ast"})
+        dc.put(akey, _ast_entry(ast, nm, skey), {"name": spec.name, "compiler": compiler.cache_key,
+                                                 "arch": compiler.arch, "kind": "ast"})
     return compiled
 
 

@@ -7,6 +7,7 @@ import re
 import threading
 
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
+from morok_py.elf import EM_AARCH64, EM_X86_64, ET_REL, ObjectKind
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir_binding import MLIRLowering
 from morok_py.codegen.symbols import symbol_for
@@ -55,6 +56,13 @@ class CPUCompiler(Compiler):
         self._tm = target.create_target_machine(cpu=self.arch, features=self.features, opt=opt,
                                                 codemodel="jitdefault")
         self._lock = threading.Lock()
+
+    @property
+    def object_kind(self) -> ObjectKind | None:
+        """What `compile` emits, for the disk cache's check of bytes read back: a relocatable object
+        for this process's machine (None on a machine the check does not know)."""
+        machine = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}.get(self.triple.split("-")[0])
+        return None if machine is None else ObjectKind(machine, (ET_REL,), relocatable=machine == EM_X86_64)
 
     @property
     def renderer_features(self) -> str:
@@ -158,6 +166,10 @@ class MLIRCPUCompiler(Compiler):
         self.backend = backend
         self.arch = backend.arch
         self._lowering = MLIRLowering("CPU", CPU_MLIR_PIPELINE)
+
+    @property
+    def object_kind(self) -> ObjectKind | None:
+        return self.backend.object_kind
 
     def available(self) -> str | None:
         return self._lowering.available()

@@ -15,6 +15,7 @@ import threading
 
 from morok_py.cache import file_identity, llvmlite_identity, remembered_path
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
+from morok_py.elf import EM_CUDA, ET_EXEC, ObjectKind
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
 from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
@@ -152,10 +153,14 @@ def nvrtc_supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in archs)
 
 
+CUBIN = ObjectKind(EM_CUDA, (ET_EXEC,))
+
+
 class NVRTCCompiler(Compiler):
     """CUDA C -> CUBIN with NVRTC."""
 
     cache_key = "nvrtc"
+    object_kind = CUBIN     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str) -> None:
         self.arch = normalize_arch(arch)
@@ -230,6 +235,7 @@ class NVPTXCompiler(Compiler):
     """NVPTX LLVM IR -> PTX (llvmlite, O3) -> CUBIN (nvJitLink)."""
 
     cache_key = "llvm-nvptx"
+    object_kind = CUBIN     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.arch = normalize_arch(arch)
@@ -344,6 +350,7 @@ class MLIRCUDACompiler(MLIRFrontHalf, Compiler):
     CUBIN (nvJitLink): the llvm-nvptx pair's back half behind MLIR's GPU lowering."""
 
     cache_key = "mlir"
+    object_kind = CUBIN     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.backend = NVPTXCompiler(arch, opt)

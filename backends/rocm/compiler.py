@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from morok_py.cache import file_identity, llvmlite_identity
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, ProgramSpec
+from morok_py.elf import EM_AMDGPU, ET_DYN, ObjectKind
 from morok_py.codegen.llvm_binding import llvm_binding
 from morok_py.codegen.mlir import link_llvm_helpers
 from morok_py.codegen.mlir_binding import MLIRFrontHalf, MLIRLowering
@@ -147,10 +148,14 @@ def target_features(arch: str) -> str:
     return ",".join(feats)
 
 
+CODE_OBJECT = ObjectKind(EM_AMDGPU, (ET_DYN,))
+
+
 class AMDGPUCompiler(Compiler):
     """LLVM IR -> relocatable AMDGPU object (llvmlite) -> HSACO (ld.lld -shared); code object v5."""
 
     cache_key = "llvm-amdgpu"
+    object_kind = CODE_OBJECT     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.target_id = arch
@@ -258,6 +263,7 @@ class HIPRTCCompiler(Compiler):
     called: ROCm 5.2 aborts the process on gfx942 or gfx1100."""
 
     cache_key = "hiprtc"
+    object_kind = CODE_OBJECT     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.target_id = arch
@@ -441,6 +447,7 @@ class MLIRAMDGPUCompiler(MLIRFrontHalf, Compiler):
     ld.lld code object: the llvm-amdgpu pair's back half behind MLIR's GPU lowering."""
 
     cache_key = "mlir"
+    object_kind = CODE_OBJECT     # what the disk cache checks bytes read back against
 
     def __init__(self, arch: str, opt: int = 3) -> None:
         self.backend = AMDGPUCompiler(arch, opt)
