@@ -13,6 +13,8 @@
 #              the search-against-benchmark check of the 4096^3 matmul
 #   cpu        the CPU test suite on this host's CPU
 #   cpu-bench  the CPU benchmarks on this host's CPU (general suite, launch overhead, register tiles)
+#   mlir       the MLIR pair's CUBINs, built beforehand elsewhere (`python tests/mlir_cuda_replay.py build
+#              .mlir-replay`, carried), loaded and run here against the CPU
 #   all        cuda onnx bench search cpu
 #
 # Each suite writes tests/results/<machine kind>/<suite>.log; benchmarks write
@@ -35,10 +37,10 @@ while (( $# )); do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | cut -c3-; exit 0 ;;
     all) SUITES+=(cuda onnx bench search cpu); shift ;;
-    cuda|onnx|bench|search|cpu|cpu-bench) SUITES+=("$1"); shift ;;
-    *) echo "unknown suite or option: $1 (suites: cuda onnx bench search cpu cpu-bench all)" >&2; exit 2 ;;
+    cuda|onnx|bench|search|cpu|cpu-bench|mlir) SUITES+=("$1"); shift ;;
+    *) echo "unknown suite or option: $1 (suites: cuda onnx bench search cpu cpu-bench mlir all)" >&2; exit 2 ;;
   esac
 done
 (( ${#SUITES[@]} )) || SUITES=(cuda)
@@ -164,6 +166,13 @@ suite_cpu_bench() {
   TAILN=18 step "$log" 90 python3 $B/kernels.py --device CPU --suite --no-sweep --rounds 3
   TAILN=8 step "$log" 60 python3 $B/cpu_launch.py
   TAILN=12 step "$log" 90 python3 $B/cpu_tiles.py --rounds 3
+}
+
+suite_mlir() {
+  local log=$ROOT/tests/results/$GPU/mlir-replay.log
+  if [ ! -d .mlir-replay ]; then say "-- mlir skipped: no .mlir-replay folder (build it with tests/mlir_cuda_replay.py)"; return; fi
+  : > "$log"
+  TAILN=3 step "$log" 60 python3 tests/mlir_cuda_replay.py run .mlir-replay
 }
 
 for s in "${SUITES[@]}"; do
