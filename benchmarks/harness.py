@@ -432,12 +432,6 @@ def _json_default(o):
     return str(o)
 
 
-def slug(text: str) -> str:
-    s = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", text.lower())
-    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
-    return s[:48] or "unknown"
-
-
 def _version(module: str) -> str | None:
     try:
         from importlib.metadata import version
