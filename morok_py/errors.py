@@ -81,6 +81,16 @@ class DeviceError(MorokError):
         super().__init__(msg)
 
 
+class ContextLostError(DeviceError):
+    """A sticky device error (an illegal address, a kernel that trapped): the driver refuses every later
+    call in this context, so the process must exit and a new one recreate it."""
+
+    def __init__(self, call: str, code: int, name: str, detail: str = "") -> None:
+        lost = ("the GPU context is lost: a kernel faulted and the driver now fails every call in this "
+                "process; exit the process and start a new one to recreate the context")
+        super().__init__(call, code, name, f"{detail}; {lost}" if detail else lost)
+
+
 class OutOfMemoryError(MorokError, MemoryError):
     """An allocation failed even after the allocator freed its cache and retried."""
 

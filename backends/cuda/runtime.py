@@ -17,7 +17,7 @@ from cuda.bindings import driver as cu
 
 from morok_py.device import CompiledSpec
 from morok_py.launch import Program
-from morok_py.errors import DeviceError, LaunchError
+from morok_py.errors import ContextLostError, DeviceError, LaunchError
 
 from .compiler import arch_number, normalize_arch
 
@@ -39,11 +39,27 @@ def error_text(err) -> str:
     return ""
 
 
+# errors the driver documents as sticky: the context is unusable afterwards and every later call
+# returns the same code, until the process exits
+STICKY = frozenset(name for name in (
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_ECC_UNCORRECTABLE",
+    "CUDA_ERROR_CONTEXT_IS_DESTROYED") if hasattr(cu.CUresult, name))
+
+
+def device_error(call: str, err, detail: str = "") -> DeviceError:
+    """The DeviceError for a failed driver call: a ContextLostError for a sticky error."""
+    name = getattr(err, "name", str(err))
+    return (ContextLostError if name in STICKY else DeviceError)(call, int(err), name, detail)
+
+
 def check(result, call: str):
-    """Unpack a cuda-bindings result tuple; a failure becomes DeviceError(call, code, CUresult name)."""
+    """Unpack a cuda-bindings result tuple; a failure becomes DeviceError(call, code, CUresult name),
+    a sticky one ContextLostError (which says the context is lost and the process must restart)."""
     err = result[0]
     if err != _SUCCESS:
-        raise DeviceError(call, int(err), getattr(err, "name", str(err)), error_text(err))
+        raise device_error(call, err, error_text(err))
     if len(result) == 1:
         return None
     return result[1] if len(result) == 2 else result[1:]
@@ -200,8 +216,8 @@ class CUDAProgram(Program):
         self._lb, self._lv = list(buffers), list(vals)
 
     def _launch_failed(self, err, global_size, local_size) -> None:
-        raise DeviceError("cuLaunchKernel", int(err), err.name,
-                          f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: {error_text(err)}")
+        raise device_error("cuLaunchKernel", err,
+                           f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: {error_text(err)}")
 
     def _execute_checked(self, buffers, vals, global_size, local_size, wait: bool) -> float | None:
         if global_size is None:
@@ -262,7 +278,7 @@ class CUDAGraph:
             check(cu.cuEventRecord(self._start, stream), "cuEventRecord")
         (err,) = cu.cuGraphLaunch(self.graph_exec, stream)
         if err:
-            raise DeviceError("cuGraphLaunch", int(err), err.name, error_text(err))
+            raise device_error("cuGraphLaunch", err, error_text(err))
         if wait:
             check(cu.cuEventRecord(self._end, stream), "cuEventRecord")
             check(cu.cuEventSynchronize(self._end), "cuEventSynchronize")

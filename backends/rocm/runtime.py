@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from morok_py.codegen.symbols import symbol_for
 from morok_py.device import CompiledSpec
 from morok_py.launch import Program
-from morok_py.errors import DeviceError, DeviceUnavailableError, LaunchError
+from morok_py.errors import ContextLostError, DeviceError, DeviceUnavailableError, LaunchError
 
 from .compiler import code_object_header, code_object_metadata
 from .renderer import parse_arch
@@ -75,12 +75,26 @@ def error_text(hip, err) -> str:
         return ""
 
 
+# errors after which HIP refuses every later call in the process (a kernel faulted or trapped)
+STICKY = frozenset(("hipErrorIllegalAddress", "hipErrorLaunchFailure", "hipErrorMisalignedAddress",
+                    "hipErrorIllegalInstruction", "hipErrorHardwareStackError", "hipErrorInvalidAddressSpace",
+                    "hipErrorInvalidPc", "hipErrorAssert", "hipErrorLaunchTimeOut", "hipErrorECCNotCorrectable",
+                    "hipErrorContextIsDestroyed"))
+
+
+def device_error(call: str, err, detail: str = "") -> DeviceError:
+    """The DeviceError for a failed HIP call: a ContextLostError for a sticky error."""
+    name = getattr(err, "name", str(err))
+    return (ContextLostError if name in STICKY else DeviceError)(call, int(err), name, detail)
+
+
 def check(result, call: str):
-    """Unpack a hip-python result tuple; a failure becomes DeviceError(call, code, hipError_t name)."""
+    """Unpack a hip-python result tuple; a failure becomes DeviceError(call, code, hipError_t name),
+    a sticky one ContextLostError (which says the context is lost and the process must restart)."""
     hip = hip_module()
     err = result[0]
     if err != hip.hipError_t.hipSuccess:
-        raise DeviceError(call, int(err), getattr(err, "name", str(err)), error_text(hip, err))
+        raise device_error(call, err, error_text(hip, err))
     if len(result) == 1:
         return None
     return result[1] if len(result) == 2 else result[1:]
@@ -234,9 +248,9 @@ class HIPProgram(Program):
         (err,) = hip.hipModuleLaunchKernel(self._fn, global_size[0], global_size[1], global_size[2],
                                            local_size[0], local_size[1], local_size[2], 0, stream, None, self.extra)
         if err != hip.hipError_t.hipSuccess:
-            raise DeviceError("hipModuleLaunchKernel", int(err), getattr(err, "name", str(err)),
-                              f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: "
-                              f"{error_text(hip, err)}")
+            raise device_error("hipModuleLaunchKernel", err,
+                               f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: "
+                               f"{error_text(hip, err)}")
         if wait:
             check(hip.hipEventRecord(end, stream), "hipEventRecord")
             check(hip.hipEventSynchronize(end), "hipEventSynchronize")
