@@ -33,7 +33,7 @@ _mount_backends()
 from .cache import __version__  # noqa: E402
 from .dtypes import DType, dtypes  # noqa: E402
 from .errors import (ArgumentError, ArgumentTypeError, BufferFreedError, CompileError, ConfigError,  # noqa: E402
-                     DeviceError, DeviceUnavailableError, LaunchError, MorokError, OutOfMemoryError,
+                     ContextLostError, DeviceError, DeviceUnavailableError, LaunchError, MorokError, OutOfMemoryError,
                      RuntimeStackConflictError, UnknownNameError, ValidationError)
 from .ir import AxisType, Ops, UOp  # noqa: E402
 from .codegen.lower import Capabilities, Variable  # noqa: E402
@@ -49,4 +49,4 @@ __all__ = ["__version__", "DType", "dtypes", "UOp", "Ops", "AxisType", "Variable
            "Allocator", "Device", "Buffer", "ExecutionPlan", "register_backend",
            "MorokError", "CompileError", "DeviceUnavailableError", "RuntimeStackConflictError", "LaunchError",
            "DeviceError", "OutOfMemoryError", "ValidationError", "BufferFreedError", "UnknownNameError",
-           "ConfigError", "ArgumentError", "ArgumentTypeError"]
+           "ConfigError", "ArgumentError", "ArgumentTypeError", "ContextLostError"]
