@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from ..dtypes import DType, dtypes
+from ..errors import ArgumentError
 from ..ir import INT_DIVISION, Ops, UOp
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def _eval_node(node: UOp, s: list, values: Mapping[str, int]) -> Any:
     if op is Ops.CMPNE: return s[0] != s[1]
     if op is Ops.WHERE: return s[1] if s[0] else s[2]
     if op is Ops.CAST: return int(s[0])
-    raise ValueError(f"{op.name} cannot appear in a launch-time size expression")
+    raise ArgumentError(f"{op.name} cannot appear in a launch-time size expression")
 
 
 # ---------------------------------------------------------------------------------------------
