@@ -135,6 +135,17 @@ def _strided_sizes(v):
     return [(v["rows"] - 1) * v["stride"] + v["w"], v["rows"]]     # a stride below w overlaps rows
 
 
+def _conv_ref(v, x, w, b):
+    """conv2d(N, C=2, H=7, W=6, CO=3, KH=3, KW=2, stride 2) + bias, relu: OH = 3, OW = 3."""
+    x, w = _f64(x).reshape(v["N"], 2, 7, 6), _f64(w).reshape(3, 2, 3, 2)
+    out = np.zeros((v["N"], 3, 3, 3))
+    for oh in range(3):
+        for ow in range(3):
+            patch = x[:, :, oh * 2:oh * 2 + 3, ow * 2:ow * 2 + 2]
+            out[:, :, oh, ow] = np.einsum("nchw,ochw->no", patch, w)
+    return np.maximum(out + _f64(b).reshape(1, 3, 1, 1), 0).reshape(-1)
+
+
 def _softmax_ref(v, x):
     x = _f64(x).reshape(v["rows"], v["cols"])
     e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -165,6 +176,8 @@ CASES = [
          lambda v: [v["vocab"] * v["dim"], v["n"], v["n"] * v["dim"]], (np.float32, np.int32, np.float32),
          lambda v, t, i: _f64(t).reshape(v["vocab"], v["dim"])[np.clip(i, 0, v["vocab"] - 1)].reshape(-1),
          _gather_data),
+    Case("conv2d", lambda: K.conv2d(None, 2, 7, 6, 3, 3, 2, stride=2, bias=True, relu=True), {"N": 4},
+         lambda v: [v["N"] * 2 * 7 * 6, 3 * 2 * 3 * 2, 3, v["N"] * 3 * 3 * 3], (np.float32,) * 4, _conv_ref),
     Case("outer", outer_product, {"n": 16, "m": 16}, lambda v: [v["n"], v["m"], v["n"] * v["m"]],
          (np.float32,) * 3, lambda v, a, b: np.outer(_f64(a), b).reshape(-1)),
     Case("shifted", shifted, {"n": 30, "s": 40}, lambda v: [v["n"], v["n"]], (np.float32,) * 2,
