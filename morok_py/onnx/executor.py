@@ -160,7 +160,9 @@ class OnnxExecutor:
         for idx, node in enumerate(self.graph.node):
             ins = [env[i] if i in env else _missing(i, node) for i in node.input]
             name = node.name or f"{node.op_type}_{idx}"
-            outs = O.OPS[node.op_type](O.Ctx(self, name, node, self.opset), ins, attrs_of(node))
+            ctx = O.Ctx(self, name, node, self.opset)
+            ctx.env = env      # the names in scope: If, Loop and Scan run subgraphs that read outer names
+            outs = O.OPS[node.op_type](ctx, ins, attrs_of(node))
             for oname, v in zip(node.output, outs):
                 if oname:
                     env[oname] = v
