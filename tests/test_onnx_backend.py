@@ -25,6 +25,8 @@ SELECTED = [
     "test_matmul_3d", "test_gemm_all_attributes", "test_einsum_batch_matmul",
     "test_conv_with_strides_padding", "test_maxpool_2d_pads", "test_averagepool_2d_pads",
     "test_batchnorm_example", "test_layer_normalization_4d_axis1", "test_softmax_axis_1",
+    "test_attention_4d_gqa", "test_attention_4d_causal", "test_attention_4d_gqa_with_past_and_present",
+    "test_rms_normalization_3d_axis2_epsilon", "test_rotary_embedding", "test_mvn",
 ]
 PATTERN = "^(" + "|".join(SELECTED) + f")_{DEVICE.split(':')[0].lower()}$"
 

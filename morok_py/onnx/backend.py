@@ -19,7 +19,7 @@ from morok_py.errors import MorokError
 from morok_py.registry import get_device
 
 from morok_py.onnx.errors import OnnxError, UnsupportedDtype
-from morok_py.onnx.executor import OnnxExecutor, load_model
+from morok_py.onnx.executor import OnnxExecutor, load_model, supported
 
 
 class MorokRep(BackendRep):
@@ -41,8 +41,8 @@ class MorokBackend(Backend):
 
     @classmethod
     def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
-        from morok_py.onnx.ops import OPS
-        return all(n.domain in ("", "ai.onnx") and n.op_type in OPS for n in model.graph.node)
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        return all(n.domain in ("", "ai.onnx") and supported(n.op_type, opset) for n in model.graph.node)
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> MorokRep:

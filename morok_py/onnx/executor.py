@@ -8,6 +8,7 @@ depended on a value read back from the inputs.
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -97,7 +98,7 @@ class OnnxExecutor:
         for n in self.graph.node:
             if n.domain not in ("", "ai.onnx"):
                 raise UnsupportedOp(f"domain {n.domain!r} of node {n.name or n.op_type}")
-            if n.op_type not in O.OPS:
+            if not supported(n.op_type, self.opset):
                 raise UnsupportedOp(f"op {n.op_type} is not implemented")
             for a in n.attribute:
                 if a.name == "to" and n.op_type == "Cast":
@@ -125,6 +126,28 @@ class OnnxExecutor:
         return v.host
 
     # ---- running ----------------------------------------------------------------------------
+    def _run_nodes(self, nodes, env: dict, opset: int, prefix: str) -> None:
+        """Run `nodes` in order, reading and writing `env`; an op without an implementation here runs as
+        the function the ONNX spec defines it by."""
+        for idx, node in enumerate(nodes):
+            ins = [env[i] if i in env else _missing(i, node) for i in node.input]
+            name = prefix + (node.name or f"{node.op_type}_{idx}")
+            impl = O.OPS.get(node.op_type)
+            if impl is None:
+                schema = function_of(node.op_type, opset)
+                if schema is None:
+                    raise UnsupportedOp(f"op {node.op_type} is not implemented")
+                types = [onnx_type(v) if v is not None else onnx.TypeProto() for v in ins]
+                body, body_opset = expand(node, schema, opset, types, name + "/")
+                self._run_nodes(body, env, body_opset, name + "/")
+                continue
+            ctx = O.Ctx(self, name, node, opset)
+            ctx.env = env      # the names in scope: If, Loop and Scan run subgraphs that read outer names
+            outs = impl(ctx, ins, attrs_of(node))
+            for oname, v in zip(node.output, outs):
+                if oname:
+                    env[oname] = v
+
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
         if not isinstance(inputs, Mapping):
             inputs = dict(zip(self.input_names, inputs))
@@ -157,15 +180,7 @@ class OnnxExecutor:
             except TypeError:
                 raise UnsupportedDtype(f"input {n} holds {arr.dtype}") from None
             env[n] = feeds[n] = self.k.from_numpy(arr)
-        for idx, node in enumerate(self.graph.node):
-            ins = [env[i] if i in env else _missing(i, node) for i in node.input]
-            name = node.name or f"{node.op_type}_{idx}"
-            ctx = O.Ctx(self, name, node, self.opset)
-            ctx.env = env      # the names in scope: If, Loop and Scan run subgraphs that read outer names
-            outs = O.OPS[node.op_type](ctx, ins, attrs_of(node))
-            for oname, v in zip(node.output, outs):
-                if oname:
-                    env[oname] = v
+        self._run_nodes(self.graph.node, env, self.opset, "")
         outs = [env[o.name] for o in self.graph.output]
         result = [self.k.numpy(v) if v.host is None else np.array(v.host) for v in outs]
         if not self.dynamic and all(v is not None for v in outs):
@@ -177,6 +192,50 @@ class OnnxExecutor:
             self.plans[key] = (plan, feeds, outs, env)     # env: the buffers the plan points at stay alive
         self.last_run_s = time.perf_counter() - t0
         return result
+
+
+def onnx_type(v: View) -> onnx.TypeProto:
+    """The TypeProto of a tensor view (element type and static shape)."""
+    return helper.make_tensor_type_proto(O.common.ONNX_ELEM[v.dtype], list(v.shape))
+
+
+def function_of(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
+    """The schema of a default-domain op when the spec defines it as a function of other ops."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return None
+    if schema.function_opset_versions or schema.context_dependent_function_opset_versions:
+        return schema
+    return None
+
+
+def supported(op_type: str, opset: int) -> bool:
+    """Whether the executor runs a default-domain op: implemented here, or defined by a function of ops."""
+    return op_type in O.OPS or function_of(op_type, opset) is not None
+
+
+def expand(node, schema, opset: int, in_types: list[onnx.TypeProto], prefix: str) -> tuple[list, int]:
+    """The node replaced by its schema's function body (its internal names prefixed), and the body's
+    default-domain opset. Context-dependent bodies (Attention, RMSNormalization, ...) see the input types."""
+    from onnx.backend.test.case.node import function_expand_helper   # onnx's own inliner for these bodies
+    node = copy.deepcopy(node)
+    have = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in have and attr.default_value and attr.default_value.name:
+            node.attribute.append(attr.default_value)
+    plain = [v for v in schema.function_opset_versions if v <= opset]
+    ctx = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    fn = onnx.FunctionProto()
+    if ctx and (not plain or max(ctx) >= max(plain)):
+        fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+            max(ctx), node.SerializeToString(), [t.SerializeToString() for t in in_types]))
+    elif plain:
+        fn.ParseFromString(schema.get_function_with_opset_version(max(plain)))
+    else:
+        raise UnsupportedOp(f"op {node.op_type} has no function body at opset {opset}")
+    body_opset = next((o.version for o in fn.opset_import if o.domain in ("", "ai.onnx")), opset)
+    return function_expand_helper(node, fn, prefix), body_opset
 
 
 def _missing(name: str, node):

@@ -19,6 +19,7 @@ ONNX_DT: dict[int, DType] = {1: dtypes.float32, 2: dtypes.uint8, 3: dtypes.int8,
                              17: dtypes.float8_e4m3fn, 18: dtypes.float8_e4m3fnuz, 19: dtypes.float8_e5m2,
                              20: dtypes.float8_e5m2fnuz, 21: dtypes.uint4, 22: dtypes.int4, 23: dtypes.float4_e2m1fn,
                              24: dtypes.float8_e8m0fnu, 25: dtypes.uint2, 26: dtypes.int2}
+ONNX_ELEM: dict[DType, int] = {dt: t for t, dt in ONNX_DT.items()}
 HAS_MIN_REDUCE = Ops.MIN in __import__("morok_py.ir", fromlist=["REDUCE_OPS"]).REDUCE_OPS
 
 
