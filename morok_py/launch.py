@@ -8,10 +8,11 @@ with `execute`, plans and the caches, it only lacks the friendly calls."""
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, Iterable
 
 from . import config
 from . import device as contracts
+from .batch import compile_many
 from .buffer import Buffer
 from .cache import compile_through_caches
 from .codegen.symbols import check_kernel_name
@@ -196,6 +197,12 @@ class Device(contracts.Device, metaclass=_DeviceMeta):
             check_kernel_name(name)     # before the name reaches a cache key (b"x" would hash fine)
         r, c = self.pair(compiler) if compiler else (self.renderer, self.compiler)
         return compile_through_caches(self, r, c, ast, name)
+
+    def compile_many(self, items: Iterable[tuple[UOp, str | None]], *, compiler: str | None = None,
+                     workers: int | None = None) -> list[contracts.Program]:
+        """`compile` for many (ast, name) items: identical kernels once, the others in parallel across
+        cores (morok_py.batch); one Program per item, in order."""
+        return compile_many(self, items, compiler=compiler, workers=workers)
 
     def buffer(self, size: int, dtype: Any) -> Buffer:
         return Buffer(self, size, as_dtype(dtype))

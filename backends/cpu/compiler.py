@@ -1,4 +1,5 @@
-"""llvmlite: parse, verify, optimize at O3 with the new pass manager, emit a host object file."""
+"""llvmlite: parse, verify, optimize (O3; a light pipeline for vector-tiled kernels, O2 with fast
+instruction selection for small ones) with the new pass manager, emit a host object file."""
 from __future__ import annotations
 
 import functools
@@ -17,12 +18,19 @@ from .features import feature_string, target_features
 from .renderer import LANES_MARK, STREAM_SUFFIX, CPULLVMPrinter, MLIRCPURenderer, streams_output
 
 # bumped when the object code for the same source changes (part of the disk-cache identity)
-CODEGEN_REVISION = "pack2"
+CODEGEN_REVISION = "pack2-small1"
 # kernels whose register tile the renderer printed as LLVM vectors (renderer.LANES_MARK) need no
 # vectorizer, unroller or loop-invariant motion (the lowering hoists): this short pipeline makes their
 # code (memory-to-register accumulators, folded index math; FMAs come from the `contract` flags in
 # instruction selection) in a tenth of O3's time
 LIGHT_PIPELINE = ("sroa", "instruction_combine", "simplify_cfg", "dead_code_elimination")
+# Kernels with little work take a cheap pipeline: every loop static and at most SMALL_KERNEL_WORK
+# iterations in all (a model's copies, concatenations, bias and normalization passes over small
+# tensors). Their launch costs more than their code, and O3 spends 4x the O2 pipeline's time on them
+# (46 vs 11 ms for a 49-wide add loop here) while fast instruction selection (codegen O0) emits their
+# object in a quarter of the time. `pipeline_for` names the choice; MOROK_DEBUG=1 prints it.
+SMALL_KERNEL_WORK = 1 << 16
+SMALL_PIPELINE_OPT, SMALL_CODEGEN_OPT = 2, 0
 _BYTES = {"i8": 1, "i16": 2, "half": 2, "bfloat": 2, "i32": 4, "float": 4, "i64": 8, "double": 8}
 _VECTOR_STORE = re.compile(r"^\s*store <(\d+) x (\w+)> .*, align (\d+)(?=,|$)")
 _METADATA_ID = re.compile(r"!(\d+)\b")
@@ -30,6 +38,30 @@ _METADATA_ID = re.compile(r"!(\d+)\b")
 def llvm():
     """The llvmlite binding, initialized once (shared with the GPU backends)."""
     return llvm_binding("CPU")
+
+
+def kernel_work(ast) -> int | None:
+    """Iterations of every loop of the kernel together (the product of its ranges' extents); None
+    when an extent is symbolic."""
+    from morok_py.ir import Ops
+    n = 1
+    for u in ast.toposort():
+        if u.op is Ops.RANGE:
+            end = u.src[0]
+            if end.op is not Ops.CONST:
+                return None
+            n *= max(int(end.arg), 1)
+    return n
+
+
+def pipeline_for(spec: ProgramSpec) -> str:
+    """Which LLVM pipeline a kernel takes: 'lanes' (its register tile printed as vectors:
+    LIGHT_PIPELINE), 'small' (kernel_work <= SMALL_KERNEL_WORK: the O2 pipeline, codegen O0), else
+    'full' (O3)."""
+    if LANES_MARK in spec.src:
+        return "lanes"
+    work = kernel_work(spec.ast) if spec.ast is not None else None
+    return "small" if work is not None and work <= SMALL_KERNEL_WORK else "full"
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,10 +84,32 @@ class CPUCompiler(Compiler):
         self.target_features = target_features(self.arch, host, host_features)
         self.opt = opt
         self.triple = b.get_process_triple()
-        target = b.Target.from_triple(self.triple)
-        self._tm = target.create_target_machine(cpu=self.arch, features=self.features, opt=opt,
-                                                codemodel="jitdefault")
-        self._lock = threading.Lock()
+        self._tm = self._new_target_machine()
+        self._lock = threading.Lock()    # guards self._tm (the MLIR pair)
+        # each compiling thread has its own TargetMachine and LLVMContext (neither is thread-safe): LLVM
+        # releases the GIL, so a batch compile's threads optimize and emit in parallel
+        self._local = threading.local()
+
+    def _new_target_machine(self, opt: int | None = None):
+        b = llvm()
+        return b.Target.from_triple(self.triple).create_target_machine(
+            cpu=self.arch, features=self.features, opt=self.opt if opt is None else opt, codemodel="jitdefault")
+
+    def _thread_state(self, codegen_opt: int) -> tuple:
+        """(target machine at `codegen_opt`, LLVM context) of the calling thread."""
+        st = getattr(self._local, "state", None)
+        if st is None:
+            st = self._local.state = ({}, llvm().create_context())
+        tm = st[0].get(codegen_opt)
+        if tm is None:
+            tm = st[0][codegen_opt] = self._new_target_machine(codegen_opt)
+        return tm, st[1]
+
+    def _levels(self, spec: ProgramSpec) -> tuple[int, int]:
+        """(pipeline speed level, codegen opt level) for `spec`, by `pipeline_for`."""
+        if self.opt >= 2 and pipeline_for(spec) == "small":
+            return min(self.opt, SMALL_PIPELINE_OPT), SMALL_CODEGEN_OPT
+        return self.opt, self.opt
 
     @property
     def object_kind(self) -> ObjectKind | None:
@@ -79,24 +133,29 @@ class CPUCompiler(Compiler):
         return (f"llvmlite-{llvmlite.__version__}/llvm-{'.'.join(map(str, b.llvm_version_info))}/"
                 f"{self.triple}/{self.arch}/{self.features}/O{self.opt}/{CODEGEN_REVISION}")
 
-    def optimize_ir(self, src: str, name: str, symbol: str | None = None):
-        """Parse, verify and optimize; `name` is the user's (for errors), `symbol` the function's."""
+    def optimize_ir(self, src: str, name: str, symbol: str | None = None, tm=None, context=None,
+                    speed: int | None = None):
+        """Parse, verify and optimize; `name` is the user's (for errors), `symbol` the function's.
+        `tm`, `context`: the caller's TargetMachine and LLVMContext (default: the shared ones, under
+        the caller's hold of self._lock); `speed`: the pipeline's level (default self.opt)."""
         b = llvm()
+        tm = self._tm if tm is None else tm
+        speed = self.opt if speed is None else speed
         symbol = symbol_for(name) if symbol is None else symbol
         try:
-            mod = b.parse_assembly(src)
+            mod = b.parse_assembly(src, context=context)
             mod.verify()
         except RuntimeError as e:
             raise CompileError(f"LLVM rejected kernel {name}", log=str(e), src=src,
                                command=f"llc -O{self.opt} -mcpu={self.arch} -filetype=obj kernel.ll",
                                kernel=name) from None
         mod.triple = self.triple
-        mod.data_layout = str(self._tm.target_data)
-        pto = b.create_pipeline_tuning_options(speed_level=self.opt)
+        mod.data_layout = str(tm.target_data)
+        pto = b.create_pipeline_tuning_options(speed_level=speed)
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pto.loop_unrolling = True
-        pb = b.create_pass_builder(self._tm, pto)
+        pb = b.create_pass_builder(tm, pto)
         if self.opt >= 2 and LANES_MARK in src:
             mpm = b.create_new_module_pass_manager()
             for name in LIGHT_PIPELINE:
@@ -107,20 +166,21 @@ class CPUCompiler(Compiler):
         if f"@{symbol}{STREAM_SUFFIX}(" in src:
             text, marked = mark_streaming_stores(str(mod), symbol + STREAM_SUFFIX)
             if marked:
-                mod = b.parse_assembly(text)
+                mod = b.parse_assembly(text, context=context)
                 mod.verify()
         return mod
 
     def compile(self, spec: ProgramSpec) -> CompiledSpec:
-        with self._lock:   # a TargetMachine is not safe to share between threads
-            mod = self.optimize_ir(spec.src, spec.name, spec.symbol)
-            obj = self._tm.emit_object(mod)
+        speed, codegen = self._levels(spec)
+        tm, context = self._thread_state(codegen)
+        mod = self.optimize_ir(spec.src, spec.name, spec.symbol, tm, context, speed)
+        obj = tm.emit_object(mod)
         return CompiledSpec.from_bytes(spec, obj, arch=self.arch, compiler=self.cache_key)
 
     def disassemble(self, spec: ProgramSpec) -> str:
-        with self._lock:
-            mod = self.optimize_ir(spec.src, spec.name, spec.symbol)
-            return self._tm.emit_assembly(mod)
+        speed, codegen = self._levels(spec)
+        tm, context = self._thread_state(codegen)
+        return tm.emit_assembly(self.optimize_ir(spec.src, spec.name, spec.symbol, tm, context, speed))
 
 
 def mark_streaming_stores(ir: str, fn: str) -> tuple[str, int]:
