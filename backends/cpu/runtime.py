@@ -12,7 +12,6 @@ from typing import Any, Callable, Sequence
 
 from morok_py import config
 from morok_py.device import CompiledSpec
-from morok_py.elf import ElfError, check_object
 from morok_py.launch import Program
 from morok_py.errors import DeviceError, LaunchError
 
@@ -118,12 +117,6 @@ class CPUProgram(Program):
         why = load_mismatch(compiled.arch, device.arch, host_cpu()[1])
         if why is not None:
             raise DeviceError("load", 0, "ARCH_MISMATCH", f"{compiled.name} was compiled for cpu {compiled.arch!r}: {why}")
-        kind = getattr(device.compiler, "object_kind", None)
-        try:    # the in-process loader trusts every table of the object: a damaged one could crash the process
-            if kind is not None:
-                check_object(compiled.bytes, kind, compiled.symbol)
-        except ElfError as e:
-            raise DeviceError("load object", 0, "INVALID_OBJECT", f"{compiled.name}: {e}") from None
         b = llvm()
         ensure_builtins(b, target_machine)
         missing = unresolved(b, undefined_symbols(compiled.bytes))
