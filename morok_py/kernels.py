@@ -7,8 +7,11 @@ output last. Sizes are ints (static) or None, which makes them symbolic variable
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from .codegen.capabilities import Capabilities
+from .codegen.strategies.conv import ConvGeometry, ConvPlan, check_plan, conv_plan
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, Ops, UOp
@@ -57,6 +60,92 @@ UNARY: dict[str, Callable[[UOp], UOp]] = {
     "ceil": lambda a: a.ceil(), "round": lambda a: a.round(), "isnan": lambda a: a.isnan(),
     "isinf": lambda a: a.isinf(), "log1p": lambda a: a.log1p(),
 }
+
+
+# ---- epilogues: what a contraction or convolution computes on each output before storing it ---------
+
+# steps that read an operand: "bias" one value per output channel (column), "add" / "mul" a tensor of the
+# output's shape (a residual); the rest are pure functions of the value, with constant arguments
+EPILOGUE_OPERANDS = ("bias", "add", "mul")
+EPILOGUE_STEPS: dict[str, Callable[..., UOp]] = {
+    "relu": lambda v: v.relu(),
+    "clip": lambda v, lo, hi: v.maximum(UOp.const(lo, v.dtype)).minimum(UOp.const(hi, v.dtype)),
+    "scale": lambda v, c: v * UOp.const(c, v.dtype),
+    "shift": lambda v, c: v + UOp.const(c, v.dtype),
+    "sigmoid": lambda v: v.sigmoid(),
+    "silu": lambda v: v * v.sigmoid(),
+    "tanh": lambda v: v.tanh(),
+    "gelu": lambda v: v * UOp.const(0.5, v.dtype) * ((v * UOp.const(1 / math.sqrt(2), v.dtype)).erf()
+                                                      + UOp.const(1.0, v.dtype)),
+    "hardsigmoid": lambda v, a=1 / 6, b=0.5: (v * UOp.const(a, v.dtype) + UOp.const(b, v.dtype)).maximum(
+        UOp.const(0.0, v.dtype)).minimum(UOp.const(1.0, v.dtype)),
+    "hardswish": lambda v: v * (v * UOp.const(1 / 6, v.dtype) + UOp.const(0.5, v.dtype)).maximum(
+        UOp.const(0.0, v.dtype)).minimum(UOp.const(1.0, v.dtype)),
+    "leakyrelu": lambda v, a=0.01: (v < UOp.const(0.0, v.dtype)).where(v * UOp.const(a, v.dtype), v),
+}
+
+
+class Epilogue:
+    """The steps applied, in order, to each output of a contraction or convolution in the kernel that
+    computes it (bias, residual add, activations), so no second kernel reads the output back. A step is
+    a name and its constant arguments: ("bias",), ("add",), ("clip", 0.0, 6.0), ("hardswish",), ...
+    Operand steps ("bias", "add", "mul") each take the next param after the kernel's inputs."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Sequence[Sequence] = ()) -> None:
+        out = []
+        for st in steps:
+            st = (st,) if isinstance(st, str) else tuple(st)
+            if not st or (st[0] not in EPILOGUE_OPERANDS and st[0] not in EPILOGUE_STEPS):
+                raise UnknownNameError(f"unknown epilogue step {st!r}; known: "
+                                       f"{', '.join(EPILOGUE_OPERANDS + tuple(EPILOGUE_STEPS))}")
+            if st[0] in EPILOGUE_OPERANDS and len(st) != 1:
+                raise ArgumentError(f"epilogue step {st[0]!r} takes no constant arguments")
+            out.append((st[0],) + tuple(float(a) for a in st[1:]))
+        self.steps: tuple[tuple, ...] = tuple(out)
+
+    @staticmethod
+    def of(*steps) -> "Epilogue":
+        return Epilogue(steps)
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """The operand steps in param order."""
+        return tuple(st[0] for st in self.steps if st[0] in EPILOGUE_OPERANDS)
+
+    def __bool__(self) -> bool:
+        return bool(self.steps)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Epilogue) and other.steps == self.steps
+
+    def __hash__(self) -> int:
+        return hash(self.steps)
+
+    def __add__(self, other: "Epilogue") -> "Epilogue":
+        return Epilogue(self.steps + other.steps)
+
+    def __str__(self) -> str:
+        return "+".join(st[0] + (f"({','.join(f'{a:g}' for a in st[1:])})" if len(st) > 1 else "")
+                        for st in self.steps) or "none"
+
+    __repr__ = __str__
+
+    def apply(self, v: UOp, slot: int, dtype: DType, channel: UOp, at: UOp) -> tuple[UOp, int]:
+        """(the value after every step, the next free param slot): operand steps load param `slot`,
+        `slot + 1`, ... at `channel` (bias) or `at` (the output's flat index)."""
+        for st in self.steps:
+            if st[0] == "bias":
+                v = v + UOp.param(slot, dtype).load(channel)
+                slot += 1
+            elif st[0] in ("add", "mul"):
+                o = UOp.param(slot, dtype).load(at)
+                v = v + o if st[0] == "add" else v * o
+                slot += 1
+            else:
+                v = EPILOGUE_STEPS[st[0]](v, *st[1:])
+        return v, slot
 
 
 def _pick(table: dict, name: str, what: str):
@@ -151,39 +240,38 @@ def row_max(rows=None, cols=None, dtype=dtypes.float32) -> UOp:
     return reduce_axis("max", [rows, cols], 1, dtype)
 
 
-def matmul(M=None, N=None, K=None, dtype=dtypes.float32) -> UOp:
-    """C[M,N] = A[M,K] @ B[K,N], row-major."""
+def matmul(M=None, N=None, K=None, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
+    """C[M,N] = A[M,K] @ B[K,N], row-major, then `epilogue` (its per-channel operands are per column,
+    length N; its tensor operands [M, N]). Params: A, B, the epilogue's operands, C."""
     dt = as_dtype(dtype)
     M, N, K = size(M, "M"), size(N, "N"), size(K, "K")
-    a, b, c = UOp.param(0, dt), UOp.param(1, dt), UOp.param(2, dt)
+    epi = epilogue or Epilogue()
+    a, b = UOp.param(0, dt), UOp.param(1, dt)
     i, j = UOp.range(M, 0), UOp.range(N, 1)
     k = UOp.range(K, 2, AxisType.REDUCE)
     acc = (a.load(i * _end(K) + k) * b.load(k * _end(N) + j)).reduce(k)
-    return UOp.sink(c.store(i * _end(N) + j, acc))
+    at = i * _end(N) + j
+    v, nxt = epi.apply(acc, 2, dt, j, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
 def matmul_bias_relu(M=None, N=None, K=None, relu: bool = True, dtype=dtypes.float32) -> UOp:
     """out[M,N] = max(A @ W + bias[N], 0): a fused dense layer."""
-    dt = as_dtype(dtype)
-    M, N, K = size(M, "M"), size(N, "N"), size(K, "K")
-    a, w, bias, out = (UOp.param(s, dt) for s in range(4))
-    i, j = UOp.range(M, 0), UOp.range(N, 1)
-    k = UOp.range(K, 2, AxisType.REDUCE)
-    v = (a.load(i * _end(K) + k) * w.load(k * _end(N) + j)).reduce(k) + bias.load(j)
-    return UOp.sink(out.store(i * _end(N) + j, v.relu() if relu else v))
+    return matmul(M, N, K, dtype, Epilogue.of("bias", "relu") if relu else Epilogue.of("bias"))
 
 
 def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1, dilation: int = 1,
-           bias: bool = False, relu: bool = False, dtype=dtypes.float32) -> UOp:
+           bias: bool = False, relu: bool = False, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
     """out[N, CO, OH, OW] = sum over (c, kh, kw) of x[n, c, oh*stride + kh*dilation, ow*stride + kw*dilation]
     * w[co, c, kh, kw] (NCHW, unpadded: pad the input first for a 'same' convolution), then + b[co] and
-    max(., 0) when asked. Params: x, w, (b,) out.
+    max(., 0) when asked, then `epilogue`. Params: x, w, (b,) the epilogue's operands, out.
 
     Written as an implicit GEMM: the output pixels (n, oh, ow) are the rows of a matmul, the output
     channels its columns and the taps (c, kh, kw) its k. No im2col buffer exists: each A element's
     input address is computed where the tile is filled. The contraction has matmul's shape, so a
     float16/bfloat16 convolution takes the tensor cores where matmul does (float32 accumulation) and
-    a float32 one the shared-memory tiles. The batch N may be symbolic (None); the rest is static."""
+    a float32 one the shared-memory tiles. The batch N may be symbolic (None); the rest is static.
+    On the CPU, codegen/strategies/conv.py plans faster kernel sequences (pointwise, im2col, depthwise)."""
     dt = as_dtype(dtype)
     geo = {"C": C, "H": H, "W": W, "CO": CO, "KH": KH, "KW": KW, "stride": stride, "dilation": dilation}
     for k, v in geo.items():
@@ -194,9 +282,10 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     if OH < 1 or OW < 1:
         raise ArgumentError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
                             f"pad the input first")
+    steps = (("bias",) if bias else ()) + (("relu",) if relu else ())
+    epi = Epilogue(steps + (epilogue.steps if epilogue is not None else ()))
     N = size(N, "N")
-    params = [UOp.param(s, dt) for s in range(4 if bias else 3)]
-    x, w, out = params[0], params[1], params[-1]
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
     P, K = OH * OW, C * KH * KW
     i = UOp.range(_end(N) * P, 0)                  # (n, oh, ow)
     j = UOp.range(CO, 1)                           # co
@@ -204,12 +293,237 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     n, oh, ow = i // P, (i // OW) % OH, i % OW
     c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
     xi = ((n * C + c) * H + oh * stride + kh * dilation) * W + ow * stride + kw * dilation
-    v = (x.load(xi) * w.load(j * K + k)).reduce(k)
-    if bias:
-        v = v + params[2].load(j)
-    if relu:
-        v = v.relu()
-    return UOp.sink(out.store((n * CO + j) * P + oh * OW + ow, v))
+    at = (n * CO + j) * P + oh * OW + ow
+    v, nxt = epi.apply((x.load(xi) * w.load(j * K + k)).reduce(k), 2, dt, j, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+# ---- the CPU convolution family (NCHW): codegen/strategies/conv.py chooses among these -------------
+
+class _Axes:
+    """Ranges with fresh axis numbers; an extent of 1 is the constant 0 (no range)."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def __call__(self, extent: int, kind: AxisType = AxisType.GLOBAL) -> UOp:
+        if extent == 1:
+            return UOp.const(0, dtypes.index)
+        r = UOp.range(extent, self.next, kind)
+        self.next += 1
+        return r
+
+
+def conv_gemm(N: int, G: int, COg: int, Kg: int, P: int, dtype=dtypes.float32,
+              epilogue: Epilogue | None = None) -> UOp:
+    """out[n, g*COg + co, p] = sum over k of w[g*COg + co, k] * x[n, g*Kg + k, p], then `epilogue`
+    (bias per output channel, tensor operands of out's shape [N, G*COg, P]): a 1x1 convolution
+    (x the input, Kg its channels per group) or any convolution after `im2col` (x the columns), as
+    batched contractions. The output channels are the rows and the pixels the unit-stride columns
+    of the CPU register tile: a column of x is loaded once for a tile's rows. Params: x, w, the
+    epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    n, g, co, p = ax(N), ax(G), ax(COg), ax(P)
+    k = ax(Kg, AxisType.REDUCE)
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    ch = g * COg + co
+    prod_ = x.load((n * (G * Kg) + g * Kg + k) * P + p) * w.load(ch * Kg + k)
+    acc = prod_.reduce(k) if isinstance(k, UOp) and k.op is Ops.RANGE else prod_
+    at = (n * (G * COg) + ch) * P + p
+    v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, ch, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def _out_size(n: int, k: int, stride: int, dilation: int, lo: int, hi: int) -> int:
+    return (n + lo + hi - (k - 1) * dilation - 1) // stride + 1
+
+
+def _tap(x: UOp, base: UOp, H: int, W: int, y: UOp, xx: UOp, dt: DType, masked: tuple[bool, bool]) -> UOp:
+    """x[base + y*W + xx], zero where (y, xx) falls outside the H x W plane (padding); a coordinate
+    that provably stays inside is not checked."""
+    ok = None
+    if masked[0]:
+        ok = (y >= 0) & (y < H)
+        y = y.clamp(0, H - 1)
+    if masked[1]:
+        okx = (xx >= 0) & (xx < W)
+        ok = okx if ok is None else ok & okx
+        xx = xx.clamp(0, W - 1)
+    v = x.load(base + y * W + xx)
+    return v if ok is None else ok.where(v, UOp.const(0, dt))
+
+
+def _needs_mask(n_in: int, n_out: int, k: int, stride: int, dilation: int, lo: int) -> bool:
+    return lo > 0 or (n_out - 1) * stride + (k - 1) * dilation - lo >= n_in
+
+
+def im2col(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+           dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+           dtype=dtypes.float32) -> UOp:
+    """col[n, (c, kh, kw), (oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
+    padding (pads: top, left, bottom, right): the columns `conv_gemm` contracts with the weights
+    [CO, C*KH*KW]. Params: x, col."""
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
+    OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
+    ax = _Axes()
+    n, c, kh, kw, oh, ow = ax(N), ax(C), ax(KH), ax(KW), ax(OH), ax(OW)
+    x, col = UOp.param(0, dt), UOp.param(1, dt)
+    masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
+    v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+    at = (((n * C + c) * KH + kh) * KW + kw) * (OH * OW) + oh * OW + ow
+    return UOp.sink(col.store(at, v))
+
+
+def depthwise_conv2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+                     dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+                     dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[n, c, oh, ow] = sum over (kh, kw) of w[c, kh, kw] * x[n, c, oh*sh + kh*dh - top,
+    ow*sw + kw*dw - left] (zero padding), then `epilogue`: a convolution with one input channel per
+    group and one output channel per input channel. The taps are unrolled (no reduction loop), the
+    (n, c) planes split over threads and the rows of a plane run along ow, which LLVM vectorizes.
+    Params: x, w, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
+    OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
+    ax = _Axes()
+    q, oh, ow = ax(N * C), ax(OH), ax(OW)
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
+    c = q % C if N > 1 else q
+    acc = None
+    for kh in range(KH):
+        for kw in range(KW):
+            t = _tap(x, q * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+            term = t * w.load(c * (KH * KW) + kh * KW + kw)
+            acc = term if acc is None else acc + term
+    at = q * (OH * OW) + oh * OW + ow
+    v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, c, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def pad2d(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
+          dtype=dtypes.float32) -> UOp:
+    """out[n, c, y, x] = x[n, c, y - top, x - left] inside, `value` in the border. Params: x, out."""
+    dt = as_dtype(dtype)
+    pt, pl, pb, pr = pads
+    HP, WP = H + pt + pb, W + pl + pr
+    ax = _Axes()
+    q, y, xx = ax(N * C), ax(HP), ax(WP)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    sy, sx = y - pt, xx - pl
+    ok = (sy >= 0) & (sy < H) & (sx >= 0) & (sx < W)
+    v = ok.where(x.load(q * (H * W) + sy.clamp(0, H - 1) * W + sx.clamp(0, W - 1)), UOp.const(value, dt))
+    return UOp.sink(out.store(q * (HP * WP) + y * WP + xx, v))
+
+
+def pool2d(kind: str, N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+           dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+           count_include_pad: bool = False, dtype=dtypes.float32) -> UOp:
+    """Max or average pooling ("max", "avg") over KH x KW windows, the taps unrolled like
+    `depthwise_conv2d` (rows along ow, vectorized); padding is ignored by max and, unless
+    `count_include_pad`, by the average's count. Params: x, out."""
+    dt = as_dtype(dtype)
+    if kind not in ("max", "avg"):
+        raise UnknownNameError(f"unknown pooling {kind!r}; known: max, avg")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
+    OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
+    ax = _Axes()
+    q, oh, ow = ax(N * C), ax(OH), ax(OW)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
+    acc, cnt = None, None
+    for kh in range(KH):
+        for kw in range(KW):
+            y, xx = oh * sh + kh * dh - pt, ow * sw + kw * dw - pl
+            ok = None
+            if masked[0]:
+                ok = (y >= 0) & (y < H)
+            if masked[1]:
+                okx = (xx >= 0) & (xx < W)
+                ok = okx if ok is None else ok & okx
+            v = x.load(q * (H * W) + (y.clamp(0, H - 1) if masked[0] else y) * W + (xx.clamp(0, W - 1) if masked[1] else xx))
+            if kind == "max":
+                v = v if ok is None else ok.where(v, UOp.const(dt.min(), dt))
+                acc = v if acc is None else acc.maximum(v)
+            else:
+                v = v if ok is None else ok.where(v, UOp.const(0, dt))
+                acc = v if acc is None else acc + v
+                if not count_include_pad:
+                    one = UOp.const(1.0, dt) if ok is None else ok.where(UOp.const(1.0, dt), UOp.const(0.0, dt))
+                    cnt = one if cnt is None else cnt + one
+    if kind == "avg":
+        if count_include_pad:
+            acc = acc * UOp.const(1.0 / (KH * KW), dt)
+        else:
+            acc = acc / cnt
+    return UOp.sink(out.store(q * (OH * OW) + oh * OW + ow, acc))
+
+
+def global_pool(kind: str, rows: int, cols: int, dtype=dtypes.float32) -> UOp:
+    """out[r] = mean or max ("avg", "max") of x[r, 0:cols]: global pooling of [N*C, H*W] planes. Params: x, out."""
+    dt = as_dtype(dtype)
+    if kind not in ("max", "avg"):
+        raise UnknownNameError(f"unknown pooling {kind!r}; known: max, avg")
+    ax = _Axes()
+    r = ax(rows)
+    k = ax(cols, AxisType.REDUCE)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    v = x.load(r * cols + k)
+    if not (isinstance(k, UOp) and k.op is Ops.RANGE):
+        red = v
+    elif kind == "max":
+        red = v.reduce(k, op=Ops.MAX)
+    else:
+        acc = accumulation_dtype(dt)
+        red = (v.cast(acc).reduce(k) * UOp.const(1.0 / cols, acc)).cast(dt)
+    return UOp.sink(out.store(r, red))
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """One kernel of a convolution's plan: its AST, the buffers it reads by role ("x" the input,
+    "w" the weights, "col" / "pad" a scratch an earlier step wrote, "epilogue" the epilogue's
+    operands in order), the role of the buffer it writes ("out" or a scratch) and that buffer's size."""
+
+    name: str
+    ast: UOp
+    inputs: tuple[str, ...]
+    output: str
+    elements: int
+
+
+def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes.float32,
+                   epilogue: Epilogue | None = None, caps: Capabilities | None = None) -> list[KernelStep]:
+    """The kernels of a 2-D convolution (NCHW, weights [CO, C/groups, KH, KW]) as `plan` says (default:
+    `conv_plan` for `caps`), `epilogue` applied in the kernel that writes the output."""
+    plan = plan if plan is not None else conv_plan(geo, caps or Capabilities())
+    check_plan(plan, geo)
+    epi = epilogue or Epilogue()
+    g = geo
+    P, Kg = g.OH * g.OW, (g.C // g.groups) * g.KH * g.KW
+    out_n = g.N * g.CO * P
+    if plan.family == "pointwise":
+        return [KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, g.C // g.groups, P, dtype, epi),
+                           ("x", "w", "epilogue"), "out", out_n)]
+    if plan.family == "depthwise":
+        return [KernelStep("depthwise", depthwise_conv2d(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
+                                                         g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
+    if plan.family == "im2col_gemm":
+        return [KernelStep("im2col", im2col(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
+                           ("x",), "col", g.N * g.C * g.KH * g.KW * P),
+                KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, Kg, P, dtype, epi),
+                           ("col", "w", "epilogue"), "out", out_n)]
+    pt, pl, pb, pr = g.pads
+    steps, src = [], "x"
+    if any(g.pads):
+        steps.append(KernelStep("pad", pad2d(g.N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad",
+                                g.N * g.C * (g.H + pt + pb) * (g.W + pl + pr)))
+        src = "pad"
+    ast = conv2d(g.N, g.C, g.H + pt + pb, g.W + pl + pr, g.CO, g.KH, g.KW, g.stride[0], g.dilation[0],
+                 dtype=dtype, epilogue=epi)
+    return steps + [KernelStep("direct", ast, (src, "w", "epilogue"), "out", out_n)]
 
 
 def bias_relu(M=None, N=None, dtype=dtypes.float32) -> UOp:

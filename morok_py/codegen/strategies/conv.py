@@ -1,0 +1,145 @@
+"""Convolution as a scheduled family: which kernel sequence computes a 2-D convolution (NCHW).
+
+A `ConvPlan` names a family and, for the contraction families, the register tile and vector lanes
+the target's `Capabilities` give its contraction kernel (the kernel's own schedule, codegen/schedule.py,
+derives the same from its AST; the plan records them so MOROK_DEBUG prints what the family runs as):
+
+  pointwise    a 1x1, stride-1, unpadded convolution is a batched contraction of the weights
+               [CO, C] with the input [C, H*W]: one `kernels.conv_gemm` kernel, output channels as
+               the register tile's rows and pixels as its unit-stride vector columns.
+  im2col_gemm  any other convolution: `kernels.im2col` writes the columns [C*KH*KW, OH*OW] (strides,
+               dilations and zero padding applied there, once), then the same contraction; groups
+               are a GLOBAL range of it.
+  depthwise    one input channel per group and one output channel per input channel: the taps
+               unrolled in one elementwise kernel, (n, c) planes split over threads, rows vectorized.
+  direct       the generic loop nest (`kernels.conv2d` after `kernels.pad2d`): the reference the
+               others are searched against.
+
+`conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ArgumentError
+from ..capabilities import Capabilities
+
+FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "direct")
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D convolution's sizes: input [N, C, H, W], weights [CO, C/groups, KH, KW]; pads are
+    (top, left, bottom, right)."""
+
+    N: int
+    C: int
+    H: int
+    W: int
+    CO: int
+    KH: int
+    KW: int
+    stride: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)
+    groups: int = 1
+
+    def __post_init__(self) -> None:
+        sizes = (self.N, self.C, self.H, self.W, self.CO, self.KH, self.KW, self.groups) + self.stride + self.dilation
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
+            raise ArgumentError(f"convolution sizes must be positive ints: {self}")
+        if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in self.pads):
+            raise ArgumentError(f"convolution pads must be ints >= 0: {self.pads}")
+        if self.C % self.groups or self.CO % self.groups:
+            raise ArgumentError(f"{self.groups} groups do not divide {self.C} input or {self.CO} output channels")
+        if self.OH < 1 or self.OW < 1:
+            raise ArgumentError(f"a {self.KH}x{self.KW} kernel does not fit the padded {self.H}x{self.W} input")
+
+    @property
+    def OH(self) -> int:
+        return (self.H + self.pads[0] + self.pads[2] - (self.KH - 1) * self.dilation[0] - 1) // self.stride[0] + 1
+
+    @property
+    def OW(self) -> int:
+        return (self.W + self.pads[1] + self.pads[3] - (self.KW - 1) * self.dilation[1] - 1) // self.stride[1] + 1
+
+    @property
+    def pointwise(self) -> bool:
+        """1x1, stride 1, unpadded: the input is already the contraction's right-hand matrix."""
+        return (self.KH, self.KW) == (1, 1) and self.stride == (1, 1) and not any(self.pads)
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups == self.C == self.CO and self.groups > 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.N * self.CO * self.OH * self.OW * (self.C // self.groups) * self.KH * self.KW
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """The family of kernels a convolution runs as; register_tile and lanes are its contraction's
+    (None / 0 for the families without one)."""
+
+    family: str
+    register_tile: tuple[int, int] | None = None
+    lanes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ArgumentError(f"convolution family {self.family!r}: one of {', '.join(FAMILIES)}")
+
+    def __str__(self) -> str:
+        parts = [self.family]
+        if self.register_tile is not None:
+            parts.append(f"register_tile={self.register_tile[0]}x{self.register_tile[1]}")
+        if self.lanes:
+            parts.append(f"tile_lanes={self.lanes}")
+        return "ConvPlan(" + ", ".join(parts) + ")"
+
+
+def _contraction(family: str, caps: Capabilities) -> ConvPlan:
+    tile = caps.register_tile if not caps.has_local else None
+    return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0)
+
+
+def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
+    """The heuristic family: depthwise where it applies, a 1x1 as a contraction of the input itself,
+    the rest through columns. Measured on a 2-core AVX-512 EPYC (batch 8, MobileNet sizes): a 24->72
+    pointwise layer 30.8 ms as the generic loop nest, 0.88 ms as a contraction (99 GFLOP/s); a
+    stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
+    if geo.depthwise:
+        return ConvPlan("depthwise")
+    return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps)
+
+
+def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
+    """The default plan first, then the valid alternatives a search times."""
+    out = [conv_plan(geo, caps)]
+    if geo.pointwise:
+        out.append(_contraction("pointwise", caps))
+    out.append(_contraction("im2col_gemm", caps))
+    if geo.depthwise:
+        out.append(ConvPlan("depthwise"))
+    out.append(ConvPlan("direct"))
+    seen: list[ConvPlan] = []
+    for p in out:
+        try:
+            check_plan(p, geo)
+        except ArgumentError:
+            continue
+        if p not in seen:
+            seen.append(p)
+    return seen
+
+
+def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
+    """ArgumentError when the convolution cannot run as `plan`."""
+    if plan.family == "pointwise" and not geo.pointwise:
+        raise ArgumentError(f"{plan}: the convolution is not 1x1, stride 1 and unpadded")
+    if plan.family == "depthwise" and not geo.depthwise:
+        raise ArgumentError(f"{plan}: the convolution is not depthwise")
+    if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
+                                    or geo.dilation[0] != geo.dilation[1]):
+        raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")

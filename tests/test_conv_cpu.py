@@ -1,0 +1,169 @@
+"""The CPU convolution family (codegen/strategies/conv.py, `kernels.conv2d_kernels`): every plan gives
+numpy's answer for odd sizes, strides, dilations, groups and asymmetric padding, at every x86-64 level
+the host runs; the pooling kernels the same; the heuristic picks the family the geometry calls for."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from morok_py import dtypes, kernels as K
+from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan, candidate_plans, check_plan, conv_plan
+from morok_py.errors import ArgumentError
+
+from conftest import random_array
+
+
+def conv_ref(x, w, b, geo: ConvGeometry) -> np.ndarray:
+    """NCHW convolution in float64 by explicit taps: the reference."""
+    pt, pl, pb, pr = geo.pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    (sh, sw), (dh, dw), G = geo.stride, geo.dilation, geo.groups
+    Cg, COg = geo.C // G, geo.CO // G
+    out = np.zeros((geo.N, geo.CO, geo.OH, geo.OW))
+    for kh in range(geo.KH):
+        for kw in range(geo.KW):
+            win = xp[:, :, kh * dh: kh * dh + (geo.OH - 1) * sh + 1: sh, kw * dw: kw * dw + (geo.OW - 1) * sw + 1: sw]
+            for g in range(G):
+                out[:, g * COg:(g + 1) * COg] += np.einsum("nchw,oc->nohw", win[:, g * Cg:(g + 1) * Cg],
+                                                           w[g * COg:(g + 1) * COg, :, kh, kw].astype(np.float64))
+    if b is not None:
+        out += b[None, :, None, None]
+    return out
+
+
+def run_steps(target, steps, arrays: dict, epilogue_arrays=()):
+    """Launch a plan's kernels in order with scratch buffers between them; the output as numpy."""
+    bufs = {k: target.buf(v) for k, v in arrays.items()}
+    for st in steps:
+        ins = []
+        for role in st.inputs:
+            ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
+        bufs[st.output] = target.empty(st.elements, dtypes.float32)
+        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output])
+    return bufs["out"].numpy()
+
+
+GEOMETRIES = [
+    # N, C, H, W, CO, KH, KW, stride, dilation, pads (top, left, bottom, right), groups
+    ConvGeometry(2, 5, 7, 9, 11, 1, 1),                                        # pointwise
+    ConvGeometry(1, 6, 5, 13, 9, 1, 1, groups=3),                              # grouped pointwise
+    ConvGeometry(2, 3, 11, 10, 7, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),         # strided, padded
+    ConvGeometry(1, 4, 13, 12, 5, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)),         # dilated, asymmetric
+    ConvGeometry(3, 6, 9, 9, 10, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=2),  # grouped
+    ConvGeometry(2, 7, 9, 11, 5, 1, 1, (2, 2)),                                # 1x1 stride 2
+    ConvGeometry(2, 7, 11, 9, 7, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=7),  # depthwise
+    ConvGeometry(1, 5, 14, 13, 5, 5, 3, (2, 1), (2, 1), (2, 1, 3, 0), groups=5),  # depthwise, dilated
+    ConvGeometry(2, 3, 8, 8, 6, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=3),   # channel multiplier 2
+]
+
+
+def _gid(g: ConvGeometry) -> str:
+    return (f"n{g.N}c{g.C}h{g.H}w{g.W}o{g.CO}k{g.KH}x{g.KW}s{g.stride[0]}{g.stride[1]}"
+            f"d{g.dilation[0]}{g.dilation[1]}p{''.join(map(str, g.pads))}g{g.groups}")
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=_gid)
+def test_every_plan_matches_numpy_at_every_level(cpu_level, rng, geo):
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    want = conv_ref(x, w, None, geo)
+    plans = candidate_plans(geo, cpu_level.dev.renderer.caps)
+    assert plans[0] == conv_plan(geo, cpu_level.dev.renderer.caps) and len(plans) >= 1 + (geo.groups == 1 and geo.stride[0] == geo.stride[1])
+    for plan in plans:
+        got = run_steps(cpu_level, K.conv2d_kernels(geo, plan), {"x": x, "w": w})
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=str(plan))
+
+
+EPILOGUES = [
+    (K.Epilogue.of("bias", "relu"), lambda v, b, r: np.maximum(v + b, 0)),
+    (K.Epilogue.of("bias", ("clip", 0.0, 6.0)), lambda v, b, r: np.clip(v + b, 0, 6)),
+    (K.Epilogue.of("bias", "add", "relu"), lambda v, b, r: np.maximum(v + b + r, 0)),
+    (K.Epilogue.of("bias", "hardswish"), lambda v, b, r: (v + b) * np.clip((v + b) / 6 + 0.5, 0, 1)),
+    (K.Epilogue.of("bias", "silu"), lambda v, b, r: (v + b) / (1 + np.exp(-(v + b)))),
+    (K.Epilogue.of("sigmoid", "mul"), lambda v, b, r: r / (1 + np.exp(-v))),
+]
+
+
+@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[6]], ids=_gid)
+@pytest.mark.parametrize("case", range(len(EPILOGUES)))
+def test_the_epilogue_runs_in_the_kernel_that_writes_the_output(cpu, rng, geo, case):
+    epi, ref = EPILOGUES[case]
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
+    operands = [{"bias": b, "add": r, "mul": r}[o] for o in epi.operands]
+    want = ref(conv_ref(x, w, None, geo), b[None, :, None, None], r)
+    steps = K.conv2d_kernels(geo, conv_plan(geo, cpu.dev.renderer.caps), epilogue=epi)
+    assert sum(st.output == "out" for st in steps) == 1
+    got = run_steps(cpu, steps, {"x": x, "w": w}, operands)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+def _pool_ref(kind, x, k, s, d, pads, include_pad):
+    pt, pl, pb, pr = pads
+    fill = -np.inf if kind == "max" else 0.0
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=fill)
+    ones = np.pad(np.ones(x.shape[2:]), ((pt, pb), (pl, pr)))
+    OH = (xp.shape[2] - (k[0] - 1) * d[0] - 1) // s[0] + 1
+    OW = (xp.shape[3] - (k[1] - 1) * d[1] - 1) // s[1] + 1
+    wins = [xp[:, :, a * d[0]: a * d[0] + (OH - 1) * s[0] + 1: s[0], b * d[1]: b * d[1] + (OW - 1) * s[1] + 1: s[1]]
+            for a in range(k[0]) for b in range(k[1])]
+    if kind == "max":
+        return np.max(wins, axis=0)
+    cnt = k[0] * k[1] if include_pad else sum(ones[a * d[0]: a * d[0] + (OH - 1) * s[0] + 1: s[0],
+                                                   b * d[1]: b * d[1] + (OW - 1) * s[1] + 1: s[1]]
+                                              for a in range(k[0]) for b in range(k[1]))
+    return np.sum(wins, axis=0) / cnt
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("k,s,d,pads,include_pad", [((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False),
+                                                     ((2, 3), (1, 2), (2, 1), (0, 1, 1, 0), True),
+                                                     ((3, 3), (1, 1), (1, 1), (0, 0, 0, 0), False)])
+def test_pooling_matches_numpy_at_every_level(cpu_level, rng, kind, k, s, d, pads, include_pad):
+    N, C, H, W = 2, 3, 11, 13
+    x = random_array(rng, (N, C, H, W), np.float32)
+    want = _pool_ref(kind, x, k, s, d, pads, include_pad)
+    ast = K.pool2d(kind, N, C, H, W, k[0], k[1], s, d, pads, include_pad)
+    out = cpu_level.empty(want.size, dtypes.float32)
+    cpu_level.compile(ast, f"pool_{kind}")(cpu_level.buf(x), out)
+    np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_global_pooling_matches_numpy_at_every_level(cpu_level, rng, kind):
+    x = random_array(rng, (3, 5, 7, 9), np.float32)
+    out = cpu_level.empty(15, dtypes.float32)
+    cpu_level.compile(K.global_pool(kind, 15, 63), f"gpool_{kind}")(cpu_level.buf(x), out)
+    want = x.reshape(15, 63).max(1) if kind == "max" else x.reshape(15, 63).astype(np.float64).mean(1)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
+    caps = cpu.dev.renderer.caps
+    assert conv_plan(GEOMETRIES[0], caps).family == "pointwise"
+    assert conv_plan(GEOMETRIES[2], caps).family == "im2col_gemm"
+    assert conv_plan(GEOMETRIES[5], caps).family == "im2col_gemm"
+    assert conv_plan(GEOMETRIES[6], caps).family == "depthwise"
+    plan = conv_plan(GEOMETRIES[0], caps)
+    assert plan.register_tile == caps.register_tile and str(plan).startswith("ConvPlan(pointwise")
+
+
+def test_a_plan_the_geometry_cannot_take_is_refused():
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("pointwise"), GEOMETRIES[2])
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("depthwise"), GEOMETRIES[0])
+    with pytest.raises(ArgumentError):
+        ConvPlan("winograd")
+    with pytest.raises(ArgumentError):
+        ConvGeometry(1, 6, 5, 5, 4, 3, 3, groups=4)
+
+
+def test_an_unknown_epilogue_step_is_refused():
+    from morok_py.errors import UnknownNameError
+    with pytest.raises(UnknownNameError):
+        K.Epilogue.of("softplus")
+    with pytest.raises(ArgumentError):
+        K.Epilogue.of(("bias", 1.0))
