@@ -23,6 +23,8 @@ STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 # the relocations LLVM's in-process loader (RuntimeDyld) applies on x86-64, with the bytes each patches;
 # it aborts the process on any other type
 X86_64_RELOCATIONS = {0: 0, 1: 8, 2: 4, 4: 4, 9: 4, 10: 4, 11: 4, 24: 8, 25: 8, 26: 4, 41: 4, 42: 4}
+X86_64_PC_RELATIVE = frozenset({2, 4, 24})       # S + A - P: the addend is the target offset less 4 (+ an immediate)
+X86_64_ABSOLUTE = frozenset({1, 10, 11})         # S + A
 
 _SECTION = struct.Struct("<IIQQQQIIQQ")
 _SYMBOL = struct.Struct("<IBBHQQ")
@@ -281,6 +283,15 @@ def _check_relocatable(data: bytes, secs: list[Section], tables: dict) -> None:
     if len(symtabs) != 1 or symtabs[0].name != ".symtab" or any(s.type == SHT_DYNSYM for s in secs):
         _fail("a relocatable object needs exactly one symbol table, .symtab")
     symtab = symtabs[0]
+    # LLVM writes the sections back to back after the header, each at its alignment, then the table
+    end = 64
+    for s in sorted((s for s in secs[1:] if s.type != SHT_NOBITS), key=lambda s: (s.offset, s.size, s.index)):
+        at = end + (-end % max(s.align, 1))
+        if s.offset != at:
+            _fail(f"section {s.name!r} is at {s.offset}, not at {at} where the one before it ends")
+        end = at + s.size
+    if shoff != end + (-end % 8):
+        _fail(f"the section table is at {shoff}, not where the last section ends ({end})")
     for s in secs[1:]:
         fam = _family(s.name)
         if not fam:
@@ -324,6 +335,9 @@ def _check_relocatable(data: bytes, secs: list[Section], tables: dict) -> None:
                 funcs.setdefault(shndx, []).append((value, size))
         else:
             _fail(f"symbol {k} ({name!r}) has type {typ} in section {shndx}")
+    for s in secs[1:]:
+        if s.type == SHT_RELA and EM_X86_64 == struct.unpack_from("<H", data, 0x12)[0]:
+            _check_section_targets(data, secs, syms, s)
     for shndx, spans in funcs.items():
         # functions tile their section in order, each aligned, with less than one alignment of padding
         align = max(1, min(secs[shndx].align, 16))
@@ -334,6 +348,20 @@ def _check_relocatable(data: bytes, secs: list[Section], tables: dict) -> None:
             end = value + size
         if not end <= secs[shndx].size < end + align:
             _fail(f"the functions of {secs[shndx].name!r} end at {end}, its size is {secs[shndx].size}")
+
+
+def _check_section_targets(data: bytes, secs: list[Section], syms: list, rela: Section) -> None:
+    """Relocations against a section symbol (constants, jump tables) point inside that section."""
+    for at in range(rela.offset, rela.offset + rela.size, 24):
+        _, r_info, addend = struct.unpack_from("<QQq", data, at)
+        sym, rtype = r_info >> 32, r_info & 0xFFFFFFFF
+        _, info, _, shndx, _, _ = syms[sym]
+        if info & 0xF != STT_SECTION:
+            continue
+        target = addend + 4 if rtype in X86_64_PC_RELATIVE else addend if rtype in X86_64_ABSOLUTE else None
+        if target is not None and not 0 <= target <= secs[shndx].size - (rtype in X86_64_PC_RELATIVE):
+            _fail(f"a relocation in {rela.name} points at {target} in {secs[shndx].name} "
+                  f"({secs[shndx].size} bytes)")
 
 
 def check_text(payload: bytes, symbol: str) -> str:
