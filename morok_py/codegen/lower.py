@@ -545,6 +545,12 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         from .strategies.split_reduce import upcast, upcast_plan
         ast = simplify(upcast(ast, upcast_plan(ast, scan)))
         scan = scan_kernel(ast)
+    if schedule.permute:
+        from .strategies.permute import lower_permute
+        moved = lower_permute(ast, caps, name, scan, schedule.permute, schedule.group)
+        if moved is not None:
+            moved[0].schedule = schedule
+            return moved
     if schedule.mapping == "tiled":
         from .gpu_tile import tile_contraction
         if schedule.tensor_core is not None:

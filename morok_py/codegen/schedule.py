@@ -82,6 +82,7 @@ class Schedule:
                    into shared memory, the next tile's copies in flight under the whole k step, instead of
                    through registers (whose loads the compiler may schedule late: codegen/gpu_tile.py).
     stream_block   reduce "stream": output columns per block.
+    permute        "groups": a permutation moved through shared-memory tiles of this edge (strategies/permute.py); 0: off.
     """
 
     mapping: str
@@ -104,8 +105,13 @@ class Schedule:
     upcast: int = 0
     unrolled: bool = False
     async_fill: bool = False
+    permute: int = 0
 
     def __post_init__(self) -> None:
+        if self.permute:
+            from .strategies.permute import valid_permute
+            if self.mapping != "groups" or self.vector_width != 1 or self.split != 1 or not valid_permute(self.permute, self.group):
+                raise ArgumentError(f"permute={self.permute} needs mapping 'groups' and a group that moves its tiles in whole passes")
         if self.mapping not in MAPPINGS:
             raise ArgumentError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
         if self.reduce not in REDUCES:
@@ -180,7 +186,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ArgumentError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ArgumentError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
@@ -309,6 +315,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         from .opt import pack_applies
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
                         pack=bool(lanes) and pack_applies(ast, tile, lanes))
+    from .strategies.permute import TILE, permute_applies, permute_group
+    if permute_applies(ast, caps, scan):
+        return Schedule("groups", group=permute_group(caps), permute=TILE)
     if caps.tensor_cores and caps.has_shared:
         from .strategies.matrix_units import choose_tc
         from .strategies.tensor_core import tc_threads
@@ -400,6 +409,10 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .opt import lanes_apply
         if not caps.tile_lanes or not lanes_apply(ast):
             raise ArgumentError(f"{schedule}: the target prints no tile lanes or the kernel's columns are no vectors")
+    if schedule.permute:
+        from .strategies.permute import permute_applies
+        if not permute_applies(ast, caps, scan):
+            raise ArgumentError(f"{schedule}: the kernel is no permutation or the target has no shared memory")
     if schedule.tensor_core is not None:
         from .strategies.tensor_core import tc_plan, tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
@@ -472,7 +485,11 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
     else:
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
-        if base.tensor_core is not None:
+        if base.permute:        # other tiles and groups, then the general path
+            from .strategies.permute import permute_candidates
+            out += [Schedule("groups", group=g, permute=t) for t, g in permute_candidates(ast, caps, scan)]
+            out += [Schedule("groups", group=g) for g in groups]
+        elif base.tensor_core is not None:
             from .strategies.tensor_core import TC_PIPELINES, TC_TILE_CANDIDATES, WGMMA, tc_pipeline, tc_threads
             if WGMMA in caps.tensor_cores:
                 from .strategies.wgmma import WG_CANDIDATES
