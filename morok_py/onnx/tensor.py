@@ -17,6 +17,7 @@ import numpy as np
 
 from morok_py import AxisType, Buffer, UOp, dtypes
 from morok_py.dtypes import DType, from_numpy
+from morok_py.ir import variables_of
 from morok_py.onnx.errors import OnnxError
 
 INDEX_MAX = 2**31 - 1
@@ -142,6 +143,7 @@ class Kernels:
         # with a dynamic dimension (the batch) then reuses its programs for every value of it
         self.symbolic_outer = symbolic_outer
         self.programs: dict[str, object] = {}     # ast.key -> Program
+        self.var_names: dict[str, frozenset[str]] = {}   # ast.key -> the variables the kernel takes
         self.stats: list[KernelStat] = []
         self.launches: list[tuple] = []           # (program, buffers, vars)
         self.compile_s = 0.0
@@ -185,6 +187,11 @@ class Kernels:
         ct = time.perf_counter() - t0
         self.compile_s += ct
         st = KernelStat(name, prog.name, ct, cached=cached)
+        if vars:        # a variable the simplifier folded away (a range of one value) is not the kernel's
+            used = self.var_names.get(key)
+            if used is None:
+                used = self.var_names[key] = frozenset(v.arg[0] for v in variables_of(ast))
+            vars = {n: v for n, v in vars.items() if n in used}
         rt = prog(*bufs, wait=self.profile, **vars)
         st.run_s, st.runs = (rt or 0.0), 1
         self.stats.append(st)
