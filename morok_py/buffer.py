@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 # DLPack device types a Buffer can view, by the registry's device type
 _DLPACK_DEVICES = {D.CPU: "CPU", D.CUDA: "CUDA", D.ROCM: "ROCM"}
+# the lock of every view of another library's memory (free and exports of a view are rare and short)
+_VIEW_LOCK = threading.Lock()
 
 
 class Buffer:
@@ -227,6 +229,9 @@ class Buffer:
             raise D.DLPackError(f"{type(obj).__name__} refused to export: {e}") from e
         imported = D.Imported(capsule)
         try:
+            after = getattr(dev, "dlpack_imported", None)
+            if after is not None:       # the device's stream waits for the one the producer ordered
+                after()
             if imported.device != (kind, ordinal):
                 raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "
                                     f"that __dlpack_device__ said")
@@ -244,7 +249,7 @@ class Buffer:
         buf = object.__new__(Buffer)
         buf.device, buf.size, buf.dtype = device, int(size), dtype
         buf.nbytes = buf.size * dtype.itemsize
-        buf._lock = threading.Lock()
+        buf._lock = _VIEW_LOCK
         buf._owner = owner
         buf._ptr = ptr
         return buf

@@ -84,9 +84,6 @@ _USED, _USED_V = b"used_dltensor", b"used_dltensor_versioned"
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-# the destructor sees a capsule being deallocated: these take it as a raw pointer (no reference taken)
-_get_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(("PyCapsule_GetName", _api))
-_get_pointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
 _api.PyCapsule_IsValid.restype = ctypes.c_int
 _api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
@@ -95,6 +92,33 @@ _api.PyCapsule_SetName.restype = ctypes.c_int
 _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # capsule names must outlive their capsules: module constants, never freed
 _NAMES = {n: ctypes.c_char_p(n) for n in (_NAME, _NAME_V, _USED, _USED_V)}
+_NAME_ADDRS = {ctypes.cast(v, ctypes.c_void_p).value: k for k, v in _NAMES.items()}
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", _api))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
+_capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_SetName", _api))
+_capsule_new = _api.PyCapsule_New
+
+# Reads of producer structs at known addresses, without a ctypes call each: one buffer over the address
+# space, read by struct.unpack_from at an address (what ctypes.string_at does, at a sixth of the cost).
+# Only addresses a capsule handed over are read, as string_at would.
+_MEMORY = memoryview((ctypes.c_char * (1 << 47)).from_address(0)).cast("B")
+_ADDR = struct.Struct("@P")
+
+def _capsule_layout() -> tuple[type, int, int]:
+    """The capsule type and the byte offsets of a PyCapsule's pointer and name fields, found on a probe
+    capsule (so another object header leaves them right): the capsule destructor reads both without
+    a ctypes call."""
+    probe_ptr, name = 0x5EED0, _NAMES[_USED]
+    probe = _capsule_new(probe_ptr, name, None)
+    name_addr = ctypes.cast(name, ctypes.c_void_p).value
+    words = struct.unpack_from(f"@{type(probe).__basicsize__ // _ADDR.size}P", _MEMORY, id(probe))
+    at = words.index(probe_ptr) if probe_ptr in words else -1
+    if at < 0 or at + 1 >= len(words) or words[at + 1] != name_addr:
+        raise ImportError("PyCapsule layout: no pointer field followed by the name field")
+    return type(probe), at * _ADDR.size, (at + 1) * _ADDR.size
+
+
+_CAPSULE, _CAP_PTR, _CAP_NAME = _capsule_layout()
 
 # ---- export ---------------------------------------------------------------------------------------
 
@@ -122,12 +146,16 @@ def _capsule_destructor(capsule: int | None) -> None:
     the tensor here; a consumer that renamed it owns the deleter call."""
     if not capsule:
         return
-    name = _get_name(capsule)
-    if name in (_NAME, _NAME_V):
-        _release_export(_get_pointer_raw(capsule, _NAMES[name]))
+    # still named by us (a consumer renames it with its own string): nobody took the tensor
+    if _ADDR.unpack_from(_MEMORY, capsule + _CAP_NAME)[0] in _OUR_UNUSED:
+        _release_export(_ADDR.unpack_from(_MEMORY, capsule + _CAP_PTR)[0])
 
 
 _DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+_OUR_UNUSED = frozenset(a for a, n in _NAME_ADDRS.items() if n in (_NAME, _NAME_V))
+_V_MEM = ctypes.c_char * _V_EXPORT.size      # the array types of an export's memory, made once
+_L_MEM = ctypes.c_char * _L_EXPORT.size
+_V_NAME, _L_NAME = _NAMES[_NAME_V], _NAMES[_NAME]
 
 
 def dtype_code(dt: DType) -> tuple[int, int]:
@@ -144,25 +172,29 @@ def export(ptr: int, count: int, dt: DType, device: tuple[int, int], owner: Any,
            on_release: Callable[[], None] | None = None) -> Any:
     """A capsule for the 1-D tensor of `count` elements at `ptr`. `owner` stays referenced until the
     consumer's deleter runs (or the unconsumed capsule is collected); then `on_release()` is called."""
-    code, bits = dtype_code(dt)
+    code_bits = _CODE_BITS.get(dt)
+    code, bits = code_bits if code_bits is not None else dtype_code(dt)
     if versioned:
-        layout, head, name = _V_EXPORT, _V_HEAD.size, _NAME_V
+        mem = _V_MEM()
+        addr = ctypes.addressof(mem)
+        shape = addr + _V_HEAD.size
+        flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
+        _V_EXPORT.pack_into(mem, 0, VERSION[0], VERSION[1], addr, _DELETER_ADDR, flags, ptr or 0, device[0],
+                            device[1], 1, code, bits, 1, shape, shape + 8, 0, count, 1)
+        name = _V_NAME
     else:
         if read_only:
             raise DLPackError("a read-only tensor needs the versioned DLPack capsule (max_version >= (1, 0))")
-        layout, head, name = _L_EXPORT, _L_HEAD.size, _NAME
-    mem = (ctypes.c_char * layout.size)()
-    addr = ctypes.addressof(mem)
-    tensor = (ptr or 0, device[0], device[1], 1, code, bits, 1, addr + head, addr + head + 8, 0)
-    if versioned:
-        flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
-        layout.pack_into(mem, 0, VERSION[0], VERSION[1], addr, _DELETER_ADDR, flags, *tensor, count, 1)
-    else:
-        layout.pack_into(mem, 0, *tensor, addr, _DELETER_ADDR, count, 1)
+        mem = _L_MEM()
+        addr = ctypes.addressof(mem)
+        shape = addr + _L_HEAD.size
+        _L_EXPORT.pack_into(mem, 0, ptr or 0, device[0], device[1], 1, code, bits, 1, shape, shape + 8, 0,
+                            addr, _DELETER_ADDR, count, 1)
+        name = _L_NAME
     with _lock:
         _exports[addr] = (mem, owner, on_release)
     try:
-        return _api.PyCapsule_New(addr, _NAMES[name], _DESTRUCTOR_ADDR)
+        return _capsule_new(addr, name, _DESTRUCTOR_ADDR)
     except BaseException:
         _release_export(addr)
         raise
@@ -198,6 +230,20 @@ def _dtype_of(code: int, bits: int, lanes: int) -> DType:
     raise DLPackError(f"DLPack dtype ({what}, {bits} bits) has no morok_py dtype")
 
 
+_release_lock = threading.Lock()     # one for every import: release() runs a deleter once
+_DIMS: dict[int, struct.Struct] = {}
+
+
+def _dims(ndim: int) -> struct.Struct:
+    """The struct of `ndim` int64 values (a shape or strides array), made once per ndim."""
+    s = _DIMS.get(ndim)
+    if s is None:
+        if ndim > 64:
+            raise DLPackError(f"a tensor of {ndim} dimensions is not supported")
+        s = _DIMS[ndim] = struct.Struct(f"@{ndim}q")
+    return s
+
+
 # every dtype that crosses DLPack, by (code, bits, lanes): an import looks its dtype up once
 _DTYPES: dict[tuple[int, int, int], DType] = {}
 for _dt in vars(dtypes).values():
@@ -210,25 +256,34 @@ for _dt in vars(dtypes).values():
             _DTYPES[(_code, _bits, 1)] = _dt
 
 
+_deleters: dict[int, Any] = {}     # a producer's deleter address -> its ctypes function (made once)
+
+
 class Imported:
     """A consumed DLPack tensor: its data pointer, element count, dtype and device. `release()` calls
     the producer's deleter (once); until then the producer keeps the memory alive."""
 
+    _managed: "int | None" = None
+
     def __init__(self, capsule: Any) -> None:
-        self._managed: int | None = None
-        if _api.PyCapsule_IsValid(capsule, _NAMES[_NAME_V]):
+        if type(capsule) is not _CAPSULE:
+            raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
+        cname = _capsule_name(capsule)
+        if cname == _NAME_V:
             self.versioned = True
-            addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME_V])
-            major, _minor, _ctx, deleter, flags, *tensor = _V_HEAD.unpack(ctypes.string_at(addr, _V_HEAD.size))
+            addr = _capsule_pointer(capsule, cname)
+            major, _minor, _ctx, deleter, flags, *tensor = _V_HEAD.unpack_from(_MEMORY, addr)
             if major != VERSION[0]:
                 raise DLPackError(f"DLPack major version {major} is not supported (this reads {VERSION[0]})")
-        elif _api.PyCapsule_IsValid(capsule, _NAMES[_NAME]):
+        elif cname == _NAME:
             self.versioned = False
-            addr = _api.PyCapsule_GetPointer(capsule, _NAMES[_NAME])
-            *tensor, _ctx, deleter = _L_HEAD.unpack(ctypes.string_at(addr, _L_HEAD.size))
+            addr = _capsule_pointer(capsule, cname)
+            *tensor, _ctx, deleter = _L_HEAD.unpack_from(_MEMORY, addr)
             flags = 0
         else:
             raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
+        if not addr:
+            raise DLPackError("the DLPack capsule holds no tensor")
         data, dev_type, dev_id, ndim, code, bits, lanes, shape_at, strides_at, offset = tensor
         # checks first: a refused capsule stays unconsumed, so its own destructor releases the tensor
         if flags & FLAG_READ_ONLY:
@@ -238,12 +293,12 @@ class Imported:
         self.dtype = dtype_of(code, bits, lanes)
         if ndim < 0 or (ndim and not shape_at):
             raise DLPackError(f"the capsule's tensor has ndim {ndim} and shape pointer {shape_at:#x}")
-        shape = struct.unpack(f"{ndim}q", ctypes.string_at(shape_at, 8 * ndim)) if ndim else ()
+        shape = _dims(ndim).unpack_from(_MEMORY, shape_at) if ndim else ()
         count = 1
         for n in shape:
             count *= n
         if strides_at and count > 1:
-            strides = struct.unpack(f"{ndim}q", ctypes.string_at(strides_at, 8 * ndim))
+            strides = _dims(ndim).unpack_from(_MEMORY, strides_at)
             want = 1
             for i in reversed(range(ndim)):
                 if shape[i] != 1 and strides[i] != want:
@@ -254,15 +309,19 @@ class Imported:
         self.count = count
         self.ptr = data + offset
         self.flags = flags
-        name = _USED_V if self.versioned else _USED
-        if _api.PyCapsule_SetName(capsule, _NAMES[name]) != 0:
+        if _capsule_rename(capsule, _NAMES[_USED_V if self.versioned else _USED]) != 0:
             raise DLPackError("could not mark the capsule consumed")
         self._managed = addr
-        self._deleter = _DELETER(deleter) if deleter else None
-        self._lock = threading.Lock()
+        if deleter:
+            fn = _deleters.get(deleter)
+            if fn is None:
+                fn = _deleters[deleter] = _DELETER(deleter)
+            self._deleter = fn
+        else:
+            self._deleter = None
 
     def release(self) -> None:
-        with self._lock:
+        with _release_lock:
             addr, self._managed = self._managed, None
         if addr is not None and self._deleter is not None:
             self._deleter(addr)
@@ -272,3 +331,7 @@ class Imported:
             self.release()
         except Exception:
             pass
+
+
+# every exportable dtype's (code, bits), looked up once per export
+_CODE_BITS: dict[DType, tuple[int, int]] = {dt: cb for cb, dt in ((k[:2], v) for k, v in _DTYPES.items())}

@@ -105,8 +105,32 @@ class CUDADevice(Device):
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
-        """The stream a tensor imported here is used on (every launch and copy goes through it)."""
-        return int(self.stream)
+        """The stream a producer orders an exported tensor's pending work before: the legacy default
+        stream (1), which a producer on its default stream needs no event for (PyTorch makes and waits on
+        one per call for any other stream); `dlpack_imported` then orders this device's stream after it."""
+        return 1
+
+    def dlpack_imported(self) -> None:
+        """This device's stream waits for the legacy default stream (where the producer ordered its work),
+        unless that stream is idle."""
+        from cuda.bindings import driver as cu
+        from .runtime import check
+        legacy = cu.CUstream(1)      # CU_STREAM_LEGACY
+        if cu.cuStreamQuery(legacy)[0] == cu.CUresult.CUDA_SUCCESS:
+            return
+        self.make_current()
+        event = self._dlpack_event_once()
+        check(cu.cuEventRecord(event, legacy), "cuEventRecord")
+        check(cu.cuStreamWaitEvent(self.stream, event, 0), "cuStreamWaitEvent")
+
+    def _dlpack_event_once(self):
+        event = getattr(self, "_dlpack_event", None)
+        if event is None:
+            from cuda.bindings import driver as cu
+            from .runtime import check
+            event = self._dlpack_event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                                               "cuEventCreate")
+        return event
 
     def dlpack_sync(self, stream: int | None) -> None:
         """Order the consumer's `stream` after the work queued on this device's stream (the DLPack
@@ -121,10 +145,9 @@ class CUDADevice(Device):
             raise DLPackError("stream=0 is ambiguous for CUDA (the DLPack protocol refuses it); pass 1 for the "
                               "legacy default stream, 2 for the per-thread one, or a stream handle")
         self.make_current()
-        event = getattr(self, "_dlpack_event", None)
-        if event is None:
-            event = self._dlpack_event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
-                                               "cuEventCreate")
+        if cu.cuStreamQuery(self.stream)[0] == cu.CUresult.CUDA_SUCCESS:
+            return          # nothing queued here is pending: nothing to order
+        event = self._dlpack_event_once()
         check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
         check(cu.cuStreamWaitEvent(cu.CUstream(1 if stream is None else stream), event, 0), "cuStreamWaitEvent")
 
