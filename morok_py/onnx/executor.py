@@ -22,6 +22,7 @@ from morok_py.dtypes import from_numpy
 from morok_py.registry import get_device
 
 from morok_py.onnx import ops as O
+from morok_py.onnx.fuse import fuse
 from morok_py.onnx.errors import OnnxError, UnsupportedDtype, UnsupportedOp
 from morok_py.onnx.tensor import Kernels, View
 
@@ -81,7 +82,7 @@ class OnnxExecutor:
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike | bytes, device: Device | str | None = None,
                  compiler: str | None = None, profile: bool = False, symbolic_outer: bool | None = None) -> None:
-        model = load_model(model)
+        model = fuse(load_model(model))      # BatchNorm folding, epilogues, pooling kernels (onnx/fuse.py)
         self.model = model
         self.graph = model.graph
         self.dev = device if isinstance(device, Device) else get_device(device)

@@ -1,0 +1,475 @@
+"""Fusion at load: the graph rewritten so that fewer, larger kernels run, using the library's epilogues.
+
+`fuse(model)` returns a new model in which
+  - a BatchNormalization (inference) after a Conv is folded into the convolution's weights and bias;
+  - a 2-D Conv with constant weights becomes `MorokConv`, a Gemm / MatMul with a constant right-hand
+    matrix `MorokDense` (weights stored [K, N], alpha and beta folded), each computing its elementwise
+    successors as an epilogue (kernels.Epilogue): bias, residual Add / Mul, Relu, Clip, HardSwish,
+    HardSigmoid, Sigmoid, SiLU (x * Sigmoid(x)), Tanh, Gelu, LeakyRelu, scalar Mul / Add;
+  - a BatchNormalization elsewhere becomes `MorokAffine` (x * scale[c] + shift[c]) with its successors;
+  - 2-D MaxPool / AveragePool and global pooling become `MorokPool2d` / `MorokGlobalPool`.
+The fused ops run the kernels of morok_py.kernels (convolutions as codegen/strategies/conv.py plans
+them; MOROK_DEBUG=1 prints each node's plan and epilogue). A fused node takes the place of the last
+node it absorbs, so a residual operand computed later in the original order is ready.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from morok_py import config, kernels as K
+from morok_py.codegen.capabilities import Capabilities
+from morok_py.codegen.strategies.conv import ConvGeometry, conv_plan
+from morok_py.dtypes import dtypes
+
+from morok_py.onnx.errors import OnnxError
+from morok_py.onnx.ops.registry import OPS
+from morok_py.onnx.tensor import View, copy as copy_view
+
+FUSED = ("MorokConv", "MorokDense", "MorokAffine", "MorokPool2d", "MorokGlobalPool")
+# unary ops an epilogue absorbs: op -> step built from the node's attributes
+_UNARY = {
+    "Relu": lambda a: ("relu",),
+    "Sigmoid": lambda a: ("sigmoid",),
+    "Tanh": lambda a: ("tanh",),
+    "HardSwish": lambda a: ("hardswish",),
+    "HardSigmoid": lambda a: ("hardsigmoid", a.get("alpha", 0.2), a.get("beta", 0.5)),
+    "LeakyRelu": lambda a: ("leakyrelu", a.get("alpha", 0.01)),
+}
+
+
+def _attrs(node) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+class _Graph:
+    """The model's nodes with producer / consumer maps, constant initializers and inferred shapes."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        g = model.graph
+        self.nodes: list[Any] = list(g.node)
+        self.inits = {i.name: i for i in g.initializer}
+        self.outputs = {o.name for o in g.output}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:       # a model onnx cannot infer: fusion then leaves shape-dependent steps alone
+            inferred = g
+        self.shapes: dict[str, tuple] = {}
+        self.types: dict[str, int] = {}
+        for vi in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
+            tt = vi.type.tensor_type
+            if vi.type.HasField("tensor_type"):
+                self.types[vi.name] = tt.elem_type
+                if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+                    self.shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+        for name, t in self.inits.items():
+            self.shapes[name] = tuple(t.dims)
+            self.types[name] = t.data_type
+        self.consumers: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            for x in n.input:
+                if x:
+                    self.consumers.setdefault(x, []).append(i)
+        self.dead: set[int] = set()
+        self.new_inits: list[onnx.TensorProto] = []
+        self._count = 0
+
+    def const(self, name: str) -> np.ndarray | None:
+        t = self.inits.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    def users(self, name: str) -> list[int]:
+        return [i for i in self.consumers.get(name, []) if i not in self.dead]
+
+    def sole_user(self, name: str) -> int | None:
+        """The index of the one node reading `name`, when it is the only reader and no graph output."""
+        u = self.users(name)
+        return u[0] if len(u) == 1 and name not in self.outputs else None
+
+    def add_init(self, arr: np.ndarray, hint: str) -> str:
+        self._count += 1
+        name = f"morok_fused/{hint}/{self._count}"
+        self.new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def is_float32(self, name: str) -> bool:
+        return self.types.get(name) == onnx.TensorProto.FLOAT
+
+
+def _scalar(arr: np.ndarray | None) -> float | None:
+    return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+
+def _absorb(g: _Graph, out: str, shape: tuple | None, channels: int, channel_axis: int,
+            bias: np.ndarray | None, steps: list, operands: list[str]) -> tuple[str, int, np.ndarray | None]:
+    """Absorb the elementwise successors of `out` into `steps` (in place); returns the last output,
+    the index of the last absorbed node (-1: none) and the bias (constant per-channel adds folded)."""
+    last = -1
+    while True:
+        i = g.sole_user(out)
+        if i is None:
+            users = g.users(out)
+            if len(users) == 2 and out not in g.outputs:          # x * Sigmoid(x)
+                a, b = (g.nodes[u] for u in users)
+                sig, mul = (a, b) if a.op_type == "Sigmoid" else (b, a)
+                if (sig.op_type == "Sigmoid" and mul.op_type == "Mul" and set(mul.input) == {out, sig.output[0]}
+                        and g.sole_user(sig.output[0]) is not None):
+                    steps.append(("silu",))
+                    g.dead.update(users)
+                    out, last = mul.output[0], max(users)
+                    continue
+            return out, last, bias
+        n = g.nodes[i]
+        a = _attrs(n)
+        if n.op_type in _UNARY:
+            steps.append(_UNARY[n.op_type](a))
+        elif n.op_type == "Gelu" and a.get("approximate", b"none") in (b"none", "none"):
+            steps.append(("gelu",))
+        elif n.op_type == "Clip":
+            lo = _scalar(g.const(n.input[1])) if len(n.input) > 1 and n.input[1] else a.get("min", -math.inf)
+            hi = _scalar(g.const(n.input[2])) if len(n.input) > 2 and n.input[2] else a.get("max", math.inf)
+            if lo is None or hi is None or (len(n.input) > 1 and n.input[1] and n.input[1] not in g.inits) or \
+                    (len(n.input) > 2 and n.input[2] and n.input[2] not in g.inits):
+                return out, last, bias
+            steps.append(("clip", lo, hi))
+        elif n.op_type in ("Add", "Mul") and len(n.input) == 2:
+            other = n.input[1] if n.input[0] == out else n.input[0]
+            if other == out:
+                return out, last, bias
+            c = g.const(other)
+            if c is not None and c.size == 1:
+                steps.append(("shift" if n.op_type == "Add" else "scale", float(c.reshape(-1)[0])))
+            elif (c is not None and n.op_type == "Add" and not steps and shape is not None
+                  and _per_channel(c.shape, len(shape), channel_axis, channels)):
+                bias = (bias if bias is not None else 0) + c.reshape(-1).astype(np.float64)
+            elif (c is None and shape is not None and g.shapes.get(other) == shape and g.is_float32(other)
+                  and g.shapes.get(n.output[0]) == shape):
+                steps.append(("add",) if n.op_type == "Add" else ("mul",))
+                operands.append(other)
+            else:
+                return out, last, bias
+        else:
+            return out, last, bias
+        g.dead.add(i)
+        out, last = n.output[0], i
+
+
+def _per_channel(cshape: tuple, rank: int, axis: int, channels: int) -> bool:
+    """A constant that broadcasts as one value per channel along `axis` of a rank-`rank` tensor."""
+    if len(cshape) > rank or int(np.prod(cshape)) != channels:
+        return False
+    full = (1,) * (rank - len(cshape)) + tuple(cshape)
+    return all(d == (channels if k == axis else 1) for k, d in enumerate(full))
+
+
+def _fold_bn(g: _Graph, bn, W: np.ndarray, b: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Weights and bias of a convolution followed by inference BatchNormalization `bn`."""
+    a = _attrs(bn)
+    if a.get("training_mode", 0) or any(o for o in bn.output[1:]):
+        return None
+    params = [g.const(x) for x in bn.input[1:5]]
+    if any(p is None for p in params):
+        return None
+    scale, shift, mean, var = (p.astype(np.float64) for p in params)
+    s = scale / np.sqrt(var + a.get("epsilon", 1e-5))
+    b0 = b.astype(np.float64) if b is not None else 0.0
+    return (W.astype(np.float64) * s.reshape(-1, *([1] * (W.ndim - 1)))), (b0 - mean) * s + shift
+
+
+def _emit(g: _Graph, at: int, op_type: str, inputs: list[str], output: str, name: str, **attrs) -> None:
+    node = helper.make_node(op_type, inputs, [output], name=name, **attrs)
+    g.nodes[at] = node
+    g.dead.discard(at)
+
+
+def _fuse_conv(g: _Graph, i: int) -> None:
+    n = g.nodes[i]
+    if len(n.input) < 2 or not g.is_float32(n.input[0]):
+        return
+    W, b = g.const(n.input[1]), (g.const(n.input[2]) if len(n.input) > 2 and n.input[2] else None)
+    if W is None or W.ndim != 4 or W.dtype != np.float32 or (len(n.input) > 2 and n.input[2] and b is None):
+        return
+    out = n.output[0]
+    u = g.sole_user(out)
+    last = i
+    if u is not None and g.nodes[u].op_type == "BatchNormalization":
+        folded = _fold_bn(g, g.nodes[u], W, b)
+        if folded is not None:
+            W, b = folded
+            g.dead.add(u)
+            out, last = g.nodes[u].output[0], u
+    steps: list = []
+    operands: list[str] = []
+    shape = g.shapes.get(out)
+    out, absorbed, b = _absorb(g, out, shape, W.shape[0], 1, b, steps, operands)
+    last = max(last, absorbed)
+    a = _attrs(n)
+    ins = [n.input[0], g.add_init(W.astype(np.float32), "w")]
+    if b is not None:
+        ins.append(g.add_init(np.asarray(b, np.float32).reshape(-1), "b"))
+        steps.insert(0, ("bias",))
+    keep = {k: v for k, v in a.items() if k in ("kernel_shape", "strides", "dilations", "pads", "group", "auto_pad")}
+    g.dead.add(i)
+    _emit(g, last, "MorokConv", ins + operands, out, n.name or f"Conv_{i}", epilogue=json.dumps(steps), **keep)
+
+
+def _fuse_dense(g: _Graph, i: int) -> None:
+    n = g.nodes[i]
+    a = _attrs(n)
+    if not g.is_float32(n.input[0]) or a.get("transA", 0):
+        return
+    B = g.const(n.input[1])
+    if B is None or B.ndim != 2 or B.dtype != np.float32:
+        return
+    shape_a = g.shapes.get(n.input[0])
+    if n.op_type == "MatMul":
+        if shape_a is None or len(shape_a) < 2:
+            return
+        Bkn, bias = B.astype(np.float64), None
+    else:
+        if shape_a is None or len(shape_a) != 2:
+            return
+        Bkn = (B.T if a.get("transB", 0) else B).astype(np.float64) * a.get("alpha", 1.0)
+        bias = None
+        if len(n.input) > 2 and n.input[2]:
+            C = g.const(n.input[2])
+            if C is None or not (C.size == 1 or _per_channel(C.shape, 2, 1, Bkn.shape[1])):
+                return
+            bias = np.broadcast_to(C.astype(np.float64).reshape(-1), (Bkn.shape[1],)) * a.get("beta", 1.0)
+    out = n.output[0]
+    steps: list = []
+    operands: list[str] = []
+    shape = g.shapes.get(out)
+    out, absorbed, bias = _absorb(g, out, shape, Bkn.shape[1], len(shape) - 1 if shape else 1, bias, steps, operands)
+    ins = [n.input[0], g.add_init(Bkn.astype(np.float32), "w")]
+    if bias is not None:
+        ins.append(g.add_init(np.asarray(bias, np.float32).reshape(-1), "b"))
+        steps.insert(0, ("bias",))
+    g.dead.add(i)
+    _emit(g, max(i, absorbed), "MorokDense", ins + operands, out, n.name or f"{n.op_type}_{i}", epilogue=json.dumps(steps))
+
+
+def _fuse_affine(g: _Graph, i: int) -> None:
+    """An inference BatchNormalization (not after a convolution) as x * scale[c] + shift[c] with its successors."""
+    n = g.nodes[i]
+    shape = g.shapes.get(n.input[0])
+    if not g.is_float32(n.input[0]) or shape is None or len(shape) < 2:
+        return
+    a = _attrs(n)
+    if a.get("training_mode", 0) or any(o for o in n.output[1:]):
+        return
+    params = [g.const(x) for x in n.input[1:5]]
+    if any(p is None for p in params):
+        return
+    scale, shift, mean, var = (p.astype(np.float64) for p in params)
+    s = scale / np.sqrt(var + a.get("epsilon", 1e-5))
+    t = shift - mean * s
+    steps: list = []
+    operands: list[str] = []
+    out, absorbed, _ = _absorb(g, n.output[0], g.shapes.get(n.output[0]), shape[1], 1, None, steps, operands)
+    if operands:        # residual operands are left to the convolutions; undo is not needed: none absorbed here
+        return
+    g.dead.add(i)
+    ins = [n.input[0], g.add_init(s.astype(np.float32), "scale"), g.add_init(t.astype(np.float32), "shift")]
+    _emit(g, max(i, absorbed), "MorokAffine", ins, out, n.name or f"BatchNormalization_{i}", epilogue=json.dumps(steps))
+
+
+def _fuse_pool(g: _Graph, i: int) -> None:
+    n = g.nodes[i]
+    shape = g.shapes.get(n.input[0])
+    if not g.is_float32(n.input[0]) or shape is None or len(shape) != 4:
+        return
+    a = _attrs(n)
+    if n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+        g.nodes[i] = helper.make_node("MorokGlobalPool", [n.input[0]], [n.output[0]], name=n.name or f"{n.op_type}_{i}",
+                                      kind="avg" if n.op_type == "GlobalAveragePool" else "max")
+        return
+    if len(n.output) > 1 and n.output[1] or a.get("ceil_mode", 0) or a.get("storage_order", 0):
+        return
+    keep = {k: v for k, v in a.items() if k in ("kernel_shape", "strides", "dilations", "pads", "auto_pad",
+                                                  "count_include_pad")}
+    g.nodes[i] = helper.make_node("MorokPool2d", [n.input[0]], [n.output[0]], name=n.name or f"{n.op_type}_{i}",
+                                  kind="max" if n.op_type == "MaxPool" else "avg", **keep)
+
+
+def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with convolutions, contractions, normalizations and pooling replaced by fused nodes;
+    initializers no node reads any more are dropped. MOROK_ONNX_FUSE=0 returns the model as it is."""
+    if config.getenv("MOROK_ONNX_FUSE", "1") == "0":
+        return model
+    model = copy.deepcopy(model)
+    g = _Graph(model)
+    for i in range(len(g.nodes)):
+        if i in g.dead:
+            continue
+        op = g.nodes[i].op_type
+        if op == "Conv":
+            _fuse_conv(g, i)
+        elif op in ("Gemm", "MatMul"):
+            _fuse_dense(g, i)
+    for i in range(len(g.nodes)):
+        if i in g.dead:
+            continue
+        op = g.nodes[i].op_type
+        if op == "BatchNormalization":
+            _fuse_affine(g, i)
+        elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+            _fuse_pool(g, i)
+    nodes = [n for i, n in enumerate(g.nodes) if i not in g.dead]
+    used = {x for n in nodes for x in n.input} | g.outputs
+    for n in nodes:         # names read inside subgraphs (If, Loop, Scan) count as used
+        for attr in n.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                used |= {x for sn in sub.node for x in sn.input}
+    inits = [t for t in model.graph.initializer if t.name in used] + g.new_inits
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(inits)
+    return model
+
+
+# ---- the fused ops ---------------------------------------------------------------------------------
+
+def _caps(ctx) -> Capabilities:
+    r = getattr(ctx.k.dev, "renderer", None)
+    return getattr(r, "caps", None) or Capabilities()
+
+
+def _dense(ctx, v: View) -> View:
+    """`v` as a contiguous buffer from element 0 (a copy when it is a strided view)."""
+    if v.is_contiguous() and v.offset == 0:
+        return v
+    return copy_view(ctx.k, ctx.n("contiguous"), v)
+
+
+def _epilogue(a: dict) -> K.Epilogue:
+    raw = a.get("epilogue", b"[]")
+    return K.Epilogue(json.loads(raw.decode() if isinstance(raw, bytes) else raw))
+
+
+def _operands(ctx, views: list[View], shape: tuple) -> list[View]:
+    out = []
+    for v in views:
+        if tuple(v.shape) != tuple(shape):
+            raise OnnxError(f"{ctx.name}: epilogue operand of shape {v.shape} for an output of shape {tuple(shape)}")
+        out.append(_dense(ctx, v))
+    return out
+
+
+def _conv_geometry(x: View, w: View, a: dict) -> ConvGeometry:
+    N, C, H, W = x.shape
+    KH, KW = a.get("kernel_shape", w.shape[2:])
+    s = tuple(a.get("strides", (1, 1)))
+    d = tuple(a.get("dilations", (1, 1)))
+    pads = list(a.get("pads", (0, 0, 0, 0)))
+    auto = a.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        for k, (n, st, kk, dd) in enumerate(zip((H, W), s, (KH, KW), d)):
+            total = max(0, (-(-n // st) - 1) * st + (kk - 1) * dd + 1 - n)
+            lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+            pads[k], pads[k + 2] = lo, total - lo
+    elif auto == "VALID":
+        pads = [0, 0, 0, 0]
+    # ONNX pads are (begin..., end...): (top, left, bottom, right) for 2-D
+    return ConvGeometry(N, C, H, W, w.shape[0], int(KH), int(KW), s, d, (pads[0], pads[1], pads[2], pads[3]),
+                        int(a.get("group", 1)))
+
+
+_said: set[str] = set()
+
+
+def _say(name: str, what: str) -> None:
+    if config.debug_level() >= 1 and name not in _said:
+        _said.add(name)
+        config.log(f"{name} {what}")
+
+
+def _conv(ctx, ins, a):
+    x, w = _dense(ctx, ins[0]), ins[1]
+    has_bias = len(ins) > 2 and ins[2] is not None and _epilogue(a).operands[:1] == ("bias",)
+    epi = _epilogue(a)
+    geo = _conv_geometry(x, w, a)
+    plan = conv_plan(geo, _caps(ctx))
+    _say(ctx.name, f"conv: {plan}, epilogue {epi}")
+    out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
+    extra = ([ins[2]] if has_bias else []) + _operands(ctx, [v for v in ins[2 + has_bias:]], out.shape)
+    bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
+    for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi):
+        if st.output != "out":
+            bufs[st.output] = ctx.k.empty([st.elements], x.dtype).buf
+        args = []
+        for role in st.inputs:
+            args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
+        ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]])
+    return [out]
+
+
+def _dense_op(ctx, ins, a):
+    x, w = _dense(ctx, ins[0]), ins[1]
+    epi = _epilogue(a)
+    has_bias = epi.operands[:1] == ("bias",)
+    K_, N = w.shape
+    M = x.size // K_
+    oshape = tuple(x.shape[:-1]) + (N,)
+    out = ctx.k.empty(oshape, x.dtype)
+    extra = ([ins[2]] if has_bias else []) + _operands(ctx, list(ins[2 + has_bias:]), oshape)
+    _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}")
+    ctx.k.launch(ctx.n("gemm"), K.matmul(M, N, K_, dtypes.float32, epi), [x.buf, w.buf] + [v.buf for v in extra] + [out.buf])
+    return [out]
+
+
+def _affine(ctx, ins, a):
+    x, s, t = _dense(ctx, ins[0]), ins[1], ins[2]
+    epi = _epilogue(a)
+    C = x.shape[1]
+    inner = x.size // (x.shape[0] * C)
+    from morok_py import UOp
+    rows = x.shape[0] * C
+    q = UOp.range(rows, 0) if rows > 1 else UOp.const(0, dtypes.index)
+    p = UOp.range(inner, 1) if inner > 1 else UOp.const(0, dtypes.index)
+    c = q % C if x.shape[0] > 1 else q
+    xp, sp, tp = (UOp.param(k, dtypes.float32) for k in range(3))
+    at = q * inner + p
+    v = xp.load(at) * sp.load(c) + tp.load(c)
+    v, nxt = epi.apply(v, 3, dtypes.float32, c, at)
+    out = ctx.k.empty(x.shape, x.dtype)
+    ctx.k.launch(ctx.n(), UOp.sink(UOp.param(nxt, dtypes.float32).store(at, v)), [x.buf, s.buf, t.buf, out.buf])
+    return [out]
+
+
+def _pool2d(ctx, ins, a):
+    x = _dense(ctx, ins[0])
+    kind = a["kind"].decode() if isinstance(a["kind"], bytes) else a["kind"]
+    kh, kw = a["kernel_shape"]
+    fake_w = View(x.buf, (x.shape[1], 1, kh, kw), (0, 0, 0, 0))
+    geo = _conv_geometry(x, fake_w, {**a, "group": x.shape[1]})
+    out = ctx.k.empty([geo.N, geo.C, geo.OH, geo.OW], x.dtype)
+    ast = K.pool2d(kind, geo.N, geo.C, geo.H, geo.W, kh, kw, geo.stride, geo.dilation, geo.pads,
+                   bool(a.get("count_include_pad", 0)))
+    ctx.k.launch(ctx.n(), ast, [x.buf, out.buf])
+    return [out]
+
+
+def _global_pool(ctx, ins, a):
+    x = _dense(ctx, ins[0])
+    kind = a["kind"].decode() if isinstance(a["kind"], bytes) else a["kind"]
+    rows = x.shape[0] * x.shape[1]
+    out = ctx.k.empty(list(x.shape[:2]) + [1] * (x.ndim - 2), x.dtype)
+    ctx.k.launch(ctx.n(), K.global_pool(kind, rows, x.size // rows), [x.buf, out.buf])
+    return [out]
+
+
+OPS["MorokConv"] = _conv
+OPS["MorokDense"] = _dense_op
+OPS["MorokAffine"] = _affine
+OPS["MorokPool2d"] = _pool2d
+OPS["MorokGlobalPool"] = _global_pool
