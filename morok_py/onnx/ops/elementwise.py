@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from morok_py import Ops, UOp, dtypes
+from morok_py import UOp, dtypes
 from morok_py.onnx.ops.common import abs_value, cast_to, ew, fconst, method, ONNX_DT
 from morok_py.onnx.ops.registry import OPS, op
 
@@ -90,9 +90,10 @@ def _gelu(ctx, ins, a):
 
 # ---- binary / variadic -----------------------------------------------------------------------------
 def _div(x: UOp, y: UOp) -> UOp:
+    """ONNX's integer Div truncates toward zero (C), not toward -inf (Python's //)."""
     if x.dtype.is_float:
         return x / y
-    return x.alu(Ops.IDIV, y)
+    return x.cdiv(y)
 
 
 def _mod(fmod: int):
@@ -106,11 +107,8 @@ def _mod(fmod: int):
             z = fconst(x, 0)
             r = ((r != z) & ((r < z) != (y < z))).where(r + y, r)
             return (r == z).where((y < z).where(fconst(x, -0.0), z), r)
-        r = x % y
-        if fmod or x.dtype.is_unsigned:
-            return r
-        z = UOp.const(0, x.dtype)
-        return ((r != z) & ((r < z) != (y < z))).where(r + y, r)
+        # fmod=1: C's remainder (the dividend's sign); fmod=0: the divisor's sign, Python's %
+        return x.cmod(y) if fmod else x % y
     return f
 
 

@@ -91,7 +91,7 @@ _reduce_op("ReduceSum", Ops.ADD)
 _reduce_op("ReduceMax", Ops.MAX)
 _reduce_op("ReduceMin", "min")
 _reduce_op("ReduceProd", Ops.MUL)
-_reduce_op("ReduceMean", Ops.ADD, post=lambda v, c: v / _cnt(v, c) if v.dtype.is_float else v // _cnt(v, c))
+_reduce_op("ReduceMean", Ops.ADD, post=lambda v, c: v / _cnt(v, c) if v.dtype.is_float else v.cdiv(_cnt(v, c)))
 _reduce_op("ReduceSumSquare", Ops.ADD, pre=lambda v: v * v)
 _reduce_op("ReduceL1", Ops.ADD, pre=abs_value)
 _reduce_op("ReduceL2", Ops.ADD, pre=lambda v: v * v,

@@ -60,16 +60,35 @@ def _sub(v: View, i: int) -> View:
 
 class _Step:
     """What one recurrent step kernel needs: the time variable, the batch entry's sequence length, the
-    input time it reads, whether it is inside the sequence and where its Y row goes."""
+    input time it reads, whether it is inside the sequence and where its Y row goes. The length is
+    loaded only by a kernel that uses it (a param loaded and then unused would leave a gap)."""
 
     def __init__(self, kb: KB, S: int, b: UOp, lens: View | None, reverse: bool) -> None:
+        self.kb, self.S, self.b, self.lens, self.reverse = kb, S, b, lens, reverse
         self.t = UOp.variable("t", 0, max(S - 1, 1))    # not folded away where S == 1
-        L = kb.load(lens, [b]).cast(dtypes.index).clamp(0, S) if lens is not None else iconst(S)
-        self.valid = self.t < L
-        xt = (L - 1 - self.t) if reverse else self.t
-        self.xt = xt.clamp(0, S - 1)
+        self._L: UOp | None = None
+
+    @property
+    def L(self) -> UOp:
+        if self._L is None:
+            self._L = (self.kb.load(self.lens, [self.b]).cast(dtypes.index).clamp(0, self.S)
+                       if self.lens is not None else iconst(self.S))
+        return self._L
+
+    @property
+    def valid(self) -> UOp:
+        return self.t < self.L
+
+    @property
+    def xt(self) -> UOp:
+        return ((self.L - 1 - self.t) if self.reverse else self.t).clamp(0, self.S - 1)
+
+    @property
+    def yt(self) -> UOp:
         # steps past the sequence write zeros at their own position, so every row is written once
-        self.yt = self.valid.where(self.xt, self.t).clamp(0, S - 1) if lens is not None else self.xt
+        if self.lens is None:
+            return self.xt
+        return self.valid.where(self.xt, self.t).clamp(0, self.S - 1)
 
 
 def _gate(kb: KB, xw: View, R: View, hprev: View, st: _Step, b, h, k: int, H: int, clip: float | None) -> UOp:
