@@ -77,6 +77,8 @@ def fold(node: UOp) -> UOp:
             # x // 1 == x, x % 1 == 0 and x // 0 == x % 0 == 0, for floor and truncating division alike
             if _is_const(b, 1) and op in (Ops.IDIV, Ops.CDIV): return a
             if _is_const(b, 1) or _is_const(b, 0): return UOp.const(0, node.dtype)
+            if _is_const(b, -1):    # a negation that wraps (INT_MIN // -1 == INT_MIN); the remainder is 0
+                return UOp(Ops.NEG, node.dtype, (a,), None) if op in (Ops.IDIV, Ops.CDIV) else UOp.const(0, node.dtype)
             # (x * c) // c -> x and (x * c) % c -> 0 hold for floor and truncating division when x*c
             # does not wrap, which the launch-time bounds check guarantees for index math (only there)
             if node.dtype is dtypes.index and b.op is Ops.CONST and b.arg > 0 and a.op is Ops.MUL \
