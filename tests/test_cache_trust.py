@@ -541,3 +541,30 @@ def test_a_damaged_cubin_is_recompiled_and_healed_for_the_next_process(compiler,
     k1, k2 = first["kernels"][0], second["kernels"][0]
     assert (k1["ok"], k1["compiles"], k1["corrupt"]) == (True, 1, 1), first
     assert (k2["ok"], k2["compiles"], k2["corrupt"], k2["ast_hits"]) == (True, 0, 0, 1), second
+
+
+@pytest.mark.parametrize("how", list(CUBIN_DAMAGE))
+@pytest.mark.parametrize("key", CUDA_PAIRS)
+def test_each_cubin_damage_is_refused_by_the_check_without_a_gpu(key, how):
+    """What the GPU test above damages, refused here already (compile-only: the cuda extra, no GPU)."""
+    from conftest import cuda_compile_pair
+    r, c = cuda_compile_pair(key)
+    name = "trust_cubin"
+    good = c.compile(r.render(kernel(1.5), name)).bytes
+    other = c.compile(r.render(kernel(0.75), "trust_other")).bytes
+    cache.check_output(c, name, "bytes", good)
+    with pytest.raises(elf.ElfError):
+        cache.check_output(c, name, "bytes", CUBIN_DAMAGE[how](good, other, name))
+
+
+def test_a_remembered_paths_file_replaced_by_a_folder_is_replaced(cache_dir):
+    cache_dir.mkdir(parents=True)
+    memo = cache_dir / f"paths-{cache.environment_fingerprint()[:32]}.json"
+    memo.mkdir()
+    calls = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert cache.remembered_path("tool", lambda: calls.append(1) or sys.executable) == sys.executable
+    assert len(calls) == 1 and memo.is_file()
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
