@@ -103,15 +103,56 @@ class _Graph:
         return self.types.get(name) == onnx.TensorProto.FLOAT
 
 
+def _fold_constants(g: _Graph) -> None:
+    """Constant and ConstantOfShape (of a constant shape) nodes become initializers, so the weights some
+    exporters compute that way (the onnx wheel's light models) fold and fuse like stored ones."""
+    for i, n in enumerate(g.nodes):
+        if n.op_type not in ("Constant", "ConstantOfShape", "Unsqueeze", "Reshape") or len(n.output) != 1:
+            continue
+        a = _attrs(n)
+        if n.op_type in ("Unsqueeze", "Reshape"):
+            src = g.const(n.input[0])
+            arg = g.const(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+            if src is None or (len(n.input) > 1 and n.input[1] and arg is None):
+                continue
+            if n.op_type == "Unsqueeze":
+                axes = [int(v) for v in (arg.reshape(-1) if arg is not None else a.get("axes", []))]
+                nd = src.ndim + len(axes)
+                axes_set = {ax % nd for ax in axes}
+                it = iter(src.shape)
+                arr = src.reshape([1 if d in axes_set else next(it) for d in range(nd)])
+            else:
+                if arg is None or a.get("allowzero", 0) or -1 in arg:
+                    continue
+                arr = src.reshape([src.shape[k] if v == 0 else int(v) for k, v in enumerate(arg.reshape(-1))])
+        elif n.op_type == "Constant":
+            if "value" not in a:
+                continue
+            arr = numpy_helper.to_array(a["value"])
+        else:
+            shape = g.const(n.input[0]) if n.input else np.zeros(0, np.int64)
+            if shape is None:
+                continue
+            fill = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+            arr = np.full([int(d) for d in shape.reshape(-1)], fill.reshape(-1)[0], fill.dtype)
+        t = numpy_helper.from_array(np.ascontiguousarray(arr), n.output[0])
+        g.inits[n.output[0]] = t
+        g.shapes[n.output[0]] = tuple(arr.shape)
+        g.types[n.output[0]] = t.data_type
+        g.new_inits.append(t)
+        g.dead.add(i)
+
+
 def _scalar(arr: np.ndarray | None) -> float | None:
     return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
 
 
 def _absorb(g: _Graph, out: str, shape: tuple | None, channels: int, channel_axis: int,
-            bias: np.ndarray | None, steps: list, operands: list[str]) -> tuple[str, int, np.ndarray | None]:
+            bias: np.ndarray | None, steps: list, operands: list[str]):
     """Absorb the elementwise successors of `out` into `steps` (in place); returns the last output,
-    the index of the last absorbed node (-1: none) and the bias (constant per-channel adds folded)."""
-    last = -1
+    the index of the last absorbed node (-1: none), the bias and the per-channel multiplier of the
+    producer's output (constant per-channel Mul and Add before any step are folded; None: none)."""
+    last, mult = -1, None
     while True:
         i = g.sole_user(out)
         if i is None:
@@ -125,7 +166,7 @@ def _absorb(g: _Graph, out: str, shape: tuple | None, channels: int, channel_axi
                     g.dead.update(users)
                     out, last = mul.output[0], max(users)
                     continue
-            return out, last, bias
+            return out, last, bias, mult
         n = g.nodes[i]
         a = _attrs(n)
         if n.op_type in _UNARY:
@@ -137,26 +178,31 @@ def _absorb(g: _Graph, out: str, shape: tuple | None, channels: int, channel_axi
             hi = _scalar(g.const(n.input[2])) if len(n.input) > 2 and n.input[2] else a.get("max", math.inf)
             if lo is None or hi is None or (len(n.input) > 1 and n.input[1] and n.input[1] not in g.inits) or \
                     (len(n.input) > 2 and n.input[2] and n.input[2] not in g.inits):
-                return out, last, bias
+                return out, last, bias, mult
             steps.append(("clip", lo, hi))
-        elif n.op_type in ("Add", "Mul") and len(n.input) == 2:
+        elif n.op_type in ("Add", "Mul", "Sum") and len(n.input) == 2:
             other = n.input[1] if n.input[0] == out else n.input[0]
             if other == out:
-                return out, last, bias
+                return out, last, bias, mult
             c = g.const(other)
             if c is not None and c.size == 1:
-                steps.append(("shift" if n.op_type == "Add" else "scale", float(c.reshape(-1)[0])))
-            elif (c is not None and n.op_type == "Add" and not steps and shape is not None
+                steps.append(("scale" if n.op_type == "Mul" else "shift", float(c.reshape(-1)[0])))
+            elif (c is not None and not steps and shape is not None
                   and _per_channel(c.shape, len(shape), channel_axis, channels)):
-                bias = (bias if bias is not None else 0) + c.reshape(-1).astype(np.float64)
+                cc = c.reshape(-1).astype(np.float64)
+                if n.op_type == "Mul":
+                    mult = cc if mult is None else mult * cc
+                    bias = bias * cc if bias is not None else None
+                else:
+                    bias = (bias if bias is not None else 0) + cc
             elif (c is None and shape is not None and g.shapes.get(other) == shape and g.is_float32(other)
                   and g.shapes.get(n.output[0]) == shape):
-                steps.append(("add",) if n.op_type == "Add" else ("mul",))
+                steps.append(("mul",) if n.op_type == "Mul" else ("add",))
                 operands.append(other)
             else:
-                return out, last, bias
+                return out, last, bias, mult
         else:
-            return out, last, bias
+            return out, last, bias, mult
         g.dead.add(i)
         out, last = n.output[0], i
 
@@ -208,8 +254,10 @@ def _fuse_conv(g: _Graph, i: int) -> None:
     steps: list = []
     operands: list[str] = []
     shape = g.shapes.get(out)
-    out, absorbed, b = _absorb(g, out, shape, W.shape[0], 1, b, steps, operands)
+    out, absorbed, b, mult = _absorb(g, out, shape, W.shape[0], 1, b, steps, operands)
     last = max(last, absorbed)
+    if mult is not None:
+        W = W.astype(np.float64) * mult.reshape(-1, 1, 1, 1)
     a = _attrs(n)
     ins = [n.input[0], g.add_init(W.astype(np.float32), "w")]
     if b is not None:
@@ -247,7 +295,10 @@ def _fuse_dense(g: _Graph, i: int) -> None:
     steps: list = []
     operands: list[str] = []
     shape = g.shapes.get(out)
-    out, absorbed, bias = _absorb(g, out, shape, Bkn.shape[1], len(shape) - 1 if shape else 1, bias, steps, operands)
+    out, absorbed, bias, mult = _absorb(g, out, shape, Bkn.shape[1], len(shape) - 1 if shape else 1, bias, steps,
+                                        operands)
+    if mult is not None:
+        Bkn = Bkn * mult.reshape(1, -1)
     ins = [n.input[0], g.add_init(Bkn.astype(np.float32), "w")]
     if bias is not None:
         ins.append(g.add_init(np.asarray(bias, np.float32).reshape(-1), "b"))
@@ -273,12 +324,12 @@ def _fuse_affine(g: _Graph, i: int) -> None:
     t = shift - mean * s
     steps: list = []
     operands: list[str] = []
-    out, absorbed, _ = _absorb(g, n.output[0], g.shapes.get(n.output[0]), shape[1], 1, None, steps, operands)
-    if operands:        # residual operands are left to the convolutions; undo is not needed: none absorbed here
-        return
+    out, absorbed, t, mult = _absorb(g, n.output[0], g.shapes.get(n.output[0]), shape[1], 1, t, steps, operands)
+    if mult is not None:
+        s = s * mult
     g.dead.add(i)
     ins = [n.input[0], g.add_init(s.astype(np.float32), "scale"), g.add_init(t.astype(np.float32), "shift")]
-    _emit(g, max(i, absorbed), "MorokAffine", ins, out, n.name or f"BatchNormalization_{i}", epilogue=json.dumps(steps))
+    _emit(g, max(i, absorbed), "MorokAffine", ins + operands, out, n.name or f"BatchNormalization_{i}", epilogue=json.dumps(steps))
 
 
 def _fuse_pool(g: _Graph, i: int) -> None:
@@ -306,6 +357,7 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     model = copy.deepcopy(model)
     g = _Graph(model)
+    _fold_constants(g)
     for i in range(len(g.nodes)):
         if i in g.dead:
             continue
@@ -329,6 +381,10 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                 used |= {x for sn in sub.node for x in sn.input}
     inits = [t for t in model.graph.initializer if t.name in used] + g.new_inits
+    dropped = {t.name for t in model.graph.initializer} - used
+    kept_inputs = [vi for vi in model.graph.input if vi.name not in dropped]     # old IR lists initializers as inputs
+    del model.graph.input[:]
+    model.graph.input.extend(kept_inputs)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     del model.graph.initializer[:]
