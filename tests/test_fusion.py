@@ -1,0 +1,184 @@
+"""Fusion as a library facility: `kernels.matmul` computes each epilogue step in the kernel that writes
+the output (every x86-64 level the host runs), and `morok_py.onnx.fuse` rewrites a graph into fewer
+nodes (BatchNorm folded into the convolution, activations and residual adds as epilogues, pooling as
+its kernels) whose results match onnx's reference evaluator on random data with odd sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from morok_py import dtypes, kernels as K
+
+from conftest import random_array
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed (pip install -e '.[onnx]')")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+from morok_py.onnx import OnnxExecutor  # noqa: E402
+from morok_py.onnx.fuse import fuse  # noqa: E402
+
+
+def _gelu(v):
+    from math import erf
+    return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+
+
+STEPS = [
+    (("bias", "relu"), lambda v, b, r: np.maximum(v + b, 0)),
+    (("bias", ("clip", -0.5, 0.75)), lambda v, b, r: np.clip(v + b, -0.5, 0.75)),
+    (("bias", "silu"), lambda v, b, r: (v + b) / (1 + np.exp(-(v + b)))),
+    (("gelu",), lambda v, b, r: _gelu(v)),
+    (("bias", "add", "hardswish"), lambda v, b, r: (v + b + r) * np.clip((v + b + r) / 6 + 0.5, 0, 1)),
+    (("tanh", "mul"), lambda v, b, r: np.tanh(v) * r),
+    ((("hardsigmoid", 0.2, 0.5), ("scale", 3.0), ("shift", -1.0)), lambda v, b, r: np.clip(0.2 * v + 0.5, 0, 1) * 3 - 1),
+    ((("leakyrelu", 0.1), "sigmoid"), lambda v, b, r: 1 / (1 + np.exp(-np.where(v < 0, 0.1 * v, v)))),
+]
+
+
+@pytest.mark.parametrize("case", range(len(STEPS)))
+def test_matmul_epilogue_matches_numpy_at_every_level(cpu_level, rng, case):
+    steps, ref = STEPS[case]
+    epi = K.Epilogue(steps)
+    M, N, Kd = 37, 45, 29
+    a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, N), np.float32)
+    bias, res = random_array(rng, (N,), np.float32), random_array(rng, (M, N), np.float32)
+    operands = [{"bias": bias, "add": res, "mul": res}[o] for o in epi.operands]
+    out = cpu_level.empty(M * N, dtypes.float32)
+    cpu_level.compile(K.matmul(M, N, Kd, epilogue=epi), f"mm_epi{case}")(
+        cpu_level.buf(a), cpu_level.buf(b), *[cpu_level.buf(o) for o in operands], out)
+    want = ref(a.astype(np.float64) @ b, bias, res)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), want, rtol=1e-4, atol=1e-4)
+
+
+# ---- the graph pass --------------------------------------------------------------------------------
+
+class _Builder:
+    """A small ONNX graph under construction with random float32 initializers."""
+
+    def __init__(self, rng) -> None:
+        self.rng, self.nodes, self.inits, self.k = rng, [], [], 0
+
+    def name(self, p: str) -> str:
+        self.k += 1
+        return f"{p}{self.k}"
+
+    def init(self, arr) -> str:
+        n = self.name("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(arr, np.float32), n))
+        return n
+
+    def node(self, op: str, ins: list[str], **attrs) -> str:
+        out = self.name(op.lower())
+        self.nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def conv(self, x, ci, co, k, stride=1, group=1, pads=None, bias=True):
+        w = self.init(self.rng.standard_normal((co, ci // group, k, k)) * 0.3)
+        ins = [x, w] + ([self.init(self.rng.standard_normal(co))] if bias else [])
+        return self.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride],
+                         pads=pads if pads is not None else [k // 2] * 4, group=group)
+
+    def bn(self, x, c):
+        r = self.rng
+        return self.node("BatchNormalization", [x, self.init(r.uniform(0.5, 1.5, c)), self.init(r.uniform(-1, 1, c)),
+                                                self.init(r.uniform(-1, 1, c)), self.init(r.uniform(0.5, 2, c))],
+                         epsilon=1e-3)
+
+    def model(self, inputs: dict, outputs: list[str]) -> onnx.ModelProto:
+        g = helper.make_graph(self.nodes, "t", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                for n, s in inputs.items()],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])     # 20: Gelu
+        m.ir_version = 9
+        return m
+
+
+def _check(model, feeds, fused_ops: dict[str, int], rtol=1e-4, atol=1e-4):
+    """The fused graph has the expected fused nodes and its outputs match onnx's reference evaluator."""
+    f = fuse(model)
+    counts: dict[str, int] = {}
+    for n in f.graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    for op, n in fused_ops.items():
+        assert counts.get(op, 0) == n, (op, counts)
+    want = ReferenceEvaluator(model).run(None, feeds)
+    got = OnnxExecutor(model, "CPU").run(feeds)
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    return f
+
+
+def test_batchnorm_and_relu6_fold_into_the_convolution(rng):
+    b = _Builder(rng)
+    y = b.node("Clip", [b.bn(b.conv("x", 5, 7, 3, stride=2), 7), b.init(0.0), b.init(6.0)])
+    f = _check(b.model({"x": [2, 5, 13, 11]}, [y]), {"x": random_array(rng, (2, 5, 13, 11), np.float32)},
+               {"MorokConv": 1, "BatchNormalization": 0, "Clip": 0})
+    assert len(f.graph.node) == 1
+
+
+def test_depthwise_hardswish_and_pointwise_with_a_residual_computed_later(rng):
+    b = _Builder(rng)
+    x = b.conv("x", 6, 6, 1, pads=[0, 0, 0, 0])
+    h = b.node("HardSwish", [b.bn(b.conv(x, 6, 6, 3, group=6, bias=False), 6)])
+    main = b.bn(b.conv(h, 6, 9, 1, pads=[0, 0, 0, 0]), 9)
+    skip = b.conv(x, 6, 9, 1, pads=[0, 0, 0, 0])          # after `main` in node order
+    y = b.node("Relu", [b.node("Add", [main, skip])])
+    _check(b.model({"x": [3, 6, 9, 7]}, [y]), {"x": random_array(rng, (3, 6, 9, 7), np.float32)},
+           {"MorokConv": 4, "Add": 0, "Relu": 0, "HardSwish": 0})
+
+
+def test_a_convolution_output_read_elsewhere_keeps_its_node(rng):
+    b = _Builder(rng)
+    c = b.conv("x", 3, 4, 3)
+    r = b.node("Relu", [c])
+    _check(b.model({"x": [1, 3, 7, 9]}, [r, c]), {"x": random_array(rng, (1, 3, 7, 9), np.float32)},
+           {"MorokConv": 1, "Relu": 1})
+
+
+def test_gemm_with_silu_and_matmul_with_gelu_become_dense_kernels(rng):
+    b = _Builder(rng)
+    h = b.node("Gemm", ["x", b.init(rng.standard_normal((33, 19)) * 0.3), b.init(rng.standard_normal(33))],
+               transB=1, alpha=0.7, beta=1.3)
+    s = b.node("Mul", [h, b.node("Sigmoid", [h])])
+    z = b.node("Gelu", [b.node("MatMul", [s, b.init(rng.standard_normal((33, 21)) * 0.3)])])
+    y = b.node("Softmax", [z], axis=-1)
+    _check(b.model({"x": [11, 19]}, [y]), {"x": random_array(rng, (11, 19), np.float32)},
+           {"MorokDense": 2, "Sigmoid": 0, "Mul": 0, "Gelu": 0, "Softmax": 1})
+
+
+def test_batchnorm_scale_shift_relu_without_a_convolution_is_one_affine_kernel(rng):
+    b = _Builder(rng)
+    y = b.node("Relu", [b.node("Add", [b.node("Mul", [b.bn("x", 5), b.init(rng.standard_normal((5, 1, 1)))]),
+                                       b.init(rng.standard_normal((5, 1, 1)))])])
+    _check(b.model({"x": [2, 5, 7, 3]}, [y]), {"x": random_array(rng, (2, 5, 7, 3), np.float32)},
+           {"MorokAffine": 1, "Mul": 0, "Add": 0, "Relu": 0})
+
+
+@pytest.mark.parametrize("op,attrs", [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+                                      ("AveragePool", dict(kernel_shape=[3, 2], strides=[1, 2], pads=[1, 0, 1, 1])),
+                                      ("AveragePool", dict(kernel_shape=[2, 2], pads=[1, 1, 0, 0], count_include_pad=1)),
+                                      ("GlobalAveragePool", {}), ("GlobalMaxPool", {})])
+def test_pooling_nodes_become_pooling_kernels(rng, op, attrs):
+    b = _Builder(rng)
+    y = b.node(op, ["x"], **attrs)
+    kind = "MorokGlobalPool" if op.startswith("Global") else "MorokPool2d"
+    _check(b.model({"x": [2, 3, 11, 9]}, [y]), {"x": random_array(rng, (2, 3, 11, 9), np.float32)}, {kind: 1, op: 0})
+
+
+def test_weights_computed_by_constant_nodes_fold_and_fuse(rng):
+    b = _Builder(rng)
+    shape = b.init(np.array([4, 3, 3, 3]))
+    b.inits[-1] = numpy_helper.from_array(np.array([4, 3, 3, 3], np.int64), shape)
+    w = b.node("ConstantOfShape", [shape], value=numpy_helper.from_array(np.array([0.25], np.float32)))
+    y = b.node("Relu", [b.node("Conv", ["x", w], kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
+    _check(b.model({"x": [1, 3, 6, 5]}, [y]), {"x": random_array(rng, (1, 3, 6, 5), np.float32)},
+           {"MorokConv": 1, "ConstantOfShape": 0, "Relu": 0})
+
+
+def test_fusion_can_be_turned_off(monkeypatch, rng):
+    b = _Builder(rng)
+    y = b.node("Relu", [b.conv("x", 3, 4, 3)])
+    m = b.model({"x": [1, 3, 5, 5]}, [y])
+    monkeypatch.setenv("MOROK_ONNX_FUSE", "0")
+    assert [n.op_type for n in fuse(m).graph.node] == ["Conv", "Relu"]
