@@ -1,0 +1,41 @@
+"""STFT: windowed frames of the signal through the DFT, one float64 reduction kernel over each frame."""
+from __future__ import annotations
+
+from morok_py import AxisType, UOp, dtypes
+
+from morok_py.onnx.tensor import KB
+from morok_py.onnx.ops.common import as_uop, isr, keep_const
+from morok_py.onnx.ops.dft import twiddle
+from morok_py.onnx.ops.registry import op
+
+F64 = dtypes.float64
+
+
+@op("STFT")
+def _stft(ctx, ins, a):
+    x, step = ins[0], int(ctx.scalar(ins[1]))
+    window = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    flen = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    n = int(ctx.scalar(flen)) if flen is not None else window.shape[0] if window is not None else x.shape[-2]
+    onesided = bool(a.get("onesided", 1))
+    B, L, comps = x.shape
+    frames = 1 + (L - n) // step
+    bins = n // 2 + 1 if onesided else n
+    out = ctx.k.empty((B, frames, bins, 2), x.dtype)
+    if out.size == 0:
+        return [out]
+    kb = KB(ctx.k, ctx.n())
+    b, f, k, comp = kb.rng(B), kb.rng(frames), kb.rng(bins), kb.rng(2)
+    m = kb.rng(n, AxisType.REDUCE)
+    pos = (as_uop(f) * step + as_uop(m)).clamp(0, L - 1)
+    re = kb.load(x, [b, pos, 0]).cast(F64)
+    im = kb.load(x, [b, pos, 1]).cast(F64) if comps > 1 else UOp.const(0.0, F64)
+    if window is not None:
+        w = kb.load(window, [m]).cast(F64)
+        re, im = re * w, im * w
+    c, s = twiddle(k, m, n)
+    v = (as_uop(comp) == 0).where(re * c + im * s, im * c - re * s)     # times e^{-i theta}
+    v = v.reduce(m) if isr(m) else v
+    kb.store(out, [b, f, k, comp], v.cast(x.dtype))
+    kb.run()
+    return [keep_const(out, ins)]
