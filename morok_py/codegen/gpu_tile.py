@@ -41,7 +41,7 @@ from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
 from .launch_check import Access, LaunchInfo, SteppedLoop
 from .linear import If, Instr, Item, L, LinearKernel, Loop
-from .scan import KernelScan, reduce_identity, scan_kernel, x_coefficient
+from .scan import KernelScan, ast_fact, reduce_identity, scan_kernel, x_coefficient
 from .symbolic import simplify
 
 PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
@@ -139,9 +139,10 @@ def _valid_tile(tile: tuple[int, int, int, int, int], caps: "Capabilities") -> b
     return threads <= min(caps.max_threads_per_group, caps.local_max[0])
 
 
-def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None",
-          tile: tuple[int, int, int, int, int] | None = None) -> _Plan | None:
-    """The tiled plan of a contraction; `tile` None: chosen from the caps and the sizes."""
+def _contraction(ast: UOp) -> tuple | None:
+    """(store, reduce, reduced range k, GLOBAL ranges, reduced value) of a kernel shaped like a
+    contraction (one store of one single-range reduction over 2 or 3 GLOBAL ranges, nothing reading
+    what it writes); None for any other kernel. The tile and tensor-core plans both ask, once per AST."""
     if len(ast.src) != 1:
         return None
     store = ast.src[0]
@@ -156,11 +157,6 @@ def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None",
     globals_ = sorted((r for r in ranges if r.axis_type is AxisType.GLOBAL), key=lambda r: r.axis)
     if ranges != set(globals_) | {k} or len(globals_) not in (2, 3) or store.free_ranges != frozenset(globals_):
         return None
-    if scan is None:
-        try:
-            scan = scan_kernel(ast)
-        except ValueError:
-            return None   # the general path reports what is wrong
     if any(u.op is Ops.RANGE for r in ranges for u in r.src[0].toposort()):
         return None   # a range end that reduces over another range
     if any(n.op is Ops.LOAD for n in out_idx.toposort()):
@@ -171,6 +167,22 @@ def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None",
         return None   # f reads what the kernel writes
     if any(n.op is Ops.LOAD and n.src[0].arg == slot and n.src[1] is not out_idx for n in val.toposort()):
         return None   # g reads outputs another work-item may write
+    return store, red, k, tuple(globals_), f
+
+
+def _plan(ast: UOp, caps: "Capabilities", scan: "KernelScan | None",
+          tile: tuple[int, int, int, int, int] | None = None) -> _Plan | None:
+    """The tiled plan of a contraction; `tile` None: chosen from the caps and the sizes."""
+    shape = ast_fact(ast, "contraction", lambda: _contraction(ast))
+    if shape is None:
+        return None
+    store, red, k, globals_, f = shape
+    out_idx = store.src[1]
+    if scan is None:
+        try:
+            scan = scan_kernel(ast)
+        except ValueError:
+            return None   # the general path reports what is wrong
     for i, j, b in _role_candidates(globals_, out_idx):
         units = _stage(f, i, j, k, b)
         if units is None:

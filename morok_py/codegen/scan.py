@@ -2,7 +2,9 @@
 checked well-formed; and the small AST queries every strategy shares."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, replace
+from typing import Callable, Hashable, Iterator, TypeVar
 
 from ..errors import ArgumentError
 from ..dtypes import DType
@@ -25,10 +27,52 @@ class KernelScan:
                                             # depend on no load: the launch check proves them in range
 
 
+# ---- per-AST facts, derived once ------------------------------------------------------------------
+# Choosing a schedule and lowering ask the same questions of one kernel several times (its scan, whether
+# its reductions read columns, its vector plan): `ast_fact` answers each once per AST object, in the
+# node's own __dict__ (where its cached properties live). UOps are immutable and hash-consed, so a fact
+# of an AST never changes, and it goes when the AST goes.
+_memo_on = True
+T = TypeVar("T")
+_MISSING = object()
+
+
+def ast_fact(ast: UOp, key: Hashable, compute: Callable[[], T]) -> T:
+    """`compute()`'s answer for (`ast`, `key`), computed once per AST object (an exception is not
+    kept). Callers must not mutate what it returns."""
+    if not _memo_on:
+        return compute()
+    facts = ast.__dict__.get("_facts")
+    if facts is None:
+        facts = ast.__dict__.setdefault("_facts", {})
+    hit = facts.get(key, _MISSING)
+    if hit is _MISSING:
+        hit = facts[key] = compute()
+    return hit
+
+
+@contextlib.contextmanager
+def facts_not_remembered() -> Iterator[None]:
+    """Every fact computed afresh inside (tests compare rendering with and without the memo)."""
+    global _memo_on
+    was, _memo_on = _memo_on, False
+    try:
+        yield
+    finally:
+        _memo_on = was
+
+
 def scan_kernel(ast: UOp) -> KernelScan:
-    """One pass over `ast`; ValueError for a kernel no lowering can take (a param slot missing or with
-    two dtypes, a variable with two bounds, an axis with two ranges, a range end that is not a
-    function of variables and constants)."""
+    """One pass over `ast` (once per AST: `ast_fact`); ValueError for a kernel no lowering can take (a
+    param slot missing or with two dtypes, a variable with two bounds, an axis with two ranges, a range
+    end that is not a function of variables and constants). The containers are the caller's own
+    copies: the lowering adds the index nodes it builds, a LaunchInfo keeps the params."""
+    s = ast_fact(ast, "scan", lambda: _scan_kernel(ast))
+    return replace(s, nodes=list(s.nodes), params=list(s.params), variables=list(s.variables),
+                   ranges=dict(s.ranges), loads_from=dict(s.loads_from), index_nodes=set(s.index_nodes))
+
+
+def _scan_kernel(ast: UOp) -> KernelScan:
     nodes = ast.toposort()
     params: dict[int, UOp] = {}
     variables: dict[str, UOp] = {}
@@ -159,6 +203,12 @@ def merged_order(ast: UOp, globals_: list[UOp]) -> list[UOp]:
 
 
 def is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
+    """`_is_column_reduction`, once per (AST, globals)."""
+    key = ("column_reduction",) + tuple(id(g) for g in globals_)    # ids: a tuple of UOps compares with ==
+    return ast_fact(ast, key, lambda: _is_column_reduction(ast, tuple(globals_)))
+
+
+def _is_column_reduction(ast: UOp, globals_: tuple[UOp, ...]) -> bool:
     """The kernel's reductions read along columns: with x the GLOBAL range contiguous in the output,
     every load inside a reduction that depends on a reduced range is either contiguous in x and not in
     the reduced ranges (a sum over axis 0; W[k, j] of x @ W) or independent of x (x[b, k]: the same

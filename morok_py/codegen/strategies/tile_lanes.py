@@ -13,11 +13,67 @@ times smaller.
 from __future__ import annotations
 
 from ...dtypes import dtypes
-from ...ir import Ops, UOp, substitute
+from ...ir import Ops, UOp
 from ..launch_check import Access
 from ..linear import Instr, L
 from ..scan import x_coefficient
 from ..scope import Scope
+
+
+def _substitute_lane(node: UOp, lane: UOp, memo: dict[UOp, UOp], built: set[int]) -> UOp:
+    """`substitute(node, {lane: memo[lane]})`, rebuilding only the nodes that depend on `lane` (the
+    others stay shared, as substitute leaves them). `memo` keeps the rebuilt nodes for the next index of
+    the same lane value, `built` their ids."""
+    hit = memo.get(node)
+    if hit is not None:
+        return hit
+    order: list[UOp] = []
+    stack: list[tuple[UOp, bool]] = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in memo:
+            continue
+        stack.append((n, True))
+        stack.extend((s, False) for s in reversed(n.src) if s not in memo and lane in s.free_ranges)
+    for n in order:
+        if n not in memo:
+            new = memo[n] = UOp(n.op, n.dtype, tuple(memo.get(s, s) for s in n.src), n.arg)
+            built.add(id(new))
+    return memo[node]
+
+
+def _lane_free_nodes(node: UOp, lane: UOp) -> list[UOp]:
+    """The nodes of `node` free of `lane` that its substitution keeps: reached without passing through
+    the lane range itself (whose end the substitution drops)."""
+    seen: set[int] = {id(lane)}
+    out: list[UOp] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if lane not in n.free_ranges:
+            out.append(n)
+        stack.extend(n.src)
+    return out
+
+
+def _built_nodes(out: UOp, built: set[int]) -> list[UOp]:
+    """The nodes of `out` built for one lane value (its constant included): reached from `out` through
+    built nodes only; the rest of `out` is the original's lane-free part."""
+    seen: dict[int, UOp] = {}
+    stack = [out]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or id(n) not in built:
+            continue
+        seen[id(n)] = n
+        stack.extend(n.src)
+    return list(seen.values())
 
 
 class TileLanes:
@@ -36,12 +92,33 @@ class TileLanes:
         """`node` at lane k (not simplified: simplify costs milliseconds per index and LLVM folds the
         `+ 0`). Index arithmetic stays marked as such: its values at lane k lie within the intervals
         the launch check proved for all lanes, so the renderer's nsw flags still hold."""
-        out = substitute(node, {lane: UOp.const(k, dtypes.index)})
-        if out is not node and id(node) in self.index_nodes:
-            for n in out.toposort():
+        if lane not in node.free_ranges:
+            return node
+        # per lowering (this object lives for one kernel): the nodes rebuilt for each lane value
+        per_lane = self.__dict__.setdefault("_lane_memo", {})
+        memo, built = per_lane.get((id(lane), k)) or per_lane.setdefault((id(lane), k), ({}, set()))
+        if not memo:
+            c = memo[lane] = UOp.const(k, dtypes.index)
+            built.add(id(c))
+        out = _substitute_lane(node, lane, memo, built)
+        if id(node) in self.index_nodes:
+            # out.toposort()'s index nodes: the lane-free ones of `node` (the same objects in `out`) and
+            # the ones built for lane k
+            self.index_nodes.update(self._lane_free_index_ids(node, lane))
+            for n in _built_nodes(out, built):
                 if n.dtype is dtypes.index and n.op is not Ops.LOAD:
                     self.index_nodes.add(id(n))
         return out
+
+    def _lane_free_index_ids(self, node: UOp, lane: UOp) -> list[int]:
+        """Ids of the index-typed, non-LOAD nodes of `node` that do not depend on `lane` (once per node:
+        every lane of a gather asks)."""
+        cache = self.__dict__.setdefault("_lane_free", {})
+        hit = cache.get((id(node), id(lane)))
+        if hit is None:
+            hit = cache[(id(node), id(lane))] = [id(n) for n in _lane_free_nodes(node, lane)
+                                                 if n.dtype is dtypes.index and n.op is not Ops.LOAD]
+        return hit
 
     def broadcast(self, ins: Instr, node: UOp, chain: list[Scope], w: int) -> Instr:
         """The scalar `ins` (the value of `node`) in all w lanes, placed where the scalar is."""

@@ -6,7 +6,7 @@ from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..launch_check import Access
 from ..linear import If, Instr, L
-from ..scan import KernelScan, store_groups, x_coefficient
+from ..scan import KernelScan, ast_fact, store_groups, x_coefficient
 from ..scope import Scope
 
 # 32-bit elements as w-vectors (float4 at w=4); 16-bit ones as w-vectors of halves, which the C printers
@@ -16,7 +16,14 @@ _VECTOR_DTYPES = ("float32", "int32", "uint32", "float16", "bfloat16")
 
 def vector_plan(ast: UOp, globals_, scan: KernelScan, w: int):
     """(x, width, vector loads, vector stores) when every range is GLOBAL, all stores use the
-    innermost axis x, and some access is contiguous in x; else None."""
+    innermost axis x, and some access is contiguous in x; else None. Once per (AST, globals, w): the
+    schedule, its width and the lowering each ask."""
+    key = ("vector_plan", w) + tuple(id(g) for g in globals_)
+    plan = ast_fact(ast, key, lambda: _vector_plan(ast, globals_, scan, w))
+    return None if plan is None else (plan[0], plan[1], list(plan[2]), list(plan[3]))
+
+
+def _vector_plan(ast: UOp, globals_, scan: KernelScan, w: int):
     if w <= 1 or not globals_ or any(r.axis_type is not AxisType.GLOBAL for r in scan.ranges.values()):
         return None
     stores = list(ast.src)
