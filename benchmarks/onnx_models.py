@@ -1,20 +1,26 @@
-"""resnet50 and densenet121 (the onnx wheel's `light_*` models) through morok_py.onnx, beside
-onnxruntime in the same run.
+"""Whole models through morok_py.onnx beside onnxruntime, in one run: the onnx wheel's light resnet50 and
+densenet121, a MobileNetV2-style stack (strided 3x3 conv, depthwise 3x3, pointwise 1x1, BatchNorm,
+ReLU6 as Clip, HardSwish, a residual Add, global average pool, Gemm; batch 8, 112x112) and a
+Linear-SiLU-Linear-Softmax MLP at batch 64 (both built with onnx.helper the way torch.onnx.export at
+opset 17 writes them: Linear as Gemm with transB=1, SiLU as x * Sigmoid(x)).
 
     python benchmarks/onnx_models.py [--device CPU|CUDA] [--compiler nvrtc|llvm-nvptx] [--runs 10]
-                                     [--models resnet50,densenet121] [--json OUT.json]
+                                     [--models resnet50,densenet121,mobilenet_stack,mlp] [--json OUT.json]
 
 writes benchmarks/results/<machine kind>/onnx_models[-<pair>].json unless --json names a file.
 
-For each model and each morok_py pair, two fresh processes:
-  cold   an empty disk cache (XDG_CACHE_HOME set to a new folder): the first run renders, compiles and
-         loads every kernel, then runs;
-  warm   the same folder again: the first run finds every kernel in the disk cache.
-Each then replays the recorded ExecutionPlan `--runs` times (median reported, input copied in and
-outputs read back, as a client would). onnxruntime runs the same model in the parent process with the
-matching provider (CPUExecutionProvider; CUDAExecutionProvider on CUDA where this onnxruntime has it,
-otherwise recorded as unavailable): session creation, first run, median of `--runs`. Every run's
-output is checked against the model's shipped output (rtol 1e-3, atol 1e-7) and against onnxruntime's.
+Each model's inputs are drawn once (the light models: the ONNX runner's dummy data) and saved with the
+model, so every process reads the same. Per model and morok_py pair, fresh processes:
+  onnxruntime  its own process: session creation, first run, median of `--runs`, peak RSS;
+  cold         an empty disk cache (XDG_CACHE_HOME set to a new folder): the first run renders, compiles
+               and loads every kernel, then replays the recorded ExecutionPlan `--runs` times;
+  warm         the same folder again (every kernel from the disk cache); its peak RSS is read after the
+               replays, then an onnxruntime session is opened in the same process and the two replay
+               in alternating blocks (A/B interleaved, so load from other processes falls on both): `replay_vs_onnxruntime` is onnxruntime's interleaved median over morok_py's.
+Each replay copies the inputs in and reads the outputs back, as a client would. Outputs are checked
+against the shipped output (light models) or onnxruntime's (built models): rtol 1e-3, atol 1e-5.
+Peak RSS (ru_maxrss) of a process holds the Python interpreter, onnx, numpy and (morok_py) LLVM: compare
+the morok_py warm process, which compiles nothing, with onnxruntime's.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,6 +39,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+LIGHT = ("resnet50", "densenet121")
+BUILT = ("mobilenet_stack", "mlp")
+RTOL, ATOL = 1e-3, 1e-5
+# A/B rounds alternate blocks of this many timed runs (after one untimed run each): run by run, each
+# runtime's pool was cold or the other's still spinning (the MLP took 6.6 ms alternating run by run, 1.15 ms alone)
+AB_BLOCK = 4
 
 
 def light(name: str) -> tuple[Path, Path]:
@@ -46,78 +59,206 @@ def feeds_for(model) -> dict[str, np.ndarray]:
     return {vi.name: dummy_input(vi) for vi in model.graph.input if vi.name not in inits}
 
 
-def worker(args) -> None:
-    """One process: load, first run (cold or warm disk cache, per XDG_CACHE_HOME), replays."""
+# ---- the built models ---------------------------------------------------------------------------------
+
+def _finish(graph):
+    import onnx
+    from onnx import helper
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="morok_py.benchmarks")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+def mobilenet_stack(batch: int = 8, size: int = 112, seed: int = 0):
+    """A MobileNetV2-style stack: stem 3x3/2 conv, three inverted-residual blocks (pointwise expand,
+    depthwise 3x3 (one strided), pointwise project; ReLU6 or HardSwish; one residual Add), a 1x1 head
+    with HardSwish, global average pool, Flatten, Gemm to 10 classes. BatchNorm after every conv."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    nodes, inits, count = [], [], [0]
+
+    def name(p):
+        count[0] += 1
+        return f"{p}{count[0]}"
+
+    def init(arr):
+        n = name("w")
+        inits.append(numpy_helper.from_array(np.asarray(arr, np.float32), n))
+        return n
+
+    def node(op, ins, **attrs):
+        out = name(op.lower())
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    def conv_bn(x, ci, co, k, stride=1, group=1):
+        w = init(rng.standard_normal((co, ci // group, k, k)) * (2.0 / (ci // group * k * k)) ** 0.5)
+        y = node("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4, group=group)
+        return node("BatchNormalization", [y, init(rng.uniform(0.5, 1.5, co)), init(rng.uniform(-0.2, 0.2, co)),
+                                           init(rng.uniform(-0.2, 0.2, co)), init(rng.uniform(0.5, 1.5, co))])
+
+    relu6 = lambda x: node("Clip", [x, init(0.0), init(6.0)])      # noqa: E731
+    hswish = lambda x: node("HardSwish", [x])                       # noqa: E731
+    h = relu6(conv_bn("input", 3, 16, 3, 2))
+    h = relu6(conv_bn(h, 16, 16, 3, 1, 16))
+    h = conv_bn(h, 16, 24, 1)
+    h = relu6(conv_bn(h, 24, 72, 1))
+    h = relu6(conv_bn(h, 72, 72, 3, 2, 72))
+    r = h = conv_bn(h, 72, 32, 1)
+    h = hswish(conv_bn(h, 32, 96, 1))
+    h = hswish(conv_bn(h, 96, 96, 3, 1, 96))
+    h = node("Add", [conv_bn(h, 96, 32, 1), r])
+    h = hswish(conv_bn(h, 32, 128, 1))
+    h = node("Flatten", [node("GlobalAveragePool", [h])], axis=1)
+    nodes.append(helper.make_node("Gemm", [h, init(rng.standard_normal((10, 128)) * 0.1),
+                                           init(rng.standard_normal(10) * 0.1)], ["output"], transB=1))
+    graph = helper.make_graph(nodes, "mobilenet_stack",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, size, size])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [batch, 10])], inits)
+    return _finish(graph)
+
+
+def mlp(batch: int = 64, d_in: int = 512, hidden: int = 1024, d_out: int = 256, seed: int = 0):
+    """Linear(d_in, hidden) - SiLU - Linear(hidden, d_out) - Softmax, as torch.onnx.export writes it."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    t = lambda a, n: numpy_helper.from_array(np.asarray(a, np.float32), n)     # noqa: E731
+    inits = [t(rng.standard_normal((hidden, d_in)) / d_in ** 0.5, "fc1.weight"), t(rng.standard_normal(hidden) * 0.1, "fc1.bias"),
+             t(rng.standard_normal((d_out, hidden)) / hidden ** 0.5, "fc2.weight"), t(rng.standard_normal(d_out) * 0.1, "fc2.bias")]
+    nodes = [helper.make_node("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+             helper.make_node("Sigmoid", ["h"], ["s"]), helper.make_node("Mul", ["h", "s"], ["a"]),
+             helper.make_node("Gemm", ["a", "fc2.weight", "fc2.bias"], ["z"], transB=1),
+             helper.make_node("Softmax", ["z"], ["output"], axis=-1)]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, d_in])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, [batch, d_out])], inits)
+    return _finish(graph)
+
+
+def prepare(name: str, folder: Path, runs: int) -> tuple[Path, Path, Path | None]:
+    """(model path, feeds .npz, shipped output .npy or None) for one model, written into `folder`."""
     import onnx
     from onnx import numpy_helper
-    from morok_py.registry import get_device
-    from morok_py.onnx import OnnxExecutor
-    path, want_path = light(args.worker)
-    model = onnx.load(str(path))
-    want = numpy_helper.to_array(onnx.load_tensor(str(want_path)))
-    t0 = time.perf_counter()
-    dev = get_device(args.device)
-    ex = OnnxExecutor(model, dev)
-    load_s = time.perf_counter() - t0
-    feeds = feeds_for(model)
-    t0 = time.perf_counter()
-    got = ex.run(feeds)[0]
-    first = time.perf_counter() - t0
-    ok = bool(np.allclose(got, want, rtol=1e-3, atol=1e-7))
-    times = []
-    for _ in range(args.runs):
-        t0 = time.perf_counter()
-        again = ex.run(feeds)[0]
-        times.append(time.perf_counter() - t0)
-        ok = ok and bool(np.allclose(again, want, rtol=1e-3, atol=1e-7))
-    np.save(args.out_npy, got)
-    print(json.dumps({"load_s": load_s, "first_run_s": first, "compile_s": ex.k.compile_s,
-                      "programs": len(ex.k.programs), "launches": len(ex.k.stats),
-                      "replay_ms_median": statistics.median(times) * 1e3,
-                      "replay_ms_min": min(times) * 1e3, "matches_shipped_output": ok,
-                      "max_abs_err_vs_shipped": float(np.abs(got.astype(np.float64) - want).max())}))
+    feeds_path, want_path = folder / "feeds.npz", None
+    if name in LIGHT:
+        path, shipped = light(name)
+        feeds = feeds_for(onnx.load(str(path)))
+        want_path = folder / "want.npy"
+        np.save(want_path, numpy_helper.to_array(onnx.load_tensor(str(shipped))))
+    else:
+        model = {"mobilenet_stack": mobilenet_stack, "mlp": mlp}[name]()
+        path = folder / f"{name}.onnx"
+        onnx.save(model, str(path))
+        rng = np.random.default_rng(1)
+        feeds = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+                 for vi in model.graph.input}
+    np.savez(feeds_path, **feeds)
+    return path, feeds_path, want_path
 
 
-def run_worker(name, device, compiler, runs, cache) -> tuple[dict, np.ndarray]:
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
-    if compiler:
-        env[f"MOROK_{device.split(':')[0].upper()}_COMPILER"] = compiler
-    with tempfile.TemporaryDirectory() as td:
-        npy = os.path.join(td, "out.npy")
-        p = subprocess.run([sys.executable, __file__, "--worker", name, "--device", device, "--runs", str(runs),
-                            "--out-npy", npy], env=env, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeError(f"{name} on {device}/{compiler}: worker failed\n{p.stderr[-3000:]}")
-        return json.loads(p.stdout.strip().splitlines()[-1]), np.load(npy)
+# ---- workers (one process each) ------------------------------------------------------------------------
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def onnxruntime_run(name, device, runs) -> tuple[dict, np.ndarray | None]:
+def _ort_session(path, device):
+    import onnxruntime as ort
+    want = "CUDAExecutionProvider" if device.upper().startswith("CUDA") else "CPUExecutionProvider"
+    if want not in ort.get_available_providers():
+        return None, want
+    return ort.InferenceSession(str(path), providers=[want]), want
+
+
+def ort_worker(args) -> dict:
     try:
         import onnxruntime as ort
     except ImportError:
-        return {"available": False, "why": "onnxruntime is not installed (pip install onnxruntime)"}, None
-    import onnx
-    path, _ = light(name)
-    want = "CUDAExecutionProvider" if device.upper().startswith("CUDA") else "CPUExecutionProvider"
-    if want not in ort.get_available_providers():
-        return {"available": False, "version": ort.__version__,
-                "why": f"this onnxruntime has no {want} (providers: {ort.get_available_providers()})"}, None
-    model = onnx.load(str(path))
-    feeds = feeds_for(model)
+        return {"available": False, "why": "onnxruntime is not installed (pip install onnxruntime)"}
+    feeds = dict(np.load(args.feeds))
     t0 = time.perf_counter()
-    sess = ort.InferenceSession(str(path), providers=[want])
+    sess, provider = _ort_session(args.model, args.device)
+    if sess is None:
+        return {"available": False, "version": ort.__version__,
+                "why": f"this onnxruntime has no {provider} (providers: {ort.get_available_providers()})"}
     create = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = sess.run(None, feeds)[0]
     first = time.perf_counter() - t0
     times = []
-    for _ in range(runs):
+    for _ in range(args.runs):
         t0 = time.perf_counter()
         sess.run(None, feeds)
         times.append(time.perf_counter() - t0)
-    return {"available": True, "version": ort.__version__, "provider": want, "session_s": create,
-            "first_run_s": first, "run_ms_median": statistics.median(times) * 1e3,
-            "run_ms_min": min(times) * 1e3}, out
+    np.save(args.out_npy, out)
+    return {"available": True, "version": ort.__version__, "provider": provider, "session_s": create,
+            "first_run_s": first, "run_ms_median": statistics.median(times) * 1e3, "run_ms_min": min(times) * 1e3,
+            "peak_rss_mb": _peak_rss_mb()}
+
+
+def morok_worker(args) -> dict:
+    """One process: load, first run (cold or warm disk cache, per XDG_CACHE_HOME), replays; then (--ab)
+    onnxruntime in the same process, replays alternating with morok_py's."""
+    import onnx
+    from morok_py.registry import get_device
+    from morok_py.onnx import OnnxExecutor
+    model = onnx.load(str(args.model))
+    feeds = dict(np.load(args.feeds))
+    want = np.load(args.want) if args.want else None
+    t0 = time.perf_counter()
+    ex = OnnxExecutor(model, get_device(args.device))
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = ex.run(feeds)[0]
+    first = time.perf_counter() - t0
+    ok = want is None or bool(np.allclose(got, want, rtol=RTOL, atol=ATOL))
+    times = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        again = ex.run(feeds)[0]
+        times.append(time.perf_counter() - t0)
+        ok = ok and (want is None or bool(np.allclose(again, want, rtol=RTOL, atol=ATOL)))
+    np.save(args.out_npy, got)
+    res = {"load_s": load_s, "first_run_s": first, "compile_s": ex.k.compile_s, "programs": len(ex.k.programs),
+           "nodes_after_fusion": len(ex.graph.node), "launches": len(ex.k.stats),
+           "replay_ms_median": statistics.median(times) * 1e3, "replay_ms_min": min(times) * 1e3,
+           "matches_reference": ok, "peak_rss_mb": _peak_rss_mb()}
+    if want is not None:
+        res["max_abs_err_vs_reference"] = float(np.abs(got.astype(np.float64) - want).max())
+    if args.ab:
+        try:
+            sess, _ = _ort_session(args.model, args.device)
+        except ImportError:
+            sess = None
+        if sess is not None:
+            ours, theirs = [], []
+            for _ in range(max(3, args.runs // 2)):
+                for fn, acc in ((lambda: sess.run(None, feeds), theirs), (lambda: ex.run(feeds), ours)):
+                    for b in range(AB_BLOCK + 1):      # the first run of a block warms its pool: not counted
+                        t0 = time.perf_counter()
+                        fn()
+                        if b:
+                            acc.append(time.perf_counter() - t0)
+            res["interleaved"] = {"morok_ms_median": statistics.median(ours) * 1e3,
+                                  "onnxruntime_ms_median": statistics.median(theirs) * 1e3,
+                                  "ratio": statistics.median(theirs) / statistics.median(ours)}
+    return res
+
+
+def spawn(role: str, model: Path, feeds: Path, want: Path | None, device: str, compiler: str | None, runs: int,
+          cache: str, ab: bool = False) -> tuple[dict, np.ndarray | None]:
+    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    if compiler:
+        env[f"MOROK_{device.split(':')[0].upper()}_COMPILER"] = compiler
+    with tempfile.TemporaryDirectory() as td:
+        npy = os.path.join(td, "out.npy")
+        cmd = [sys.executable, __file__, "--worker", role, "--model", str(model), "--feeds", str(feeds),
+               "--device", device, "--runs", str(runs), "--out-npy", npy] + (["--want", str(want)] if want else []) + \
+              (["--ab"] if ab else [])
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{model.name} {role} on {device}/{compiler}: worker failed\n{p.stderr[-3000:]}")
+        return json.loads(p.stdout.strip().splitlines()[-1]), (np.load(npy) if os.path.exists(npy) else None)
 
 
 def main() -> int:
@@ -125,41 +266,55 @@ def main() -> int:
     ap.add_argument("--device", default="CPU")
     ap.add_argument("--compiler", action="append", default=None,
                     help="pair(s) to run (repeatable); default: the device's default pair")
-    ap.add_argument("--models", default="resnet50,densenet121")
+    ap.add_argument("--models", default=",".join(LIGHT + BUILT))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out-npy", default=None, help=argparse.SUPPRESS)
+    for hidden in ("--model", "--feeds", "--want", "--out-npy"):
+        ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--ab", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args)
+        print(json.dumps(ort_worker(args) if args.worker == "onnxruntime" else morok_worker(args)))
         return 0
     import onnx
     result = {"device": args.device, "host": platform.node(), "machine": platform.machine(),
-              "processor": _cpu_name(), "cpus": os.cpu_count(), "onnx": onnx.__version__,
-              "runs": args.runs, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "models": {}}
+              "processor": _cpu_name(), "cpus": os.cpu_count(), "onnx": onnx.__version__, "runs": args.runs,
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "load_average_start": os.getloadavg(), "models": {}}
     compilers = args.compiler or [None]
     for name in args.models.split(","):
-        entry = {}
-        ort_res, ort_out = onnxruntime_run(name, args.device, args.runs)
-        entry["onnxruntime"] = ort_res
-        for comp in compilers:
-            label = comp or "default"
-            with tempfile.TemporaryDirectory() as cache:
-                cold, out = run_worker(name, args.device, comp, args.runs, cache)
-                warm, _ = run_worker(name, args.device, comp, args.runs, cache)
-            res = {"cold": cold, "warm_cache": warm}
-            if ort_out is not None:
-                res["max_abs_diff_vs_onnxruntime"] = float(np.abs(out.astype(np.float64) - ort_out).max())
-                res["replay_vs_onnxruntime"] = ort_res["run_ms_median"] / warm["replay_ms_median"]
-            entry[f"morok_py[{label}]"] = res
-            print(f"{name:12s} {args.device}/{label}: cold first run {cold['first_run_s']:.2f} s "
-                  f"(compile {cold['compile_s']:.2f} s, {cold['programs']} programs), warm-cache first run "
-                  f"{warm['first_run_s']:.2f} s, replay {warm['replay_ms_median']:.2f} ms"
-                  + (f"; onnxruntime {ort_res['run_ms_median']:.2f} ms -> ratio "
-                     f"{res['replay_vs_onnxruntime']:.2f}x (higher is better)" if ort_out is not None
-                     else f"; onnxruntime: {ort_res.get('why')}"), flush=True)
+        entry: dict = {}
+        with tempfile.TemporaryDirectory() as folder:
+            model, feeds, shipped = prepare(name, Path(folder), args.runs)
+            ort_res, ort_out = spawn("onnxruntime", model, feeds, None, args.device, None, args.runs, folder)
+            entry["onnxruntime"] = ort_res
+            want = shipped
+            if want is None and ort_out is not None:
+                want = Path(folder) / "ort_out.npy"
+                np.save(want, ort_out)
+            for comp in compilers:
+                label = comp or "default"
+                with tempfile.TemporaryDirectory() as cache:
+                    cold, out = spawn("morok", model, feeds, want, args.device, comp, args.runs, cache)
+                    warm, _ = spawn("morok", model, feeds, want, args.device, comp, args.runs, cache, ab=True)
+                res = {"cold": cold, "warm_cache": warm}
+                if ort_out is not None:
+                    res["max_abs_diff_vs_onnxruntime"] = float(np.abs(out.astype(np.float64) - ort_out).max())
+                    ab = warm.get("interleaved")
+                    res["replay_vs_onnxruntime"] = ab["ratio"] if ab else ort_res["run_ms_median"] / warm["replay_ms_median"]
+                entry[f"morok_py[{label}]"] = res
+                ab = warm.get("interleaved")
+                print(f"{name:16s} {args.device}/{label}: cold first run {cold['first_run_s']:.2f} s "
+                      f"(compile {cold['compile_s']:.2f} s, {cold['programs']} programs), warm-cache first run "
+                      f"{warm['first_run_s']:.2f} s, replay {warm['replay_ms_median']:.2f} ms, peak RSS "
+                      f"{warm['peak_rss_mb']:.0f} MB"
+                      + (f"; interleaved with onnxruntime {ab['morok_ms_median']:.2f} vs {ab['onnxruntime_ms_median']:.2f} ms"
+                         f" -> {ab['ratio']:.2f}x (higher is better); onnxruntime alone {ort_res['run_ms_median']:.2f} ms,"
+                         f" peak RSS {ort_res['peak_rss_mb']:.0f} MB" if ab else f"; onnxruntime: {ort_res.get('why')}"),
+                      flush=True)
         result["models"][name] = entry
+    result["load_average_end"] = os.getloadavg()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
