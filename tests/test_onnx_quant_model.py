@@ -56,7 +56,7 @@ def quantized_mlp(layers) -> onnx.ModelProto:
     nodes.append(helper.make_node("Identity", [cur], ["out"]))
     g = helper.make_graph(nodes, "qmlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SIZES[0]])],
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", SIZES[-1]])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)  # onnxruntime 1.30 reads IR <= 13
 
 
 def _dynamic_quantize(x: np.ndarray):
@@ -136,7 +136,7 @@ def float_mlp(rng) -> onnx.ModelProto:
     nodes.append(helper.make_node("Identity", [cur], ["out"]))
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", SIZES[0]])],
                           [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", SIZES[-1]])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)  # onnxruntime 1.30 reads IR <= 13
 
 
 @pytest.mark.parametrize("pair", PAIRS)
