@@ -36,6 +36,10 @@ def _reverse_sequence(ctx, ins, a):
     kb = KB(ctx.k, ctx.n())
     idx = [kb.rng(s) for s in x.shape]
     T = x.shape[tax]
+    if T == 1:              # nothing to reverse
+        kb.store(out, idx, kb.load(x, idx))
+        kb.run()
+        return [keep_const(out, ins[:1])]
     n = kb.load(lens, [idx[bax]]).cast(dtypes.index).clamp(0, T)
     t = as_uop(idx[tax])
     src = list(idx)

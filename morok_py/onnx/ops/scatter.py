@@ -12,7 +12,7 @@ from typing import Sequence
 from morok_py import AxisType, Ops, UOp, dtypes
 
 from morok_py.onnx.errors import UnsupportedOp
-from morok_py.onnx.tensor import KB, View, copy, prod
+from morok_py.onnx.tensor import KB, View, copy, iconst, prod
 from morok_py.onnx.ops.common import as_uop, isr, keep_const
 from morok_py.onnx.ops.registry import op
 
@@ -26,6 +26,12 @@ def norm_index(j: UOp, d: int) -> UOp:
     """An index read from a tensor, negative counting from the end, clamped into [0, d) as an index."""
     j = (j < UOp.const(0, j.dtype)).where(j + UOp.const(d, j.dtype), j)
     return j.clamp(0, d - 1).cast(dtypes.index)
+
+
+def load_index(kb: KB, ind: View, idx: Sequence, d: int) -> UOp:
+    """norm_index of ind[idx]; on an axis of extent 1 the constant 0 without a load (the clamp would fold
+    the load away and leave its parameter slot unused)."""
+    return iconst(0) if d == 1 else norm_index(kb.load(ind, idx), d)
 
 
 _COMBINE = {"add": (Ops.ADD, 0), "mul": (Ops.MUL, 1), "max": (Ops.MAX, None), "min": (Ops.MIN, None)}
@@ -87,7 +93,7 @@ def _scatter_elements(ctx, ins, a):
     if red == "none":
         def target(kb, u):
             t = list(u)
-            t[ax] = norm_index(kb.load(ind, u), d)
+            t[ax] = load_index(kb, ind, u, d)
             return t
         return [keep_const(_plain_scatter(ctx, data, upd, target), ins)]
 
@@ -100,7 +106,7 @@ def _scatter_elements(ctx, ins, a):
                 ok = as_uop(p[i]) < upd.shape[i]
                 inside = ok if inside is None else inside & ok
                 src[i] = as_uop(p[i]).minimum(upd.shape[i] - 1)
-        hit = norm_index(kb.load(ind, src), d) == as_uop(p[ax])
+        hit = load_index(kb, ind, src, d) == as_uop(p[ax])
         return (hit if inside is None else hit & inside), kb.load(upd, src)
     return [keep_const(_reduced_scatter(ctx, data, [upd.shape[ax]], hit_and_src, red), ins)]
 
@@ -115,7 +121,7 @@ def _scatter_nd(ctx, ins, a):
         return [data]
 
     def coords(kb, ui):
-        return [norm_index(kb.load(ind, list(ui) + [j]), data.shape[j]) for j in range(K)]
+        return [load_index(kb, ind, list(ui) + [j], data.shape[j]) for j in range(K)]
 
     if red == "none":
         def target(kb, u):
@@ -144,7 +150,7 @@ def _gather_nd(ctx, ins, a):
     idx = [kb.rng(s) for s in shape]
     nlead = ind.ndim - 1
     lead = idx[:nlead]
-    src = list(lead[:b]) + [norm_index(kb.load(ind, list(lead) + [j]), data.shape[b + j]) for j in range(K)] \
+    src = list(lead[:b]) + [load_index(kb, ind, list(lead) + [j], data.shape[b + j]) for j in range(K)] \
         + list(idx[nlead:])
     kb.store(out, idx, kb.load(data, src))
     kb.run()

@@ -24,7 +24,10 @@ def take(ctx, x: View, idx: np.ndarray, axis: int) -> View:
     kb = KB(ctx.k, ctx.n())
     o = [kb.rng(s) for s in shape]
     src = list(o)
-    src[axis] = kb.load(ind, [o[axis]]).cast(dtypes.index).clamp(0, x.shape[axis] - 1)
+    if x.shape[axis] > 1:       # on an extent-1 axis every index is 0 (and a clamped load would fold away)
+        src[axis] = kb.load(ind, [o[axis]]).cast(dtypes.index).clamp(0, x.shape[axis] - 1)
+    else:
+        src[axis] = 0
     kb.store(out, o, kb.load(x, src))
     kb.run()
     return out

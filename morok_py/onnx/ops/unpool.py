@@ -7,7 +7,7 @@ import numpy as np
 from morok_py import UOp, dtypes
 
 from morok_py.onnx.errors import UnsupportedOp
-from morok_py.onnx.tensor import KB, fill, prod
+from morok_py.onnx.tensor import KB, fill, iconst, prod
 from morok_py.onnx.ops.common import as_uop, keep_const
 from morok_py.onnx.ops.registry import OPS, op
 
@@ -30,8 +30,8 @@ def _max_unpool(ctx, ins, a):
     # the indices count in the inferred shape; its block sits at the output's origin
     kb = KB(ctx.k, ctx.n())
     e = [kb.rng(s) for s in x.shape]
-    flat = kb.load(ind, e)
-    flat = flat.clamp(0, prod(inferred) - 1).cast(dtypes.index)
+    total = prod(inferred)
+    flat = kb.load(ind, e).clamp(0, total - 1).cast(dtypes.index) if total > 1 else iconst(0)
     dst, rest = [], flat
     for d in reversed(range(len(inferred))):
         dst.append((rest % inferred[d]).clamp(0, min(inferred[d], shape[d]) - 1))
