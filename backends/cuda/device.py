@@ -116,9 +116,9 @@ class CUDADevice(Device):
         from cuda.bindings import driver as cu
         from .runtime import check
         legacy = cu.CUstream(1)      # CU_STREAM_LEGACY
+        self.make_current()
         if cu.cuStreamQuery(legacy)[0] == cu.CUresult.CUDA_SUCCESS:
             return
-        self.make_current()
         event = self._dlpack_event_once()
         check(cu.cuEventRecord(event, legacy), "cuEventRecord")
         check(cu.cuStreamWaitEvent(self.stream, event, 0), "cuStreamWaitEvent")
