@@ -165,6 +165,7 @@ class OnnxExecutor:
             self.last_run_s = time.perf_counter() - t0
             return out
         self.k.launches.clear()
+        self.k.pending = []       # launches a failed run left queued
         self.dynamic = False
         env: dict[str, View | None] = dict(self.weights)
         env[""] = None
@@ -182,6 +183,7 @@ class OnnxExecutor:
                 raise UnsupportedDtype(f"input {n} holds {arr.dtype}") from None
             env[n] = feeds[n] = self.k.from_numpy(arr)
         self._run_nodes(self.graph.node, env, self.opset, "")
+        self.k.flush()            # the run's kernels compile together, then launch (tensor.Kernels.flush)
         outs = [env[o.name] for o in self.graph.output]
         result = [self.k.numpy(v) if v.host is None else np.array(v.host) for v in outs]
         if not self.dynamic and all(v is not None for v in outs):

@@ -146,6 +146,7 @@ class Kernels:
         self.var_names: dict[str, frozenset[str]] = {}   # ast.key -> the variables the kernel takes
         self.stats: list[KernelStat] = []
         self.launches: list[tuple] = []           # (program, buffers, vars)
+        self.pending: list[tuple] = []            # (name, ast, buffers, vars) queued for `flush`
         self.compile_s = 0.0
 
     def empty(self, shape: Sequence[int], dtype: DType) -> View:
@@ -166,6 +167,7 @@ class Kernels:
     def numpy(self, v: View) -> np.ndarray:
         if v.host is not None:
             return v.host
+        self.flush()
         npdt = v.dtype.np
         if v.size == 0:
             return np.zeros(v.shape, npdt)
@@ -176,15 +178,32 @@ class Kernels:
         out = np.lib.stride_tricks.as_strided(base, v.shape, [s * item for s in v.strides]).copy()
         return out.view(flat.dtype)
 
+    # ---- batched first runs: launches wait until a value is read back, so a run's new kernels compile
+    # together (Device.compile_many: identical ones once, the others across the cores) -------------
     def launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], **vars) -> None:
+        """Queue a launch; `flush` (run by `numpy` and at the end of a run) compiles and launches."""
+        self.pending.append((name, ast, tuple(bufs), vars))
+
+    def flush(self) -> None:
+        """Compile the queued launches' new kernels in one batch, then launch all of them in order."""
+        pending, self.pending = self.pending, []
+        new: dict[str, tuple] = {}
+        for name, ast, _, _ in pending:
+            if ast.key not in self.programs and ast.key not in new:
+                new[ast.key] = (ast, name)
+        share = 0.0
+        if new:
+            t0 = time.perf_counter()
+            progs = self.dev.compile_many(list(new.values()), compiler=self.compiler)
+            self.programs.update(zip(new, progs))
+            share = (time.perf_counter() - t0) / len(new)       # the batch's time, split evenly
+        for name, ast, bufs, vars in pending:
+            first = ast.key in new and new.pop(ast.key) is not None
+            self._launch(name, ast, bufs, share if first else 0.0, not first, **vars)
+
+    def _launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], ct: float, cached: bool, **vars) -> None:
         key = ast.key
-        prog = self.programs.get(key)
-        t0 = time.perf_counter()
-        cached = prog is not None
-        if prog is None:
-            prog = self.dev.compile(ast, name, compiler=self.compiler) if self.compiler else self.dev.compile(ast, name)
-            self.programs[key] = prog
-        ct = time.perf_counter() - t0
+        prog = self.programs[key]
         self.compile_s += ct
         st = KernelStat(name, prog.name, ct, cached=cached)
         if vars:        # a variable the simplifier folded away (a range of one value) is not the kernel's
