@@ -1,10 +1,12 @@
-"""STFT: windowed frames of the signal through the DFT, one float64 reduction kernel over each frame."""
+"""STFT (windowed frames of the signal through the DFT, one float64 reduction kernel) and MelWeightMatrix."""
 from __future__ import annotations
+
+import numpy as np
 
 from morok_py import AxisType, UOp, dtypes
 
 from morok_py.onnx.tensor import KB
-from morok_py.onnx.ops.common import as_uop, isr, keep_const
+from morok_py.onnx.ops.common import ONNX_DT, as_uop, isr, keep_const
 from morok_py.onnx.ops.dft import twiddle
 from morok_py.onnx.ops.registry import op
 
@@ -39,3 +41,33 @@ def _stft(ctx, ins, a):
     kb.store(out, [b, f, k, comp], v.cast(x.dtype))
     kb.run()
     return [keep_const(out, ins)]
+
+
+@op("MelWeightMatrix")
+def _mel_weight_matrix(ctx, ins, a):
+    """Triangular mel filters: the bin edges from the scalar inputs on the host (as the reference computes
+    them, in float64), the [dft_length // 2 + 1, num_mel_bins] table by one kernel."""
+    mels, dft, rate = (int(ctx.scalar(v)) for v in ins[:3])
+    lo_hz, hi_hz = (float(ctx.scalar(v)) for v in ins[3:5])
+    dt = ONNX_DT[a["output_datatype"]] if a.get("output_datatype") else dtypes.float32
+    bins = np.arange(0, mels + 2)
+    lo_mel = 2595 * np.log1p(lo_hz / 700) / np.log(10)
+    hi_mel = 2595 * np.log1p(hi_hz / 700) / np.log(10)
+    f = bins * ((hi_mel - lo_mel) / bins.shape[0]) + lo_mel
+    edges = (((dft + 1) * (700 * np.expm1(f / 2595 * np.log(10)))) // rate).astype(np.int64)
+    ev = ctx.const_view(edges)
+    out = ctx.k.empty((dft // 2 + 1, mels), dt)
+    if out.size == 0:
+        return [out]
+    kb = KB(ctx.k, ctx.n())
+    j, i = kb.rng(out.shape[0]), kb.rng(mels)
+    lo, c, hi = (kb.load(ev, [as_uop(i) + d]).cast(F64) for d in range(3))
+    jf = as_uop(j).cast(dtypes.int32).cast(F64)
+    zero, one = UOp.const(0.0, F64), UOp.const(1.0, F64)
+    rise = (c == lo).where((jf == c).where(one, zero), ((jf >= lo) & (jf <= c)).where((jf - lo) / (c - lo), zero))
+    fall = (hi - jf) / (hi - c).maximum(one)
+    v = ((jf >= c) & (jf < hi)).where(fall, rise)
+    kb.store(out, [j, i], v.cast(dt))
+    kb.run()
+    out.const = all(v.const for v in ins[:5])
+    return [out]
