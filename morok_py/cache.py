@@ -268,7 +268,7 @@ class DiskCache:
 
 # ---- identities for the keys: cheap, because a hit must not load any toolchain -----------------
 
-DISK_FORMAT = "disk-2"      # bump when the layout of entries changes: old entries are then never looked up
+DISK_FORMAT = "disk-3"      # bump when the layout of entries changes: old entries are then never looked up
 
 
 def file_identity(path: str) -> str:
@@ -503,8 +503,8 @@ def check_output(compiler: "Compiler", name: str, kind: object, payload: bytes) 
             elf.check_object(payload, object_kind, symbol)
 
 
-def checked_entry(dc: DiskCache, key: str, compiler: "Compiler", name: str) -> tuple[bytes, str] | None:
-    """A source-level entry's (payload, kind) when it is there and passes `check_output` for this
+def checked_entry(dc: DiskCache, key: str, compiler: "Compiler", name: str) -> tuple[bytes, dict] | None:
+    """A source-level entry's (payload, metadata) when it is there and passes `check_output` for this
     compiler and kernel; an entry that fails is discarded (the caller compiles and rewrites it)."""
     hit = dc.get(key)
     if hit is None:
@@ -518,7 +518,7 @@ def checked_entry(dc: DiskCache, key: str, compiler: "Compiler", name: str) -> t
     except elf.ElfError as e:
         dc.discard(key, str(e))
         return None
-    return payload, meta["kind"]
+    return payload, meta
 
 
 def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> tuple["CompiledSpec", str | None]:
@@ -529,10 +529,10 @@ def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> 
     if key is not None:
         hit = checked_entry(dc, key, compiler, spec.name)
         if hit is not None:
-            data, kind = hit
+            data, meta = hit
             with _lock:
                 stats.disk_hits += 1
-            if kind == "src":
+            if meta["kind"] == "src":
                 return CompiledSpec.from_source(spec, data.decode(), arch=compiler.arch,
                                                 compiler=compiler.cache_key), key
             return CompiledSpec.from_bytes(spec, data, arch=compiler.arch, compiler=compiler.cache_key), key
@@ -556,7 +556,7 @@ def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> 
                                f"it is not stored")
             return compiled, None
         dc.put(key, compiled.payload, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
-                                       "kind": kind, "identity": compiler.identity()})
+                                       "kind": kind, "identity": compiler.identity(), "ast": spec.ast.key})
     return compiled, key
 
 
@@ -604,15 +604,25 @@ def _lowered_spec(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: 
 
 def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str | None,
                 schedule: "Schedule | None" = None) -> "CompiledSpec":
-    """Render and compile through both disk-cache levels: a hit by AST skips lowering and rendering.
-    `schedule`: render with it instead of the kernel's default (ValueError if the kernel refuses it)."""
+    """Render and compile through both disk-cache levels: a hit by AST skips rendering and compiling
+    (the launch facts are lowered again from the kernel). `schedule`: render with it instead of the
+    kernel's default (ValueError if the kernel refuses it)."""
     from .codegen.schedule import using
-    from .device import kernel_name
+    from .device import CompiledSpec, kernel_name
     nm = kernel_name(ast, name)
     use_disk = config.cache_enabled()
     debug = config.debug_level()
     dc = DiskCache()
     akey = ast_key(renderer, compiler, ast, nm, schedule) if use_disk else None
+    spec = None
+
+    def render() -> "ProgramSpec":
+        with using(schedule):
+            out = renderer.render(ast, name)
+        with _lock:
+            stats.renders += 1
+        return out
+
     # MOROK_DEBUG >= 2 prints the rendered source: render even when the AST entry would hit
     if akey is not None and debug < 2:
         hit = dc.get(akey)
@@ -623,16 +633,28 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
             except Exception as e:   # whatever an entry holds, it is never worse than a miss
                 dc.discard(akey, f"{type(e).__name__}: {e}")
         output = checked_entry(dc, source_key, compiler, nm) if source_key is not None else None
+        if output is not None and output[1].get("ast") != ast.key:
+            # bytes written for another kernel of this name, or for one that renders alike: only the
+            # rendered source, which keys them, can tell
+            spec = render()
+            if disk_key(compiler, spec) != source_key:
+                dc.discard(akey, "it names the compiled bytes of another kernel")
+                output = None
         if output is not None:
-            compiled = _lowered_spec(renderer, compiler, ast, nm, schedule, *output)
+            payload, kind = output[0], output[1]["kind"]
+            if spec is None:
+                compiled = _lowered_spec(renderer, compiler, ast, nm, schedule, payload, kind)
+            elif kind == "src":
+                compiled = CompiledSpec.from_source(spec, payload.decode(), arch=compiler.arch,
+                                                    compiler=compiler.cache_key)
+            else:
+                compiled = CompiledSpec.from_bytes(spec, payload, arch=compiler.arch, compiler=compiler.cache_key)
             with _lock:
                 stats.disk_hits += 1
                 stats.ast_hits += 1
             return compiled
-    with using(schedule):
-        spec = renderer.render(ast, name)
-    with _lock:
-        stats.renders += 1
+    if spec is None:
+        spec = render()
     if debug >= 1 and spec.linear is not None and spec.linear.schedule is not None:
         config.log(f"{spec.name} schedule: {spec.linear.schedule}")
     if debug >= 4 and spec.linear is not None:

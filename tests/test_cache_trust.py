@@ -153,9 +153,9 @@ OBJECT_DAMAGE = {
 }
 
 
-def populate(dev, compiler: str, tags: list[float]) -> None:
+def populate(dev, compiler: str, tags: list[float], name: str | None = None) -> None:
     """Compile kernels into the cache from a fresh interpreter (what a user's earlier run leaves)."""
-    got = run_child(Path(os.environ["MOROK_CACHE_DIR"]), [{"tag": t} for t in tags], dev.name, compiler)
+    got = run_child(Path(os.environ["MOROK_CACHE_DIR"]), [{"tag": t, "name": name} for t in tags], dev.name, compiler)
     assert all(k["ok"] for k in got["kernels"]), got
 
 
@@ -176,19 +176,20 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
     return d
 
 
-def _heals(dev, compiler: str, cache_dir: Path, damage) -> tuple[dict, dict]:
+def _heals(dev, compiler: str, cache_dir: Path, damage, name: str | None = None) -> tuple[dict, dict]:
     """Populate, damage (`damage(ast, other_ast)`), then two fresh processes: the first must give the
-    right result, the second must hit the entry the first repaired. Retried when the source tree
-    changes in between (the AST-level key follows the code's files)."""
+    right result, the second must hit the entry the first repaired. Both kernels are called `name`
+    (None: each its own). Retried when the source tree changes in between (the AST-level key follows
+    the code's files)."""
     for _ in range(3):
         tag, other = fresh_tag(), fresh_tag()
         ast, other_ast = kernel(tag), kernel(other)
-        before = keys_of(dev, compiler, ast)
-        populate(dev, compiler, [tag, other])
+        before = keys_of(dev, compiler, ast, name)
+        populate(dev, compiler, [tag, other], name)
         damage(ast, other_ast)
-        first = run_child(cache_dir, [{"tag": tag}], dev.name, compiler)
-        second = run_child(cache_dir, [{"tag": tag}], dev.name, compiler)
-        if keys_of(dev, compiler, ast) == before:
+        first = run_child(cache_dir, [{"tag": tag, "name": name}], dev.name, compiler)
+        second = run_child(cache_dir, [{"tag": tag, "name": name}], dev.name, compiler)
+        if keys_of(dev, compiler, ast, name) == before:
             return first, second
     pytest.skip("the source tree kept changing under the test")
 
@@ -243,15 +244,18 @@ def test_an_emptied_access_list_does_not_switch_the_launch_check_off(cpu, cache_
     assert k["error"].startswith("LaunchError") and (k["ast_hits"], k["corrupt"]) == (1, 0), second
 
 
-def test_an_ast_entry_naming_another_kernels_bytes_is_not_believed(cpu, cache_dir):
+@pytest.mark.parametrize("name", [None, "twin"], ids=["its own name", "the same name"])
+def test_an_ast_entry_naming_another_kernels_bytes_is_not_believed(cpu, cache_dir, name):
+    """The other kernel's bytes hold another symbol, or (same name) the same symbol for other work:
+    the first is refused by the check, the second because the bytes were written for another AST."""
     def damage(ast, other_ast):
-        (_, akey), (okey, _) = keys_of(cpu.dev, "llvm", ast), keys_of(cpu.dev, "llvm", other_ast)
+        (_, akey), (okey, _) = keys_of(cpu.dev, "llvm", ast, name), keys_of(cpu.dev, "llvm", other_ast, name)
         bin_path, meta_path = entry_files(cache_dir, akey)
         entry = json.loads(bin_path.read_bytes())
         entry["source_key"] = okey
         store_with_checksum(bin_path, meta_path, json.dumps(entry).encode())
 
-    first, second = _heals(cpu.dev, "llvm", cache_dir, damage)
+    first, second = _heals(cpu.dev, "llvm", cache_dir, damage, name)
     k1, k2 = first["kernels"][0], second["kernels"][0]
     assert (k1["ok"], k1["corrupt"], k1["ast_hits"]) == (True, 1, 0), first
     assert (k2["ok"], k2["corrupt"], k2["ast_hits"], k2["compiles"]) == (True, 0, 1, 0), second
