@@ -67,16 +67,22 @@ def _collect():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = collect_testcases()
-    return [c for c in cases if _runs(c.model)]
+    return cases, [c for c in cases if _runs(c.model)]
 
 
 def _runs(model) -> bool:
     """Whether every op of the graph, and of the function bodies its function-defined ops expand to, is
     one the executor runs (a body is expanded with the graph's declared types, as the executor does)."""
+    return not _missing_ops(model)
+
+
+def _missing_ops(model) -> set[str]:
+    """The ops of the graph (and of the bodies of its function-defined ops) the executor does not run."""
     opset = _opset(model)
     g = model.graph
-    if not all(supported(o, opset) for o in _ops(g)):
-        return False
+    missing = {o for o in _ops(g) if not supported(o, opset)}
+    if missing:
+        return missing
     types = {vi.name: vi.type for vi in list(g.input) + list(g.value_info) + list(g.output)}
     for n in g.node:
         if n.op_type in OPS:
@@ -86,17 +92,16 @@ def _runs(model) -> bool:
                                       [types.get(i, onnx.TypeProto()) for i in n.input], "f/")
         except Exception:       # a body builder that needs more than the declared types: run it and see
             continue
-        if not _runs(onnx.helper.make_model(onnx.helper.make_graph(body, "body", [], []),
-                                            opset_imports=[onnx.helper.make_opsetid("", body_opset)])):
-            return False
-    return True
+        missing |= _missing_ops(onnx.helper.make_model(onnx.helper.make_graph(body, "body", [], []),
+                                                       opset_imports=[onnx.helper.make_opsetid("", body_opset)]))
+    return missing
 
 
 def _opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
-CASES = _collect()
+ALL_CASES, CASES = _collect()
 
 
 def skip_reason(case) -> str | None:
@@ -189,9 +194,17 @@ def _run_case(case, ex):
 def test_case_count_printed(capsys):
     """The conformance run's size, for the log: qualifying cases and skips by reason."""
     skipped = [c.name for c in CASES if skip_reason(c)]
+    left_out: dict[str, int] = {}
+    for c in ALL_CASES:
+        if c not in CASES:
+            for o in sorted(_missing_ops(c.model)) or ["(a subgraph)"]:
+                left_out[o] = left_out.get(o, 0) + 1
     with capsys.disabled():
-        print(f"\nONNX {onnx.__version__} node cases: {len(CASES)} qualify, {len(skipped)} skip for a dtype/type "
-              f"morok_py lacks, {len(CASES) - len(skipped)} run on {DEVICE}")
+        print(f"\nONNX {onnx.__version__} node cases: {len(ALL_CASES)} in all, {len(CASES)} within the ops the "
+              f"executor runs, {len(skipped)} of those skip for a dtype/type morok_py lacks, "
+              f"{len(CASES) - len(skipped)} run on {DEVICE}")
+        print("cases left out, by the op they need that the executor lacks: "
+              + ", ".join(f"{o} {n}" for o, n in sorted(left_out.items(), key=lambda kv: (-kv[1], kv[0]))))
         if TOTALS["cases"]:
             print(f"compiling (or loading from the disk cache) {TOTALS['programs']} programs for "
                   f"{TOTALS['cases']} cases took {TOTALS['compile_s']:.1f} s")

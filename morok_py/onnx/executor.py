@@ -227,8 +227,11 @@ def expand(node, schema, opset: int, in_types: list[onnx.TypeProto], prefix: str
     for name, attr in schema.attributes.items():
         if name not in have and attr.default_value and attr.default_value.name:
             node.attribute.append(attr.default_value)
-    plain = [v for v in schema.function_opset_versions if v <= opset]
-    ctx = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    # the body of the newest version at or below the model's opset; an op whose body was written later
+    # than the op (Shrink: op 9, body 18) takes its first body, which computes the same function
+    plain = [v for v in schema.function_opset_versions if v <= opset] or sorted(schema.function_opset_versions)[:1]
+    ctx = ([v for v in schema.context_dependent_function_opset_versions if v <= opset]
+           or sorted(schema.context_dependent_function_opset_versions)[:1])
     fn = onnx.FunctionProto()
     if ctx and (not plain or max(ctx) >= max(plain)):
         fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
