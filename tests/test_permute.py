@@ -28,7 +28,8 @@ CAPS = Capabilities(
 # (input shape, permutation): output axis k is input axis perm[k]; sizes off the 32-element tile
 CASES = [((37, 70), (1, 0)), ((64, 96), (1, 0)), ((3, 45, 33), (2, 0, 1)), ((5, 33, 40), (0, 2, 1)),
          ((2, 3, 9, 35), (0, 3, 1, 2)), ((2, 34, 3, 33), (3, 1, 0, 2)), ((2, 3, 2, 5, 34), (4, 3, 2, 1, 0)),
-         ((2, 33, 2, 3, 36), (0, 4, 2, 3, 1))]
+         ((2, 33, 2, 3, 36), (0, 4, 2, 3, 1)),
+         ((3, 40, 7, 7), (0, 2, 3, 1)), ((2, 5, 3, 64), (0, 3, 1, 2)), ((2, 3, 4, 5, 6), (4, 3, 0, 2, 1))]
 
 
 def permuted(shape, perm, symbolic=False, dtype=dtypes.float32):
@@ -106,6 +107,15 @@ def interpret(ast, shape, perm, symbolic, dtype=np.float32, schedule=None, rng=N
 @pytest.mark.parametrize("shape,perm", CASES)
 def test_interpreted_permutations_match_numpy(rng, shape, perm, symbolic):
     interpret(permuted(shape, perm, symbolic), shape, perm, symbolic, rng=rng)
+
+
+def test_short_contiguous_axes_are_merged_with_the_next_one_out():
+    """NCHW -> NHWC with 7 x 7 images: the load's run is h and w together (49 elements), not w alone."""
+    from morok_py.codegen.strategies.permute import permute_plan
+    ast = simplify(permuted((3, 40, 7, 7), (0, 2, 3, 1)))
+    plan = permute_plan(ast, scan_kernel(ast))
+    assert [r.src[0].arg for r in plan.a] == [7, 7] and [r.src[0].arg for r in plan.b] == [40]
+    assert plan.a_end.arg == 49 and plan.load_vec is None and plan.store_vec == ()
 
 
 def test_full_aligned_tiles_use_vector_loads_and_stores(rng):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..capabilities import Capabilities
-from ..gpu_tile import _alignment_at_launch, _Builder, _terms
+from ..gpu_tile import _Builder, _terms
 from ..launch_check import Access, LaunchInfo
 from ..linear import If, Instr, Item, L, LinearKernel
 from ..scan import KernelScan
@@ -36,17 +36,70 @@ _VECTOR_DTYPES = ("float32", "int32", "uint32", "float16", "bfloat16")   # what 
 
 @dataclass(frozen=True)
 class PermutePlan:
-    """The permutation a kernel is: its store and load, the ranges along which each is contiguous, the
-    other ranges (outermost first), and the launch-time sizes a vector load (store) needs to be multiples
-    of VECTOR (None: never vectors)."""
+    """The permutation a kernel is: its store and load, the ranges along which each is contiguous (a chain,
+    outermost first: an inner extent below a tile is merged with the next range whose stride continues it,
+    so NCHW -> NHWC with 7 x 7 images reads runs of 49), the other ranges (outermost first), and the
+    launch-time sizes a vector load (store) needs to be multiples of VECTOR (None: never vectors)."""
 
     store: UOp
     load: UOp
-    a: UOp
-    b: UOp
+    a: tuple[UOp, ...]
+    b: tuple[UOp, ...]
     rest: tuple[UOp, ...]
     load_vec: "tuple[UOp, ...] | None"
     store_vec: "tuple[UOp, ...] | None"
+
+    @property
+    def a_end(self) -> UOp:
+        return _span(self.a)
+
+    @property
+    def b_end(self) -> UOp:
+        return _span(self.b)
+
+
+def _span(chain: tuple[UOp, ...]) -> UOp:
+    end = chain[0].src[0]
+    for r in chain[1:]:
+        end = end * r.src[0]
+    return simplify(end)
+
+
+def _chain(form: dict, first: UOp, taken: set[int]) -> tuple[UOp, ...]:
+    """`first` and, while the run is a constant shorter than a tile, the range whose coefficient in `form`
+    is the run's length (the next axis out, contiguous with it); `taken`: ids of ranges it may not take."""
+    chain = [first]
+    span = first.src[0]
+    while span.op is Ops.CONST and span.arg < TILE:
+        nxt = None
+        for k, v in form.items():
+            if k is not None and id(k) not in taken and all(k is not c for c in chain):
+                v = simplify(v)
+                if v.op is Ops.CONST and v.arg == span.arg:
+                    nxt = k
+                    break
+        if nxt is None:
+            break
+        chain.insert(0, nxt)
+        span = simplify(span * nxt.src[0])
+    return tuple(chain)
+
+
+def _vector_conds(form: dict, chain: tuple[UOp, ...]) -> "tuple[UOp, ...] | None":
+    """The launch-time sizes that must be multiples of VECTOR for VECTOR consecutive elements of the chain
+    (starting at a multiple of VECTOR) to be one aligned run: every other coefficient and the constant
+    term; None when a constant one is not."""
+    conds: list[UOp] = []
+    for k, v in form.items():
+        if k is not None and any(k is c for c in chain):
+            continue
+        v = simplify(v)
+        if v.op is Ops.CONST:
+            if int(v.arg) % VECTOR:
+                return None
+        elif all(v is not c for c in conds):
+            conds.append(v)
+    return tuple(conds)
 
 
 def _unit_range(form: dict) -> "UOp | None":
@@ -82,18 +135,16 @@ def permute_plan(ast: UOp, scan: KernelScan) -> "PermutePlan | None":
     fs, fl = _terms(sidx), _terms(load.src[1])
     if fs is None or fl is None:
         return None
-    a, b = _unit_range(fl), _unit_range(fs)
-    if a is None or b is None or a is b:
+    a1, b1 = _unit_range(fl), _unit_range(fs)
+    if a1 is None or b1 is None or a1 is b1:
         return None
-    rest = tuple(sorted((r for r in ranges if r is not a and r is not b), key=lambda r: r.axis))
-
-    def vec(idx: UOp, along: UOp, dt) -> "tuple[UOp, ...] | None":
-        if dt.name not in _VECTOR_DTYPES:
-            return None
-        conds = _alignment_at_launch(idx, along, VECTOR)
-        return None if conds is None else tuple(conds)
-
-    return PermutePlan(store, load, a, b, rest, vec(load.src[1], a, load.dtype), vec(sidx, b, val.dtype))
+    a = _chain(fl, a1, {id(b1)})
+    b = _chain(fs, b1, {id(r) for r in a})
+    chained = {id(r) for r in a + b}
+    rest = tuple(sorted((r for r in ranges if id(r) not in chained), key=lambda r: r.axis))
+    lv = _vector_conds(fl, a) if load.dtype.name in _VECTOR_DTYPES else None
+    sv = _vector_conds(fs, b) if val.dtype.name in _VECTOR_DTYPES else None
+    return PermutePlan(store, load, a, b, rest, lv, sv)
 
 
 def permute_applies(ast: UOp, caps: Capabilities, scan: KernelScan) -> bool:
@@ -144,8 +195,8 @@ class _PermuteBuilder(_Builder):
         tid = self.new(L.SPECIAL, dtypes.index, (), ("local_id", 0))
         top += [gx, tid]
         memo: dict[UOp, Instr] = {}
-        A = self.expr(pp.a.src[0], {}, top, memo)
-        B = self.expr(pp.b.src[0], {}, top, memo)
+        A = self.expr(pp.a_end, {}, top, memo)
+        B = self.expr(pp.b_end, {}, top, memo)
         # the grid has exactly ceil(A/T) * ceil(B/T) * (the other extents) groups, all >= 1 when launched
         nA = self.op(top, Ops.ADD, self.op(top, Ops.IDIV, self.op(top, Ops.SUB, A, self.c(1)), self.c(T)), self.c(1))
         env: dict[UOp, Instr] = {}
@@ -187,7 +238,7 @@ class _PermuteBuilder(_Builder):
             aligned = self.new(L.ALU, dtypes.bool, (bits, self.c(0)), Ops.CMPEQ)
             top.append(aligned)
             full = self.op(top, Ops.AND, full, aligned, dtype=dtypes.bool)
-        ends = (pp.a.src[0], pp.b.src[0])
+        ends = (pp.a_end, pp.b_end)
         if not conds and all(e.op is Ops.CONST and e.arg % T == 0 for e in ends):
             self.move(top, vl, vs, guarded=False)      # every tile is full and aligned
             return self.finish(top)
@@ -223,7 +274,9 @@ class _PermuteBuilder(_Builder):
                 g = If(ok)
                 out.append(g)
                 blk = g.body
-            env = {**env0, pp.a: ga, pp.b: self.op(blk, Ops.ADD, b0, lr)}
+            env = dict(env0)
+            self.bind(env, pp.a, ga, blk)
+            self.bind(env, pp.b, self.op(blk, Ops.ADD, b0, lr), blk)
             memo: dict[UOp, Instr] = {}
             idx = self.expr(pp.load.src[1], env, blk, memo)
             src = self.expr(pp.load.src[0], env, blk, memo)
@@ -256,7 +309,9 @@ class _PermuteBuilder(_Builder):
                 g = If(ok)
                 out.append(g)
                 blk = g.body
-            env = {**env0, pp.a: self.op(blk, Ops.ADD, a0, lr), pp.b: gb}
+            env = dict(env0)
+            self.bind(env, pp.a, self.op(blk, Ops.ADD, a0, lr), blk)
+            self.bind(env, pp.b, gb, blk)
             memo = {}
             vals = []
             for k in range(vs):      # lane k: b + k, tile row lc + k
@@ -266,7 +321,7 @@ class _PermuteBuilder(_Builder):
                 blk.append(x)
                 lane = {**env, pp.load: x}
                 if k:
-                    lane[pp.b] = self.op(blk, Ops.ADD, gb, self.c(k))
+                    self.bind(lane, pp.b, self.op(blk, Ops.ADD, gb, self.c(k)), blk)
                 vals.append(self.expr(val, lane, blk, {}))
             idx = self.expr(sidx, env, blk, memo)
             dst = self.expr(buf, env, blk, memo)
@@ -276,11 +331,19 @@ class _PermuteBuilder(_Builder):
                 vec = self.new(L.VECTOR, val.dtype, tuple(vals))
                 blk += [vec, self.new(L.STORE, None, (dst, idx, vec), vs)]
 
+    def bind(self, env: dict, chain: tuple[UOp, ...], at: Instr, out: list[Item]) -> None:
+        """Bind the ranges of `chain` to position `at` along it (inner extents are constants)."""
+        for r in reversed(chain[1:]):
+            ext = self.c(int(r.src[0].arg))
+            env[r] = self.op(out, Ops.MOD, at, ext)
+            at = self.op(out, Ops.IDIV, at, ext)
+        env[chain[0]] = at
+
     def finish(self, body: list[Item]) -> "tuple[LinearKernel, LaunchInfo]":
         pp, scan, T = self.pp, self.scan, self.T
         accesses = [Access(pp.load.src[0].arg, False, pp.load.src[1], ()),
                     Access(pp.store.src[0].arg, True, pp.store.src[1], ())]
-        groups = _cdiv(pp.a.src[0], T) * _cdiv(pp.b.src[0], T)
+        groups = _cdiv(pp.a_end, T) * _cdiv(pp.b_end, T)
         for r in pp.rest:
             groups = groups * r.src[0]
         local = (self.G, 1, 1)
