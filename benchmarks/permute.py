@@ -33,6 +33,7 @@ CASES = [  # name, input shape, perm (output axis k is input axis perm[k]), symb
     ("transpose_3d_rev", (256, 256, 512), (2, 1, 0), False),
     ("transpose_4d_nhwc_nchw", (64, 64, 64, 128), (0, 3, 1, 2), False),
     ("transpose_4d_sym", (64, 64, 64, 128), (0, 3, 1, 2), True),
+    ("transpose_4d_nchw_nhwc_7x7", (1024, 512, 7, 7), (0, 2, 3, 1), False),
     ("transpose_5d", (16, 32, 32, 32, 64), (0, 4, 1, 2, 3), False),
 ]
 
