@@ -6,6 +6,7 @@ crash the interpreter runs in child processes, whose exit code is checked."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import struct
@@ -18,23 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morok_py import UOp, dtypes, elf
+from morok_py import dtypes, elf
 from morok_py import cache
 from morok_py.cache import DiskCache, stats
 from morok_py.codegen.symbols import symbol_for
 from morok_py.device import kernel_name
 
-KERNEL = r'''
 def kernel(tag):
     """out[i] = exp(x[i] * tag): constants, a call and relocations in the CPU object."""
     from morok_py import UOp, dtypes
     x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
     i = UOp.range(UOp.variable("n", 1, 1 << 20), 0)
     return UOp.sink(out.store(i, (x.load(i) * tag).exp()))
-'''
-exec(KERNEL)
 
-CHILD = KERNEL + r'''
+
+CHILD = inspect.getsource(kernel) + r'''
 import json, os, sys, time, warnings
 import numpy as np
 from morok_py import Buffer, Device, MorokError
