@@ -45,6 +45,7 @@ RTOL, ATOL = 1e-3, 1e-5
 # A/B rounds alternate blocks of this many timed runs (after one untimed run each): run by run, each
 # runtime's pool was cold or the other's still spinning (the MLP took 6.6 ms alternating run by run, 1.15 ms alone)
 AB_BLOCK = 4
+AB_PAUSE_S = 0.2        # before each block: the other runtime's pool stops spinning
 
 
 def light(name: str) -> tuple[Path, Path]:
@@ -234,6 +235,7 @@ def morok_worker(args) -> dict:
             ours, theirs = [], []
             for _ in range(max(3, args.runs // 2)):
                 for fn, acc in ((lambda: sess.run(None, feeds), theirs), (lambda: ex.run(feeds), ours)):
+                    time.sleep(AB_PAUSE_S)
                     for b in range(AB_BLOCK + 1):      # the first run of a block warms its pool: not counted
                         t0 = time.perf_counter()
                         fn()

@@ -167,3 +167,26 @@ def test_an_unknown_epilogue_step_is_refused():
         K.Epilogue.of("softplus")
     with pytest.raises(ArgumentError):
         K.Epilogue.of(("bias", 1.0))
+
+
+def test_a_plan_search_times_every_candidate_once_and_keeps_a_correct_one(cpu, rng):
+    import time
+    from morok_py.codegen.strategies.conv import search_plan
+    geo = ConvGeometry(1, 4, 11, 9, 6, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
+    timed: list[str] = []
+
+    def time_plan(plan) -> float:
+        timed.append(str(plan))
+        t0 = time.perf_counter()
+        run_steps(cpu, K.conv2d_kernels(geo, plan), {"x": x, "w": w})
+        return time.perf_counter() - t0
+    caps = cpu.dev.renderer.caps
+    best, times = search_plan(geo, caps, time_plan, ("test", rng.integers(1 << 30)))
+    assert sorted(timed) == sorted(str(p) for p in candidate_plans(geo, caps)) == sorted(times)
+    assert best in candidate_plans(geo, caps)
+    again, _ = search_plan(geo, caps, time_plan, ("test", "other key"))
+    assert len(timed) == 2 * len(times)          # another key searches again; the same key would not
+    got = run_steps(cpu, K.conv2d_kernels(geo, best), {"x": x, "w": w})
+    np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)

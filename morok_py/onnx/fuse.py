@@ -17,6 +17,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
+import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -25,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from morok_py import config, kernels as K
 from morok_py.codegen.capabilities import Capabilities
-from morok_py.codegen.strategies.conv import ConvGeometry, conv_plan
+from morok_py.codegen.strategies.conv import ConvGeometry, conv_plan, search_plan
 from morok_py.dtypes import dtypes
 
 from morok_py.onnx.errors import OnnxError
@@ -449,23 +452,69 @@ def _say(name: str, what: str) -> None:
         config.log(f"{name} {what}")
 
 
-def _conv(ctx, ins, a):
-    x, w = _dense(ctx, ins[0]), ins[1]
-    has_bias = len(ins) > 2 and ins[2] is not None and _epilogue(a).operands[:1] == ("bias",)
-    epi = _epilogue(a)
-    geo = _conv_geometry(x, w, a)
-    plan = conv_plan(geo, _caps(ctx))
-    _say(ctx.name, f"conv: {plan}, epilogue {epi}")
-    out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
-    extra = ([ins[2]] if has_bias else []) + _operands(ctx, [v for v in ins[2 + has_bias:]], out.shape)
+# scratch buffers (im2col columns, padded inputs) by (kernel builder, dtype): a model's convolutions run one
+# after another on one device, so each reuses the largest scratch so far instead of holding its own
+# (light resnet50: 16 column buffers of 0.4-7 MB); a larger request allocates a new one, and the launches
+# recorded with the old one keep it alive
+PLAN_SEARCH_RUNS = 5    # timed runs per candidate plan under MOROK_BEAM (the fastest counts)
+_scratch: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_scratch_lock = threading.Lock()
+
+
+def _scratch_buffer(k, elements: int, dtype):
+    with _scratch_lock:
+        per = _scratch.setdefault(k, {})
+        buf = per.get(dtype)
+        if buf is None or buf.size < elements:
+            buf = per[dtype] = k.empty([elements], dtype).buf
+        return buf
+
+
+def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View, record: bool = True) -> None:
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
     for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi):
         if st.output != "out":
-            bufs[st.output] = ctx.k.empty([st.elements], x.dtype).buf
+            bufs[st.output] = _scratch_buffer(ctx.k, st.elements, x.dtype)
         args = []
         for role in st.inputs:
             args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
-        ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]])
+        if record:
+            ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]])
+        else:
+            prog = ctx.k.programs.get(st.ast.key)
+            if prog is None:
+                prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
+            prog(*args, bufs[st.output], wait=True)
+
+
+def _choose_plan(ctx, geo, epi, x, w, extra, out):
+    """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's buffers."""
+    caps = _caps(ctx)
+    if config.getenv_int("MOROK_BEAM", 0) <= 0:
+        return conv_plan(geo, caps), None
+
+    def time_plan(plan) -> float:
+        _run_plan(ctx, plan, geo, epi, x, w, extra, out, record=False)       # compile and warm
+        best = float("inf")
+        for _ in range(PLAN_SEARCH_RUNS):
+            t0 = time.perf_counter()
+            _run_plan(ctx, plan, geo, epi, x, w, extra, out, record=False)
+            best = min(best, time.perf_counter() - t0)
+        return best
+    return search_plan(geo, caps, time_plan, (str(epi), getattr(ctx.k.dev, "name", "")))
+
+
+def _conv(ctx, ins, a):
+    x, w = _dense(ctx, ins[0]), ins[1]
+    epi = _epilogue(a)
+    has_bias = len(ins) > 2 and epi.operands[:1] == ("bias",)
+    geo = _conv_geometry(x, w, a)
+    out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
+    extra = ([ins[2]] if has_bias else []) + _operands(ctx, [v for v in ins[2 + has_bias:]], out.shape)
+    plan, times = _choose_plan(ctx, geo, epi, x, w, extra, out)
+    _say(ctx.name, f"conv: {plan}, epilogue {epi}" + (
+        "; searched " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()) if times else ""))
+    _run_plan(ctx, plan, geo, epi, x, w, extra, out)
     return [out]
 
 

@@ -15,11 +15,15 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
   direct       the generic loop nest (`kernels.conv2d` after `kernels.pad2d`): the reference the
                others are searched against.
 
-`conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times.
+`conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times;
+`search_plan` times them through a caller's timer and keeps the fastest per geometry, target and
+epilogue for the process.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from ...errors import ArgumentError
 from ..capabilities import Capabilities
@@ -143,3 +147,35 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
+
+
+# a candidate replaces the default only when this much faster (as codegen's schedule search: noise is no win)
+PLAN_SWITCH_MARGIN = 0.03
+_searched: dict[tuple, tuple[ConvPlan, dict[str, float]]] = {}
+_searched_lock = threading.Lock()
+
+
+def search_plan(geo: ConvGeometry, caps: Capabilities, time_plan: Callable[[ConvPlan], float],
+                key: tuple = ()) -> tuple[ConvPlan, dict[str, float]]:
+    """The fastest of `candidate_plans` by `time_plan` (seconds; it raises for a plan that cannot run)
+    and every candidate's time, once per (geometry, target, `key`) in this process; the default stays
+    unless a candidate is PLAN_SWITCH_MARGIN faster."""
+    k = (geo, caps, key)
+    with _searched_lock:
+        hit = _searched.get(k)
+    if hit is not None:
+        return hit
+    plans = candidate_plans(geo, caps)
+    times: dict[str, float] = {}
+    for p in plans:
+        try:
+            times[str(p)] = time_plan(p)
+        except ArgumentError:
+            continue
+    best = plans[0]
+    for p in plans[1:]:
+        if str(p) in times and times[str(p)] < times.get(str(best), float("inf")) * (1 - PLAN_SWITCH_MARGIN):
+            best = p
+    with _searched_lock:
+        _searched[k] = (best, times)
+    return best, times
