@@ -248,7 +248,8 @@ def _family(name: str) -> str:
         if name == prefix or name.startswith(prefix + "."):
             return fam
     return {".symtab": "symtab", ".strtab": "strtab", ".shstrtab": "strtab", ".note.GNU-stack": "note",
-            ".llvm_addrsig": "addrsig", ".comment": "comment", ".eh_frame": "eh_frame"}.get(name, "")
+            ".llvm_addrsig": "addrsig", ".comment": "comment", ".eh_frame": "eh_frame", ".group": "group",
+            ".note.gnu.property": "property", ".llvm.call-graph-profile": "profile"}.get(name, "")
 
 
 # family -> (section types, flags it must have, flags it may have)
@@ -265,6 +266,9 @@ _FAMILIES = {
     "addrsig": ((0x6FFF4C03,), 0, SHF_EXCLUDE),
     "comment": ((SHT_PROGBITS,), 0, SHF_MERGE | SHF_STRINGS),
     "eh_frame": ((SHT_PROGBITS, 0x70000001), SHF_ALLOC, 0),
+    "group": ((17,), 0, 0),                     # a COMDAT group (the loader ignores it)
+    "property": ((SHT_NOTE,), SHF_ALLOC, 0),
+    "profile": ((0x6FFF4C09,), 0, SHF_EXCLUDE),
 }
 
 
