@@ -127,6 +127,24 @@ class OnnxExecutor:
         return v.host
 
     # ---- running ----------------------------------------------------------------------------
+    def run_function_body(self, node, ins: list, opset: int, name: str, env: dict | None = None) -> list:
+        """Run `node` as the function of other ops the spec defines it by (an op implemented here may
+        call this for the modes it leaves out); returns its outputs, also written into `env` if given."""
+        schema = function_of(node.op_type, opset)
+        if schema is None:
+            raise UnsupportedOp(f"op {node.op_type} has no function body at opset {opset}")
+        types = [onnx_type(v) if v is not None else onnx.TypeProto() for v in ins]
+        body, body_opset = expand(node, schema, opset, types, name + "/")
+        scope = {n: v for n, v in zip(node.input, ins) if n}
+        scope[""] = None
+        if env is not None:
+            scope = {**env, **scope}
+        self._run_nodes(body, scope, body_opset, name + "/")
+        outs = [scope.get(o) if o else None for o in node.output]
+        if env is not None:
+            env.update({o: v for o, v in zip(node.output, outs) if o})
+        return outs
+
     def _run_nodes(self, nodes, env: dict, opset: int, prefix: str) -> None:
         """Run `nodes` in order, reading and writing `env`; an op without an implementation here runs as
         the function the ONNX spec defines it by."""
@@ -135,12 +153,9 @@ class OnnxExecutor:
             name = prefix + (node.name or f"{node.op_type}_{idx}")
             impl = O.OPS.get(node.op_type)
             if impl is None:
-                schema = function_of(node.op_type, opset)
-                if schema is None:
+                if function_of(node.op_type, opset) is None:
                     raise UnsupportedOp(f"op {node.op_type} is not implemented")
-                types = [onnx_type(v) if v is not None else onnx.TypeProto() for v in ins]
-                body, body_opset = expand(node, schema, opset, types, name + "/")
-                self._run_nodes(body, env, body_opset, name + "/")
+                self.run_function_body(node, ins, opset, name, env)
                 continue
             ctx = O.Ctx(self, name, node, opset)
             ctx.env = env      # the names in scope: If, Loop and Scan run subgraphs that read outer names

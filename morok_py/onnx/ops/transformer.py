@@ -101,16 +101,7 @@ def _rotary(ctx, ins, a):
 
 def _function_body(ctx, ins, a):
     """Run this node as the spec's function of other ops (the modes the kernels here leave out)."""
-    from morok_py.onnx.executor import expand, function_of, onnx_type
-    import onnx
-    node = ctx.node
-    schema = function_of(node.op_type, ctx.opset)
-    types = [onnx_type(v) if v is not None else onnx.TypeProto() for v in ins]
-    body, body_opset = expand(node, schema, ctx.opset, types, ctx.name + "/")
-    env = {n: v for n, v in zip(node.input, ins) if n}
-    env[""] = None
-    ctx.ex._run_nodes(body, env, body_opset, ctx.name + "/")
-    return [env.get(o) if o else None for o in node.output]
+    return ctx.ex.run_function_body(ctx.node, ins, ctx.opset, ctx.name)
 
 
 def _concat_seq(ctx, past: View, new: View, suffix: str) -> View:
