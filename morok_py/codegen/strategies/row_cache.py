@@ -11,11 +11,11 @@ ROW_CACHE_BYTES = 24 * 1024    # shared memory a row kernel may spend keeping ro
 
 
 def row_cache_plan(ast: UOp, globals_, scan: KernelScan, budget: int = ROW_CACHE_BYTES) -> dict[UOp, tuple[UOp, int]]:
-    """LOAD -> (range, key): loads of a read-only buffer whose index differs only in the
+    """LOAD -> (range, key): loads of one read-only buffer whose index differs only in the
     (constant-extent) range its group-strided loop runs over share a key, when at least two do and
     their row fits the shared-memory budget. Empty: nothing to cache."""
     read_only = {p.slot for p in scan.params if p.read and not p.written}
-    groups: dict[UOp, list[tuple[UOp, UOp]]] = {}   # canonical index -> its loads
+    groups: dict[tuple[int, UOp], list[tuple[UOp, UOp]]] = {}   # (buffer, canonical index) -> its loads
     gl = set(globals_)
     for n in ast.toposort():
         if n.op is not Ops.LOAD or n.src[0].arg not in read_only or n.dtype.is_bool:
@@ -24,7 +24,8 @@ def row_cache_plan(ast: UOp, globals_, scan: KernelScan, budget: int = ROW_CACHE
         if len(rs) != 1 or rs[0].src[0].op is not Ops.CONST:
             continue
         r = rs[0]
-        canon = substitute(n.src[1], {r: UOp.range(r.src[0], -1, AxisType.LOOP)})
+        # the buffer is part of the key: loads of two buffers at the same index are two rows
+        canon = (n.src[0].arg, substitute(n.src[1], {r: UOp.range(r.src[0], -1, AxisType.LOOP)}))
         groups.setdefault(canon, []).append((n, r))
     out: dict[UOp, tuple[UOp, int]] = {}
     for k, members in enumerate(groups.values()):
