@@ -190,3 +190,11 @@ def test_a_plan_search_times_every_candidate_once_and_keeps_a_correct_one(cpu, r
     assert len(timed) == 2 * len(times)          # another key searches again; the same key would not
     got = run_steps(cpu, K.conv2d_kernels(geo, best), {"x": x, "w": w})
     np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)
+
+
+def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
+    from morok_py.codegen.capabilities import Capabilities
+    gpu = Capabilities(has_local=True, has_shared=True)
+    assert conv_plan(GEOMETRIES[2], gpu) == ConvPlan("direct")
+    assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("depthwise")
+    assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped

@@ -182,3 +182,42 @@ def test_fusion_can_be_turned_off(monkeypatch, rng):
     m = b.model({"x": [1, 3, 5, 5]}, [y])
     monkeypatch.setenv("MOROK_ONNX_FUSE", "0")
     assert [n.op_type for n in fuse(m).graph.node] == ["Conv", "Relu"]
+
+
+# ---- ONNX's own node cases, their weights made constants so that the fused path runs them -----------
+
+def _node_cases():
+    import warnings
+    from onnx.backend.test.case.node import collect_testcases
+    prefixes = ("test_conv", "test_basic_conv", "test_batchnorm_example", "test_batchnorm_epsilon", "test_maxpool_2d",
+                "test_averagepool_2d", "test_globalaveragepool", "test_globalmaxpool")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = [c for c in collect_testcases() if c.name.startswith(prefixes) and len(c.model.graph.node) == 1]
+    return [pytest.param(c, id=c.name) for c in cases if "training" not in c.name]
+
+
+@pytest.mark.parametrize("case", _node_cases())
+def test_node_cases_with_constant_weights_run_fused(case):
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    inputs, outputs = case.data_sets[0]
+    g = model.graph
+    node = g.node[0]
+    names = [vi.name for vi in g.input]
+    feeds = {names[0]: inputs[0]}
+    consts = {n: np.asarray(v) for n, v in zip(names[1:], inputs[1:])}
+    kept = [vi for vi in g.input if vi.name not in consts]
+    del g.input[:]
+    g.input.extend(kept)
+    g.initializer.extend(numpy_helper.from_array(v, n) for n, v in consts.items())
+    fused = fuse(model)
+    if node.op_type == "Conv" and np.ndim(inputs[1]) == 4 and len(node.output) == 1:
+        assert [n.op_type for n in fused.graph.node] == ["MorokConv"]
+    if node.op_type in ("MaxPool", "AveragePool") and len(node.output) == 1 and np.ndim(inputs[0]) == 4 \
+            and np.asarray(inputs[0]).dtype == np.float32 \
+            and not any(a.name in ("ceil_mode", "storage_order") and a.i for a in node.attribute):
+        assert [n.op_type for n in fused.graph.node] == ["MorokPool2d"]
+    got = OnnxExecutor(model, "CPU").run(feeds)
+    for gv, wv in zip(got, outputs):
+        np.testing.assert_allclose(gv, np.asarray(wv), rtol=case.rtol, atol=max(case.atol, 1e-6), err_msg=case.name)

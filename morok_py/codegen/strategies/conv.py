@@ -12,8 +12,9 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                are a GLOBAL range of it.
   depthwise    one input channel per group and one output channel per input channel: the taps
                unrolled in one elementwise kernel, (n, c) planes split over threads, rows vectorized.
-  direct       the generic loop nest (`kernels.conv2d` after `kernels.pad2d`): the reference the
-               others are searched against.
+  direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
+               channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
+               default there; on the CPU a generic loop nest the others are searched against.
 
 `conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times;
 `search_plan` times them through a caller's timer and keeps the fastest per geometry, target and
@@ -115,6 +116,8 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
     stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
     if geo.depthwise:
         return ConvPlan("depthwise")
+    if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
+        return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps)
 
 
