@@ -566,3 +566,10 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             seen.add(s)
             uniq.append(s)
     return uniq
+
+
+# -- convolutions ---------------------------------------------------------------------------------------
+# A convolution is a family of kernels, not one AST: strategies/conv.py plans which (pointwise or im2col
+# contraction, depthwise, direct) from the same Capabilities, searchable under MOROK_BEAM; each kernel of
+# a plan then gets its Schedule above.
+from .strategies.conv import ConvPlan, candidate_plans as candidate_conv_plans, conv_plan, search_plan  # noqa: E402,F401

@@ -28,7 +28,8 @@ from onnx import helper, numpy_helper
 
 from morok_py import config, kernels as K
 from morok_py.codegen.capabilities import Capabilities
-from morok_py.codegen.strategies.conv import ConvGeometry, conv_plan, search_plan
+from morok_py.codegen.schedule import conv_plan, search_plan
+from morok_py.codegen.strategies.conv import ConvGeometry
 from morok_py.dtypes import dtypes
 
 from morok_py.onnx.errors import OnnxError
