@@ -7,10 +7,13 @@ whose exit code must be 0. MOROK_FUZZ_EXAMPLES=N runs N random examples instead 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -75,7 +78,7 @@ def mutated(draw, data: bytes) -> bytes:
 
 # ---- in this process: the checks never fail in any way but ElfError / ValueError ---------------------
 
-@fuzz_settings(400)
+@fuzz_settings(300)
 @given(st.data())
 def test_the_object_check_refuses_with_an_elf_error_or_accepts(data):
     label, obj, kind, symbol = data.draw(st.sampled_from(objects()), label="object")
@@ -92,7 +95,7 @@ def _ast_entry_values():
                                                                                      max_size=3), max_leaves=6)
 
 
-@fuzz_settings(150)
+@fuzz_settings(100)
 @given(st.data())
 def test_an_ast_entry_is_read_back_only_when_it_is_exactly_this_kernels(data):
     ast = kernel(1.75)
@@ -197,7 +200,7 @@ MUTATION = st.fixed_dictionaries({
 })
 
 
-@fuzz_settings(5)
+@fuzz_settings(4)
 @given(st.lists(MUTATION, min_size=KERNELS, max_size=KERNELS))
 def test_damaged_entries_give_the_cold_result_and_heal(pristine, mutations):
     """Each of KERNELS kernels gets one mutation; a first process runs them all (right results, no
@@ -216,5 +219,72 @@ def test_damaged_entries_give_the_cold_result_and_heal(pristine, mutations):
         assert all(k["ok"] is True and k["compiles"] == 0 and k["corrupt"] == 0 for k in second["kernels"]), \
             (mutations, second)
         assert second["warnings"] == [], second["warnings"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+FLIPS_CHILD = inspect.getsource(kernel) + r'''
+import hashlib, json, sys
+from pathlib import Path
+import numpy as np
+from morok_py import Buffer, Device, MorokError, cache
+from morok_py.cache import stats
+
+tag, bin_path, meta_path, files = float(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+dev = Device["CPU"]
+x = np.random.default_rng(3).standard_normal(37).astype(np.float32)
+want = np.exp(x * np.float32(tag))
+for f in files:
+    data = Path(f).read_bytes()
+    bin_path.write_bytes(data)
+    meta = json.loads(meta_path.read_text())
+    meta.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    meta_path.write_text(json.dumps(meta))
+    print("object", f, file=sys.stderr, flush=True)     # the last one named is the one that crashed
+    cache.clear_memory_caches()
+    before = stats.compiles
+    prog = dev.compile(kernel(tag))
+    out = dev.buffer(37, "float32")
+    try:
+        prog(Buffer.from_numpy(x, dev), out, n=37)
+        ok = bool(np.allclose(out.numpy(), want, rtol=3e-5, atol=1e-6))
+    except MorokError as e:
+        ok = f"{type(e).__name__}: {e}"
+    print(json.dumps({"object": f, "ok": ok, "recompiled": stats.compiles - before}), flush=True)
+'''
+
+FLIPS = st.lists(st.tuples(st.sampled_from(["header", "sections", "symtab"]),
+                           st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 255)), min_size=1, max_size=3)),
+                 min_size=30, max_size=30)
+
+
+@fuzz_settings(2)
+@given(FLIPS)
+def test_structural_flips_never_crash_and_never_change_a_result(pristine, flips):
+    """30 objects, each with 1-3 bytes of its ELF header, section table or symbol table flipped and its
+    checksum fixed, loaded in turn by one child process: each run is refused and recompiled, or runs
+    as the object it came from; none crashes the child."""
+    root, tags, keys = pristine
+    work = Path(tempfile.mkdtemp(prefix="morok-fuzz-"))
+    try:
+        cache_dir = work / "cache"
+        shutil.copytree(root, cache_dir)
+        bin_path, meta_path = entry_files(cache_dir, keys[0][0])
+        good = bin_path.read_bytes()
+        spans = regions(good)
+        files = []
+        for k, (region, hits) in enumerate(flips):
+            lo, hi = spans[region]
+            bad = bytearray(good)
+            for pos, xor in hits:
+                bad[lo + pos % (hi - lo)] ^= xor
+            files.append(work / f"object{k:02d}.o")
+            files[-1].write_bytes(bytes(bad))
+        env = dict(os.environ, MOROK_CACHE_DIR=str(cache_dir))
+        res = subprocess.run([sys.executable, "-c", FLIPS_CHILD, str(tags[0]), str(bin_path), str(meta_path),
+                              *map(str, files)], env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"the child exited with {res.returncode}:\n{res.stderr[-2000:]}"
+        runs = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+        assert len(runs) == len(files) and all(r["ok"] is True for r in runs), [r for r in runs if r["ok"] is not True]
     finally:
         shutil.rmtree(work, ignore_errors=True)
