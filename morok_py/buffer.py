@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 _DLPACK_DEVICES = {D.CPU: "CPU", D.CUDA: "CUDA", D.ROCM: "ROCM"}
 # the lock of every view of another library's memory (free and exports of a view are rare and short)
 _VIEW_LOCK = threading.Lock()
+_registry_get_device = None     # registry.get_device, imported at the first from_dlpack (the registry imports us)
+
+
+def _load_get_device():
+    global _registry_get_device
+    from .registry import get_device
+    _registry_get_device = get_device
+    return get_device
 
 
 class Buffer:
@@ -201,7 +209,7 @@ class Buffer:
         morok_py device (CPU, CUDA:n, ROCM:n), of a dtype the IR knows and 16-byte aligned (vector
         loads assume it). The producer keeps the memory alive until the buffer is freed or collected;
         on a GPU the producer's pending work is ordered before this device's stream."""
-        from .registry import get_device
+        get_device = _registry_get_device or _load_get_device()
         try:
             kind, ordinal = obj.__dlpack_device__()
         except AttributeError:

@@ -94,8 +94,6 @@ _api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 _NAMES = {n: ctypes.c_char_p(n) for n in (_NAME, _NAME_V, _USED, _USED_V)}
 _NAME_ADDRS = {ctypes.cast(v, ctypes.c_void_p).value: k for k, v in _NAMES.items()}
 _capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", _api))
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer", _api))
-_capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_SetName", _api))
 _capsule_new = _api.PyCapsule_New
 
 # Reads of producer structs at known addresses, without a ctypes call each: one buffer over the address
@@ -152,6 +150,8 @@ def _capsule_destructor(capsule: int | None) -> None:
 
 
 _DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+_USED_ADDRS = {True: ctypes.cast(_NAMES[_USED_V], ctypes.c_void_p).value,
+               False: ctypes.cast(_NAMES[_USED], ctypes.c_void_p).value}
 _OUR_UNUSED = frozenset(a for a, n in _NAME_ADDRS.items() if n in (_NAME, _NAME_V))
 _V_MEM = ctypes.c_char * _V_EXPORT.size      # the array types of an export's memory, made once
 _L_MEM = ctypes.c_char * _L_EXPORT.size
@@ -271,13 +271,13 @@ class Imported:
         cname = _capsule_name(capsule)
         if cname == _NAME_V:
             self.versioned = True
-            addr = _capsule_pointer(capsule, cname)
+            addr = _ADDR.unpack_from(_MEMORY, id(capsule) + _CAP_PTR)[0]
             major, _minor, _ctx, deleter, flags, *tensor = _V_HEAD.unpack_from(_MEMORY, addr)
             if major != VERSION[0]:
                 raise DLPackError(f"DLPack major version {major} is not supported (this reads {VERSION[0]})")
         elif cname == _NAME:
             self.versioned = False
-            addr = _capsule_pointer(capsule, cname)
+            addr = _ADDR.unpack_from(_MEMORY, id(capsule) + _CAP_PTR)[0]
             *tensor, _ctx, deleter = _L_HEAD.unpack_from(_MEMORY, addr)
             flags = 0
         else:
@@ -309,8 +309,9 @@ class Imported:
         self.count = count
         self.ptr = data + offset
         self.flags = flags
-        if _capsule_rename(capsule, _NAMES[_USED_V if self.versioned else _USED]) != 0:
-            raise DLPackError("could not mark the capsule consumed")
+        # consumed: the capsule's name field now points at our "used_" constant (what PyCapsule_SetName does
+        # after checking the capsule, which type() and the name read above did)
+        _ADDR.pack_into(_MEMORY, id(capsule) + _CAP_NAME, _USED_ADDRS[self.versioned])
         self._managed = addr
         if deleter:
             fn = _deleters.get(deleter)

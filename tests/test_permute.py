@@ -15,6 +15,7 @@ from morok_py.codegen.linear import L
 from morok_py.codegen.lower import lower
 from morok_py.codegen.scan import scan_kernel
 from morok_py.codegen.schedule import Schedule, candidate_schedules, default_schedule
+from morok_py.codegen.strategies.permute import TILE
 from morok_py.codegen.symbolic import simplify
 from morok_py.dtypes import from_numpy
 
@@ -63,8 +64,8 @@ def schedule_of(ast, caps=CAPS) -> Schedule:
 @pytest.mark.parametrize("shape,perm", CASES)
 def test_a_permutation_gets_the_tiled_schedule(shape, perm, symbolic):
     s = schedule_of(permuted(shape, perm, symbolic))
-    assert s.permute == 32 and s.mapping == "groups" and s.group == 256
-    assert "permute=32" in str(s) and Schedule.from_json(s.to_json()) == s
+    assert s.permute == TILE and s.mapping == "groups" and s.group == 256
+    assert f"permute={TILE}" in str(s) and Schedule.from_json(s.to_json()) == s
 
 
 def test_what_is_no_permutation_keeps_its_schedule():
@@ -119,7 +120,7 @@ def test_short_contiguous_axes_are_merged_with_the_next_one_out():
 
 
 def test_full_aligned_tiles_use_vector_loads_and_stores(rng):
-    k = interpret(permuted((64, 96), (1, 0)), (64, 96), (1, 0), False, rng=rng)
+    k = interpret(permuted((128, 192), (1, 0)), (128, 192), (1, 0), False, rng=rng)
     widths = {(i.kind, i.arg) for i in k.walk() if i.kind in (L.LOAD, L.STORE) and i.arg}
     assert widths == {(L.LOAD, 4), (L.STORE, 4)}
     # static sizes that the tile divides: no scalar edge path at all
@@ -172,7 +173,7 @@ def test_cuda_pairs_render_and_compile_the_tiled_kernel(arch, key, kernel):
     shape, perm, sym = KERNELS[kernel]
     r, c = cuda_compile_pair(key, arch)
     spec = r.render(permuted(shape, perm, sym), f"transpose_{kernel}")
-    assert spec.launch.local_size[0] == 256 and spec.linear.schedule.permute == 32
+    assert spec.launch.local_size[0] == 256 and spec.linear.schedule.permute == TILE
     src = spec.src
     assert ("__shared__" in src and "__syncthreads" in src) if key == "nvrtc" else "addrspace(3)" in src
     out = c.compile(spec)
@@ -187,7 +188,7 @@ def test_rocm_pairs_render_and_compile_the_tiled_kernel(arch, kernel):
     ast = permuted(shape, perm, sym)
     r, c = amdgpu_llvm_pair(arch)
     spec = r.render(ast, f"transpose_{kernel}")
-    assert "addrspace(3)" in spec.src and spec.linear.schedule.permute == 32
+    assert "addrspace(3)" in spec.src and spec.linear.schedule.permute == TILE
     assert c.compile(spec).bytes[:4] == b"\x7fELF"
     hr, hc = compile_only_pairs(arch)[1]
     hspec = hr.render(ast, f"transpose_{kernel}")

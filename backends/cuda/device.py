@@ -113,43 +113,48 @@ class CUDADevice(Device):
     def dlpack_imported(self) -> None:
         """This device's stream waits for the legacy default stream (where the producer ordered its work),
         unless that stream is idle."""
+        query, record, wait, ok, legacy, check, events, streams = self._dlpack_api or self._dlpack_setup()
+        self.make_current()
+        if query(legacy)[0] == ok:
+            return
+        check(record(events[0], legacy), "cuEventRecord")
+        check(wait(self.stream, events[0], 0), "cuStreamWaitEvent")
+
+    # (cuStreamQuery, cuEventRecord, cuStreamWaitEvent, CUDA_SUCCESS, the legacy stream, check, (import
+    # event, export event), consumer streams by handle): looked up once, not imported per DLPack call
+    _dlpack_api: "tuple | None" = None
+
+    def _dlpack_setup(self) -> tuple:
         from cuda.bindings import driver as cu
         from .runtime import check
-        legacy = cu.CUstream(1)      # CU_STREAM_LEGACY
         self.make_current()
-        if cu.cuStreamQuery(legacy)[0] == cu.CUresult.CUDA_SUCCESS:
-            return
-        event = self._dlpack_event_once()
-        check(cu.cuEventRecord(event, legacy), "cuEventRecord")
-        check(cu.cuStreamWaitEvent(self.stream, event, 0), "cuStreamWaitEvent")
-
-    def _dlpack_event_once(self):
-        event = getattr(self, "_dlpack_event", None)
-        if event is None:
-            from cuda.bindings import driver as cu
-            from .runtime import check
-            event = self._dlpack_event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
-                                               "cuEventCreate")
-        return event
+        events = tuple(check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+                       for _ in range(2))
+        legacy = cu.CUstream(1)      # CU_STREAM_LEGACY
+        self._dlpack_api = (cu.cuStreamQuery, cu.cuEventRecord, cu.cuStreamWaitEvent, cu.CUresult.CUDA_SUCCESS,
+                            legacy, check, events, {None: legacy, 1: legacy, 2: cu.CUstream(2)})
+        return self._dlpack_api
 
     def dlpack_sync(self, stream: int | None) -> None:
         """Order the consumer's `stream` after the work queued on this device's stream (the DLPack
         rule): an event recorded here, waited on there. None is the legacy default stream (1), 2 the
         per-thread default, -1 asks for no synchronization; 0 is ambiguous and refused."""
-        from cuda.bindings import driver as cu
-        from morok_py.dlpack import DLPackError
-        from .runtime import check
         if stream == -1:
             return
         if stream == 0:
+            from morok_py.dlpack import DLPackError
             raise DLPackError("stream=0 is ambiguous for CUDA (the DLPack protocol refuses it); pass 1 for the "
                               "legacy default stream, 2 for the per-thread one, or a stream handle")
+        query, record, wait, ok, legacy, check, events, streams = self._dlpack_api or self._dlpack_setup()
         self.make_current()
-        if cu.cuStreamQuery(self.stream)[0] == cu.CUresult.CUDA_SUCCESS:
+        if query(self.stream)[0] == ok:
             return          # nothing queued here is pending: nothing to order
-        event = self._dlpack_event_once()
-        check(cu.cuEventRecord(event, self.stream), "cuEventRecord")
-        check(cu.cuStreamWaitEvent(cu.CUstream(1 if stream is None else stream), event, 0), "cuStreamWaitEvent")
+        target = streams.get(stream)
+        if target is None:
+            from cuda.bindings import driver as cu
+            target = cu.CUstream(stream)
+        check(record(events[1], self.stream), "cuEventRecord")
+        check(wait(target, events[1], 0), "cuStreamWaitEvent")
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory."""
