@@ -253,7 +253,8 @@ def gpt_model(E=16, H=4, KVH=2, FF=24, MAXPOS=32):
 
 
 def test_gpt_block_with_kv_cache():
-    """A prefill over a 3-token cache, then two decode steps, each fed the previous present_key/value."""
+    """A prefill over a 3-token cache, then decode steps, each fed the previous present_key/value; the
+    cache's length is a launch variable, so decode steps after the first compile nothing."""
     model, ref = gpt_model()
     sess = session(model)
     assert [i.name for i in sess.get_inputs()] == ["x", "pos", "past_key", "past_value"]
@@ -261,8 +262,10 @@ def test_gpt_block_with_kv_cache():
     pk, pv = rand(B, 2, P, 4), rand(B, 2, P, 4)
     x = rand(B, S, 16)
     pos = np.tile(np.arange(P, P + S), (B, 1)).astype(np.int64)
-    for step in range(3):
+    programs = []
+    for step in range(4):
         y, k, v = sess.run(None, {"x": x, "pos": pos, "past_key": pk, "past_value": pv})
+        programs.append(len(sess.executor.k.programs))
         ry, rk, rv = ref(x.astype(np.float64), pos, pk.astype(np.float64), pv.astype(np.float64))
         close(y, ry)
         close(k, rk)
@@ -270,6 +273,7 @@ def test_gpt_block_with_kv_cache():
         pk, pv = k, v
         x = rand(B, 1, 16)
         pos = np.full((B, 1), pk.shape[2], np.int64)
+    assert programs[1] == programs[2] == programs[3], f"programs after each step: {programs}"
 
 
 # a small U-Net: convolutions, max pooling, a transposed convolution up, a skip Concat, a bilinear Resize -

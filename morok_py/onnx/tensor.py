@@ -269,8 +269,8 @@ class KB:
             raise OnnxError("load from an empty tensor")
         return self.param(v).load(self.index(v, idx))
 
-    def store(self, out: View, idx: Sequence[UOp | int], value: UOp) -> None:
-        self.stores.append((out, list(idx), value))
+    def store(self, out: View, idx: Sequence[UOp | int] | UOp, value: UOp) -> None:
+        self.stores.append((out, idx if isinstance(idx, UOp) else list(idx), value))
 
     def run(self, **vars) -> None:
         outs: list[View] = []
@@ -287,7 +287,8 @@ class KB:
             p = UOp.param(n_in + slot, out.dtype)
             if value.dtype != out.dtype:
                 value = value.cast(out.dtype)
-            sts.append(p.store(self.index(out, idx), value))
+            # idx: one index per dim of `out`, or the flat element index itself (symbolic strides)
+            sts.append(p.store(idx if isinstance(idx, UOp) else self.index(out, idx), value))
         ast = UOp.sink(*sts)
         self.k.launch(self.name, ast, [v.buf for v in self.inputs] + [o.buf for o in outs], **self.vars, **vars)
 

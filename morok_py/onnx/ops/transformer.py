@@ -11,7 +11,7 @@ from morok_py import AxisType, Ops, UOp, dtypes
 
 from morok_py.onnx.errors import OnnxError
 
-from morok_py.onnx.tensor import KB, View
+from morok_py.onnx.tensor import INDEX_MAX, KB, View
 from morok_py.onnx.ops.common import ONNX_DT, as_uop, compute_dtype, isr, keep_const, reshape
 from morok_py.onnx.ops.registry import op
 
@@ -104,19 +104,45 @@ def _function_body(ctx, ins, a):
     return ctx.ex.run_function_body(ctx.node, ins, ctx.opset, ctx.name)
 
 
-def _concat_seq(ctx, past: View, new: View, suffix: str) -> View:
-    """present = concat(past, new) along the sequence axis (2) of (batch, heads, seq, head_size)."""
-    B, Hh, P, D = past.shape
-    S = new.shape[2]
-    out = ctx.k.empty([B, Hh, P + S, D], new.dtype)
-    for j, (v, off) in enumerate(((past, 0), (new, P))):
-        if v.size == 0:
-            continue
-        dst = out.with_(v.shape, out.strides, off * out.strides[2])
-        kb = KB(ctx.k, ctx.n(f"{suffix}{j}"))
-        idx = [kb.rng(s) for s in v.shape]
-        kb.store(dst, idx, kb.load(v, idx))
-        kb.run()
+def _rng(kb: KB, extent: int | UOp, kind: AxisType = AxisType.GLOBAL) -> UOp:
+    """A range of a static extent (KB.rng) or of a symbolic one (the KV length of a cache)."""
+    if isinstance(extent, int):
+        return kb.rng(extent, kind)
+    r = UOp.range(extent, kb.axis, kind)
+    kb.axis += 1
+    return r
+
+
+class _Cache:
+    """The key/value sequence axis: static, or, with a past cache, `past + new` with `past` a launch
+    variable, so every decode step reuses the programs of the one before."""
+
+    def __init__(self, P: int, S: int, symbolic: bool) -> None:
+        self.P_val, self.S = P, S
+        self.past: int | UOp = UOp.variable("past", 0, INDEX_MAX) if symbolic else P
+        self.total: int | UOp = self.past + S if symbolic else P + S
+        self.vars = {"past": P} if symbolic else {}
+
+    def flat(self, b, h, j, d, heads: int, width: int) -> UOp:
+        """Index of [b, h, j, d] in a contiguous (batch, heads, total, width) buffer."""
+        return ((as_uop(b) * heads + as_uop(h)) * self.total + as_uop(j)) * width + as_uop(d)
+
+
+def _present(ctx, past: View | None, new: View, cache: _Cache, suffix: str) -> View:
+    """present = concat(past, new) along the sequence axis of (batch, heads, seq, head_size); new alone
+    (made contiguous) without a past."""
+    B, Hh, S, D = new.shape
+    out = ctx.k.empty([B, Hh, cache.P_val + S, D], new.dtype)
+    if past is not None and past.size:
+        kb = KB(ctx.k, ctx.n(f"{suffix}0"))
+        b, h, p, d = kb.rng(B), kb.rng(Hh), _rng(kb, cache.past), kb.rng(D)
+        src = ((as_uop(b) * Hh + as_uop(h)) * cache.past + as_uop(p)) * D + as_uop(d) + past.offset
+        kb.store(out, cache.flat(b, h, p, d, Hh, D), kb.param(past).load(src))
+        kb.run(**cache.vars)
+    kb = KB(ctx.k, ctx.n(f"{suffix}1"))
+    b, h, s, d = kb.rng(B), kb.rng(Hh), kb.rng(S), kb.rng(D)
+    kb.store(out, cache.flat(b, h, as_uop(s) + cache.past, d, Hh, D), kb.load(new, [b, h, s, d]))
+    kb.run(**cache.vars)
     return out
 
 
@@ -126,7 +152,7 @@ def _attention(ctx, ins, a):
     opt = lambda i: ins[i] if len(ins) > i and ins[i] is not None else None  # noqa: E731
     mask, past_k, past_v, nonpad = opt(3), opt(4), opt(5), opt(6)
     outs = list(ctx.node.output) + [""] * 4      # Y, present_key, present_value, qk_matmul_output
-    if (nonpad is not None or (len(ctx.node.output) > 3 and ctx.node.output[3]) or Q.dtype != F32
+    if (nonpad is not None or outs[3] or Q.dtype != F32
             or a.get("softmax_precision") is not None or a.get("left_window_size", -1) >= 0
             or a.get("right_window_size", -1) >= 0 or (past_k is None) != (past_v is None)):
         return _function_body(ctx, ins, a)
@@ -135,28 +161,34 @@ def _attention(ctx, ins, a):
     q, k, v = heads_view(ctx, Q, H), heads_view(ctx, K, KVH), heads_view(ctx, V, KVH)   # (B, S, heads, hd)
     B, Sq, _, hd = q.shape
     k4, v4 = k.permute([0, 2, 1, 3]), v.permute([0, 2, 1, 3])                             # (B, KVH, S, hd)
+    vhd = v4.shape[3]
     P = past_k.shape[2] if past_k is not None else 0
-    if past_k is not None:
-        k4, v4 = _concat_seq(ctx, past_k, k4, "present_key"), _concat_seq(ctx, past_v, v4, "present_value")
-    Skv, vhd = k4.shape[2], v4.shape[3]
+    cache = _Cache(P, k4.shape[2], past_k is not None and past_k.is_contiguous() and past_v.is_contiguous())
+    kp = _present(ctx, past_k, k4, cache, "present_key")
+    vp = _present(ctx, past_v, v4, cache, "present_value")
+    Skv = cache.P_val + cache.S
     rep = H // KVH
     scale = a.get("scale")
     scale = 1 / math.sqrt(hd) if scale is None else scale
     softcap = a.get("softcap", 0.0)
     causal = bool(a.get("is_causal", 0))
+    ninf = UOp.const(-math.inf, F32)
+
+    def rows(b, h, i, j) -> UOp:
+        """Index of [b, h, i, j] in the (B, H, Sq, total) scores and probabilities."""
+        return ((as_uop(b) * H + as_uop(h)) * Sq + as_uop(i)) * cache.total + as_uop(j)
 
     # scores with the additive bias: s[b, h, i, j] = q.k * scale (softcapped) + mask + causal
     s = ctx.k.empty([B, H, Sq, Skv], F32)
     kb = KB(ctx.k, ctx.n("scores"))
-    b, h, i, j = kb.rng(B), kb.rng(H), kb.rng(Sq), kb.rng(Skv)
+    b, h, i, j = kb.rng(B), kb.rng(H), kb.rng(Sq), _rng(kb, cache.total)
     d = kb.rng(hd, AxisType.REDUCE)
     kvh = as_uop(h) // rep if rep > 1 else h
-    acc = kb.load(q, [b, i, h, d]) * kb.load(k4, [b, kvh, j, d])
+    acc = kb.load(q, [b, i, h, d]) * kb.param(kp).load(cache.flat(b, kvh, j, d, KVH, hd))
     acc = acc.reduce(d) if isr(d) else acc
     acc = acc * UOp.const(float(scale), F32)
     if softcap:
         acc = (acc / UOp.const(float(softcap), F32)).tanh() * UOp.const(float(softcap), F32)
-    ninf = UOp.const(-math.inf, F32)
     bias = None
     if mask is not None:
         ml = mask.shape[-1]
@@ -168,49 +200,40 @@ def _attention(ctx, ins, a):
         else:
             bias = inside.where(mv.cast(F32), ninf)
     if causal:
-        allowed = as_uop(j) <= as_uop(i) + P
+        allowed = as_uop(j) <= as_uop(i) + cache.past
         bias = allowed.where(bias if bias is not None else UOp.const(0.0, F32), ninf)
     if bias is not None:
         acc = acc + bias
-    kb.store(s, [b, h, i, j], acc)
-    kb.run()
+    kb.store(s, rows(b, h, i, j), acc)
+    kb.run(**cache.vars)
 
     # softmax over j; a row whose every key is masked gives zeros, as the spec's guard
     p = ctx.k.empty([B, H, Sq, Skv], F32)
     kb = KB(ctx.k, ctx.n("softmax"))
     b, h, i = kb.rng(B), kb.rng(H), kb.rng(Sq)
-    j1, j2, jj = kb.rng(Skv, AxisType.REDUCE), kb.rng(Skv, AxisType.REDUCE), kb.rng(Skv, AxisType.LOOP)
-    m = kb.load(s, [b, h, i, j1])
+    j1, j2 = _rng(kb, cache.total, AxisType.REDUCE), _rng(kb, cache.total, AxisType.REDUCE)
+    jj = _rng(kb, cache.total, AxisType.LOOP)
+    ps = kb.param(s)
+    m = ps.load(rows(b, h, i, j1))
     m = m.reduce(j1, op=Ops.MAX) if isr(j1) else m
     dead = m == ninf
     msafe = dead.where(UOp.const(0.0, F32), m)
-    e = (kb.load(s, [b, h, i, j2]) - msafe).exp()
+    e = (ps.load(rows(b, h, i, j2)) - msafe).exp()
     tot = e.reduce(j2) if isr(j2) else e
     tot = (tot == UOp.const(0.0, F32)).where(UOp.const(1.0, F32), tot)
-    pv = (kb.load(s, [b, h, i, jj]) - msafe).exp() / tot
-    kb.store(p, [b, h, i, jj], dead.where(UOp.const(0.0, F32), pv))
-    kb.run()
+    pv = (ps.load(rows(b, h, i, jj)) - msafe).exp() / tot
+    kb.store(p, rows(b, h, i, jj), dead.where(UOp.const(0.0, F32), pv))
+    kb.run(**cache.vars)
 
     # y = p @ v, written in the input's layout: (B, H, Sq, vhd) for 4-d, (B, Sq, H * vhd) for 3-d
     y = ctx.k.empty([B, H, Sq, vhd] if Q.ndim == 4 else [B, Sq, H * vhd], Q.dtype)
     yv = y if Q.ndim == 4 else y.try_reshape([B, Sq, H, vhd]).permute([0, 2, 1, 3])
     kb = KB(ctx.k, ctx.n("output"))
     b, h, i, e_ = kb.rng(B), kb.rng(H), kb.rng(Sq), kb.rng(vhd)
-    j = kb.rng(Skv, AxisType.REDUCE)
+    j = _rng(kb, cache.total, AxisType.REDUCE)
     kvh = as_uop(h) // rep if rep > 1 else h
-    acc = kb.load(p, [b, h, i, j]) * kb.load(v4, [b, kvh, j, e_])
+    acc = kb.param(p).load(rows(b, h, i, j)) * kb.param(vp).load(cache.flat(b, kvh, j, e_, KVH, vhd))
     acc = acc.reduce(j) if isr(j) else acc
     kb.store(yv, [b, h, i, e_], acc)
-    kb.run()
-    pk = (k4 if past_k is not None else _contig(ctx, k4, "present_key")) if outs[1] else None
-    pv_ = (v4 if past_v is not None else _contig(ctx, v4, "present_value")) if outs[2] else None
-    return [keep_const(y, ins[:3]), pk, pv_][:len(ctx.node.output)]
-
-
-def _contig(ctx, v: View, suffix: str) -> View:
-    out = ctx.k.empty(v.shape, v.dtype)
-    kb = KB(ctx.k, ctx.n(suffix))
-    idx = [kb.rng(s) for s in v.shape]
-    kb.store(out, idx, kb.load(v, idx))
-    kb.run()
-    return out
+    kb.run(**cache.vars)
+    return [keep_const(y, ins[:3]), kp if outs[1] else None, vp if outs[2] else None][:len(ctx.node.output)]
