@@ -11,11 +11,11 @@ from typing import Sequence
 import numpy as np
 from onnx import numpy_helper
 
-from morok_py import UOp
+from morok_py import UOp, dtypes
 
 from morok_py.onnx.errors import OnnxError, UnsupportedOp
 from morok_py.onnx.tensor import KB, View, iconst
-from morok_py.onnx.ops.common import keep_const
+from morok_py.onnx.ops.common import ONNX_DT, keep_const
 from morok_py.onnx.ops.registry import op
 
 
@@ -77,11 +77,11 @@ def stack(ctx, vs: Sequence[View], axis: int = 0, reverse: bool = False, empty_s
 
 
 def _elem_shape_dtype(vi):
-    """The static shape and dtype a graph output declares, where it declares them (for empty stacks)."""
-    from morok_py.onnx.ops.common import ONNX_DT
+    """The static shape and dtype a graph output declares (for the stack of zero iterations); float32
+    where it declares no element type."""
     tt = vi.type.tensor_type
     dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim] if tt.HasField("shape") else []
-    return tuple(dims), ONNX_DT.get(tt.elem_type)
+    return tuple(dims), ONNX_DT.get(tt.elem_type, dtypes.float32)
 
 
 @op("If")
