@@ -3,7 +3,8 @@
 A plain scatter (reduction "none") copies the data and then stores each update at its index, one kernel
 over the updates; where indices repeat ONNX leaves the result undefined. A scatter with a reduction is
 computed per output element instead: every output reduces over the updates whose index hits it, so
-repeated indices need no atomics and the result does not depend on launch order.
+repeated indices need no atomics and the result does not depend on launch order (the cost is outputs times
+candidate updates: the updates along the axis for ScatterElements, all index rows for ScatterND).
 """
 from __future__ import annotations
 
