@@ -114,14 +114,16 @@ def _rng(kb: KB, extent: int | UOp, kind: AxisType = AxisType.GLOBAL) -> UOp:
 
 
 class _Cache:
-    """The key/value sequence axis: static, or, with a past cache, `past + new` with `past` a launch
-    variable, so every decode step reuses the programs of the one before."""
+    """The key/value sequence axis: static, or, with a past cache, `past + new` with `past` and that
+    total launch variables, so every decode step reuses the programs of the one before."""
 
     def __init__(self, P: int, S: int, symbolic: bool) -> None:
         self.P_val, self.S = P, S
+        # two variables, not past + S: a range's extent stays a plain variable, which every device's
+        # launch-size code takes (the launch passes both, consistent)
         self.past: int | UOp = UOp.variable("past", 0, INDEX_MAX) if symbolic else P
-        self.total: int | UOp = self.past + S if symbolic else P + S
-        self.vars = {"past": P} if symbolic else {}
+        self.total: int | UOp = UOp.variable("total", 1, INDEX_MAX) if symbolic else P + S
+        self.vars = {"past": P, "total": P + S} if symbolic else {}
 
     def flat(self, b, h, j, d, heads: int, width: int) -> UOp:
         """Index of [b, h, j, d] in a contiguous (batch, heads, total, width) buffer."""
