@@ -89,3 +89,13 @@ def test_unknown_feeds_and_outputs_are_named():
         sess.run(None, {"x": x, "z": x})
     with pytest.raises(OnnxError, match="nope"):
         sess.run(["nope"], {"x": x})
+
+
+def test_importing_without_onnx_names_the_extra():
+    import subprocess
+    import sys
+    code = ("import sys; sys.modules['onnx'] = None\n"
+            "from morok_py.errors import DeviceUnavailableError\n"
+            "try:\n    import morok_py.onnx\nexcept DeviceUnavailableError as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "OnnxUnavailableError" in out.stdout and "pip install morok-py[onnx]" in out.stdout, out.stdout + out.stderr
