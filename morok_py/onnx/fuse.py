@@ -14,7 +14,6 @@ node it absorbs, so a residual operand computed later in the original order is r
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import threading
@@ -82,12 +81,23 @@ class _Graph:
                 if x:
                     self.consumers.setdefault(x, []).append(i)
         self.dead: set[int] = set()
-        self.new_inits: list[onnx.TensorProto] = []
+        self.new: dict[str, np.ndarray] = {}    # constants this pass made (folded, fused weights)
         self._count = 0
 
     def const(self, name: str) -> np.ndarray | None:
+        if name in self.new:
+            return self.new[name]
         t = self.inits.get(name)
         return None if t is None else numpy_helper.to_array(t)
+
+    def is_const(self, name: str) -> bool:
+        return name in self.new or name in self.inits
+
+    def set_const(self, name: str, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        self.new[name] = arr
+        self.shapes[name] = tuple(arr.shape)
+        self.types[name] = helper.np_dtype_to_tensor_dtype(arr.dtype)
 
     def users(self, name: str) -> list[int]:
         return [i for i in self.consumers.get(name, []) if i not in self.dead]
@@ -100,7 +110,7 @@ class _Graph:
     def add_init(self, arr: np.ndarray, hint: str) -> str:
         self._count += 1
         name = f"morok_fused/{hint}/{self._count}"
-        self.new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        self.set_const(name, arr)
         return name
 
     def is_float32(self, name: str) -> bool:
@@ -139,11 +149,7 @@ def _fold_constants(g: _Graph) -> None:
                 continue
             fill = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
             arr = np.full([int(d) for d in shape.reshape(-1)], fill.reshape(-1)[0], fill.dtype)
-        t = numpy_helper.from_array(np.ascontiguousarray(arr), n.output[0])
-        g.inits[n.output[0]] = t
-        g.shapes[n.output[0]] = tuple(arr.shape)
-        g.types[n.output[0]] = t.data_type
-        g.new_inits.append(t)
+        g.set_const(n.output[0], arr)
         g.dead.add(i)
 
 
@@ -180,8 +186,8 @@ def _absorb(g: _Graph, out: str, shape: tuple | None, channels: int, channel_axi
         elif n.op_type == "Clip":
             lo = _scalar(g.const(n.input[1])) if len(n.input) > 1 and n.input[1] else a.get("min", -math.inf)
             hi = _scalar(g.const(n.input[2])) if len(n.input) > 2 and n.input[2] else a.get("max", math.inf)
-            if lo is None or hi is None or (len(n.input) > 1 and n.input[1] and n.input[1] not in g.inits) or \
-                    (len(n.input) > 2 and n.input[2] and n.input[2] not in g.inits):
+            if lo is None or hi is None or (len(n.input) > 1 and n.input[1] and not g.is_const(n.input[1])) or \
+                    (len(n.input) > 2 and n.input[2] and not g.is_const(n.input[2])):
                 return out, last, bias, mult
             steps.append(("clip", lo, hi))
         elif n.op_type in ("Add", "Mul", "Sum") and len(n.input) == 2:
@@ -359,7 +365,6 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
     initializers no node reads any more are dropped. MOROK_ONNX_FUSE=0 returns the model as it is."""
     if config.getenv("MOROK_ONNX_FUSE", "1") == "0":
         return model
-    model = copy.deepcopy(model)
     g = _Graph(model)
     _fold_constants(g)
     for i in range(len(g.nodes)):
@@ -384,16 +389,29 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
         for attr in n.attribute:
             for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
                 used |= {x for sn in sub.node for x in sn.input}
-    inits = [t for t in model.graph.initializer if t.name in used] + g.new_inits
+    # a new model: the caller's is left as it was, and the constants this pass dropped are never copied
+    out = onnx.ModelProto()
+    _copy_fields(model, out, ("graph",))
+    _copy_fields(model.graph, out.graph, ("node", "initializer", "input"))
     dropped = {t.name for t in model.graph.initializer} - used
-    kept_inputs = [vi for vi in model.graph.input if vi.name not in dropped]     # old IR lists initializers as inputs
-    del model.graph.input[:]
-    model.graph.input.extend(kept_inputs)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(inits)
-    return model
+    out.graph.input.extend(vi for vi in model.graph.input if vi.name not in dropped)   # old IR lists initializers
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(t for t in model.graph.initializer if t.name in used and t.name not in g.new)
+    out.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in g.new.items() if name in used)
+    return out
+
+
+def _copy_fields(src, dst, skip: tuple[str, ...]) -> None:
+    """Copy every set field of protobuf message `src` into `dst` except those named in `skip`."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if getattr(fd, "is_repeated", None) or getattr(fd, "label", None) == 3:      # 3: LABEL_REPEATED (older protobuf)
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 # ---- the fused ops ---------------------------------------------------------------------------------
