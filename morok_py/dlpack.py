@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import sys
 import threading
 from typing import Any, Callable
 
@@ -84,12 +85,6 @@ _USED, _USED_V = b"used_dltensor", b"used_dltensor_versioned"
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # capsule names must outlive their capsules: module constants, never freed
 _NAMES = {n: ctypes.c_char_p(n) for n in (_NAME, _NAME_V, _USED, _USED_V)}
 _NAME_ADDRS = {ctypes.cast(v, ctypes.c_void_p).value: k for k, v in _NAMES.items()}
@@ -99,7 +94,7 @@ _capsule_new = _api.PyCapsule_New
 # Reads of producer structs at known addresses, without a ctypes call each: one buffer over the address
 # space, read by struct.unpack_from at an address (what ctypes.string_at does, at a sixth of the cost).
 # Only addresses a capsule handed over are read, as string_at would.
-_MEMORY = memoryview((ctypes.c_char * (1 << 47)).from_address(0)).cast("B")
+_MEMORY = memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B")     # every user-space address
 _ADDR = struct.Struct("@P")
 
 def _capsule_layout() -> tuple[type, int, int]:
