@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from morok_py import dtypes  # noqa: E402
 from morok_py.onnx import OnnxExecutor  # noqa: E402
-from tests.conftest import open_target  # noqa: E402
+from conftest import open_target  # noqa: E402
 
 PAIRS = [
     pytest.param(("CPU", "llvm"), id="CPU-llvm"),
