@@ -162,17 +162,19 @@ def _recurrent(ctx, ins, a, kind: str):
             else:
                 cp, cn = cs[step % 2], cs[(step + 1) % 2]
                 cprev = kb.load(cp, [b, h])
-                gi, go, gf, gc = (_gate(kb, xw, Rd, hp, st, b, h, k, H, clip) for k in range(4))
+                # clip bounds each activation's input, peephole terms included
+                cl = (lambda g: g) if clip is None else (lambda g: g.maximum(fconst(g, -clip)).minimum(fconst(g, clip)))
+                gi, go, gf, gc = (_gate(kb, xw, Rd, hp, st, b, h, k, H, None) for k in range(4))
                 if P is not None:
                     pd = _sub(P, d)
                     pi, po, pf = (kb.load(pd, [as_uop(h) + k * H]) for k in range(3))
                     gi, gf = gi + pi * cprev, gf + pf * cprev
-                i = f_act[0](gi)
-                f = fconst(i, 1) - i if a.get("input_forget", 0) else f_act[0](gf)
-                c = f * cprev + i * f_act[1](gc)
+                i = f_act[0](cl(gi))
+                f = fconst(i, 1) - i if a.get("input_forget", 0) else f_act[0](cl(gf))
+                c = f * cprev + i * f_act[1](cl(gc))
                 if P is not None:
                     go = go + po * c
-                hnew = f_act[0](go) * f_act[2](c)
+                hnew = f_act[0](cl(go)) * f_act[2](c)
                 kb.store(cn, [b, h], st.valid.where(c, cprev))
             kb.store(hn, [b, h], st.valid.where(hnew, hprev))
             kb.store(yd, [st.yt, b, h], st.valid.where(hnew, fconst(hnew, 0)))
