@@ -67,12 +67,15 @@ def device_for(provider: str | tuple[str, Mapping[str, Any]], options: Mapping[s
 
 
 class InferenceSession:
-    """Loads a model (path, bytes or ModelProto) onto the first provider's device that opens."""
+    """Loads a model (path, bytes or ModelProto) onto the first provider's device that opens.
+
+    `compiler` picks the device's compiler pair (e.g. "llvm-nvptx"); `symbolic_outer` (default: whether
+    an input has a dynamic dimension) gives each kernel's outermost range a launch-time extent."""
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes | onnx.ModelProto, sess_options: Any = None,
                  providers: Sequence[str | tuple[str, Mapping[str, Any]]] | None = None,
                  provider_options: Sequence[Mapping[str, Any]] | None = None, *, compiler: str | None = None,
-                 **kwargs: Any) -> None:
+                 symbolic_outer: bool | None = None, **kwargs: Any) -> None:
         self._model = load_model(path_or_bytes)
         entries = list(providers) if providers else [None]
         opts = list(provider_options) if provider_options else [None] * len(entries)
@@ -87,7 +90,7 @@ class InferenceSession:
                 errors.append(str(e))
         if dev is None:
             raise DeviceUnavailableError(", ".join(str(p) for p in entries), "; ".join(errors))
-        self._ex = OnnxExecutor(self._model, dev, compiler=compiler)
+        self._ex = OnnxExecutor(self._model, dev, compiler=compiler, symbolic_outer=symbolic_outer)
         inits = {i.name for i in self._model.graph.initializer}
         self._inputs = [node_arg(vi) for vi in self._model.graph.input if vi.name not in inits]
         self._outputs = [node_arg(vi) for vi in self._model.graph.output]
