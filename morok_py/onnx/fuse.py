@@ -94,7 +94,7 @@ class _Graph:
         return name in self.new or name in self.inits
 
     def set_const(self, name: str, arr: np.ndarray) -> None:
-        arr = np.ascontiguousarray(arr)
+        arr = np.require(arr, requirements="C")     # ascontiguousarray would make a scalar shape (1,)
         self.new[name] = arr
         self.shapes[name] = tuple(arr.shape)
         self.types[name] = helper.np_dtype_to_tensor_dtype(arr.dtype)
