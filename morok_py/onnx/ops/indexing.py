@@ -19,8 +19,9 @@ def _gather(ctx, ins, a):
     kb = KB(ctx.k, ctx.n())
     idx = [kb.rng(s) for s in shape]
     d = x.shape[ax]
-    j = kb.load(ind, idx[ax:ax + ind.ndim]) if ind.ndim else kb.load(ind, [])
-    j = (j < 0).where(j + d, j).clamp(0, d - 1).cast(dtypes.index)
+    # on an extent-1 axis the index is 0: a load clamped to [0, 0] would fold away and leave its slot unused
+    j = kb.load(ind, idx[ax:ax + ind.ndim]) if d > 1 else 0
+    j = (j < 0).where(j + d, j).clamp(0, d - 1).cast(dtypes.index) if d > 1 else j
     kb.store(out, idx, kb.load(x, idx[:ax] + [j] + idx[ax + ind.ndim:]))
     kb.run()
     return [keep_const(out, ins)]
@@ -36,8 +37,8 @@ def _gather_elements(ctx, ins, a):
     kb = KB(ctx.k, ctx.n())
     idx = [kb.rng(s) for s in ind.shape]
     d = x.shape[ax]
-    j = kb.load(ind, idx)
-    j = (j < 0).where(j + d, j).clamp(0, d - 1).cast(dtypes.index)
+    j = kb.load(ind, idx) if d > 1 else 0       # extent 1: index 0, no load (as in Gather)
+    j = (j < 0).where(j + d, j).clamp(0, d - 1).cast(dtypes.index) if d > 1 else j
     src = list(idx)
     src[ax] = j
     kb.store(out, idx, kb.load(x, src))
