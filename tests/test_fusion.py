@@ -221,3 +221,19 @@ def test_node_cases_with_constant_weights_run_fused(case):
     got = OnnxExecutor(model, "CPU").run(feeds)
     for gv, wv in zip(got, outputs):
         np.testing.assert_allclose(gv, np.asarray(wv), rtol=case.rtol, atol=max(case.atol, 1e-6), err_msg=case.name)
+
+
+def test_a_chain_of_elementwise_nodes_is_one_kernel(rng):
+    b = _Builder(rng)
+    s = b.node("Sigmoid", [b.node("Mul", ["x", b.init(1.5)])])
+    y = b.node("Add", [b.node("HardSwish", [b.node("Mul", [s, "r"])]), "r"])
+    shape = [3, 5, 7]
+    _check(b.model({"x": shape, "r": shape}, [y]),
+           {"x": random_array(rng, shape, np.float32), "r": random_array(rng, shape, np.float32)},
+           {"MorokElementwise": 1, "Sigmoid": 0, "Mul": 0, "HardSwish": 0, "Add": 0})
+
+
+def test_a_lone_elementwise_node_is_left_alone(rng):
+    b = _Builder(rng)
+    y = b.node("Tanh", ["x"])
+    _check(b.model({"x": [4, 9]}, [y]), {"x": random_array(rng, (4, 9), np.float32)}, {"MorokElementwise": 0, "Tanh": 1})

@@ -7,6 +7,7 @@
     successors as an epilogue (kernels.Epilogue): bias, residual Add / Mul, Relu, Clip, HardSwish,
     HardSigmoid, Sigmoid, SiLU (x * Sigmoid(x)), Tanh, Gelu, LeakyRelu, scalar Mul / Add;
   - a BatchNormalization elsewhere becomes `MorokAffine` (x * scale[c] + shift[c]) with its successors;
+  - any other run of two or more elementwise nodes becomes one `MorokElementwise` kernel;
   - 2-D MaxPool / AveragePool and global pooling become `MorokPool2d` / `MorokGlobalPool`.
 The fused ops run the kernels of morok_py.kernels (convolutions as codegen/strategies/conv.py plans
 them; MOROK_DEBUG=1 prints each node's plan and epilogue). A fused node takes the place of the last
@@ -35,7 +36,7 @@ from morok_py.onnx.errors import OnnxError
 from morok_py.onnx.ops.registry import OPS
 from morok_py.onnx.tensor import View, copy as copy_view
 
-FUSED = ("MorokConv", "MorokDense", "MorokAffine", "MorokPool2d", "MorokGlobalPool")
+FUSED = ("MorokConv", "MorokDense", "MorokAffine", "MorokElementwise", "MorokPool2d", "MorokGlobalPool")
 # unary ops an epilogue absorbs: op -> step built from the node's attributes
 _UNARY = {
     "Relu": lambda a: ("relu",),
@@ -342,6 +343,43 @@ def _fuse_affine(g: _Graph, i: int) -> None:
     _emit(g, max(i, absorbed), "MorokAffine", ins + operands, out, n.name or f"BatchNormalization_{i}", epilogue=json.dumps(steps))
 
 
+def _first_step(g: _Graph, n, shape: tuple) -> tuple | None:
+    """The epilogue step of a lone elementwise node on a tensor of `shape` and its operand (or None)."""
+    a = _attrs(n)
+    if n.op_type in _UNARY:
+        return _UNARY[n.op_type](a), None
+    if n.op_type == "Gelu" and a.get("approximate", b"none") in (b"none", "none"):
+        return ("gelu",), None
+    if n.op_type in ("Add", "Mul") and len(n.input) == 2:
+        other = n.input[1]
+        c = g.const(other)
+        if c is not None and c.size == 1 and len(c.shape) <= len(shape):
+            return ("scale" if n.op_type == "Mul" else "shift", float(c.reshape(-1)[0])), None
+        if c is None and g.shapes.get(other) == shape and g.is_float32(other) and g.shapes.get(n.output[0]) == shape:
+            return (("mul",) if n.op_type == "Mul" else ("add",)), other
+    return None
+
+
+def _fuse_chain(g: _Graph, i: int) -> None:
+    """A run of two or more elementwise nodes (each output read only by the next) as one kernel."""
+    n = g.nodes[i]
+    shape = g.shapes.get(n.input[0]) if n.input else None
+    if shape is None or not g.is_float32(n.input[0]):
+        return
+    first = _first_step(g, n, shape)
+    if first is None:
+        return
+    steps, operands = [first[0]], ([first[1]] if first[1] else [])
+    dead = set(g.dead)
+    out, absorbed, _, _ = _absorb(g, n.output[0], shape, 0, 1, None, steps, operands)
+    if len(steps) < 2:
+        g.dead = dead
+        return
+    g.dead.add(i)
+    _emit(g, max(i, absorbed), "MorokElementwise", [n.input[0]] + operands, out, n.name or f"{n.op_type}_{i}",
+          epilogue=json.dumps(steps))
+
+
 def _fuse_pool(g: _Graph, i: int) -> None:
     n = g.nodes[i]
     shape = g.shapes.get(n.input[0])
@@ -381,6 +419,8 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
         op = g.nodes[i].op_type
         if op == "BatchNormalization":
             _fuse_affine(g, i)
+        elif op in _UNARY or op in ("Gelu", "Add", "Mul"):
+            _fuse_chain(g, i)
         elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
             _fuse_pool(g, i)
     nodes = [n for i, n in enumerate(g.nodes) if i not in g.dead]
@@ -592,6 +632,21 @@ def _global_pool(ctx, ins, a):
     return [out]
 
 
+def _elementwise(ctx, ins, a):
+    x = _dense(ctx, ins[0])
+    epi = _epilogue(a)
+    extra = _operands(ctx, list(ins[1:]), x.shape)
+    from morok_py import UOp
+    n = x.size
+    i = UOp.range(n, 0) if n > 1 else UOp.const(0, dtypes.index)
+    v, nxt = epi.apply(UOp.param(0, dtypes.float32).load(i), 1, dtypes.float32, i, i)
+    out = ctx.k.empty(x.shape, x.dtype)
+    _say(ctx.name, f"elementwise: {epi}")
+    ctx.k.launch(ctx.n(), UOp.sink(UOp.param(nxt, dtypes.float32).store(i, v)), [x.buf] + [v_.buf for v_ in extra] + [out.buf])
+    return [out]
+
+
+OPS["MorokElementwise"] = _elementwise
 OPS["MorokConv"] = _conv
 OPS["MorokDense"] = _dense_op
 OPS["MorokAffine"] = _affine
