@@ -36,6 +36,7 @@ NARROW = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float
           21: "uint4", 22: "int4", 23: "float4_e2m1fn", 24: "float8_e8m0fnu", 25: "uint2", 26: "int2"}
 
 
+PREVIEW = "ai.onnx.preview"     # the domain of ops not yet in the standard one; run as their function bodies
 MAX_PLANS = 8      # input shapes whose launch lists are kept for replay
 
 
@@ -97,7 +98,7 @@ class OnnxExecutor:
                 raise UnsupportedDtype(f"{vi.name} is not a tensor ({vi.type.WhichOneof('value')})")
             check_dtype(tt.elem_type)
         for n in self.graph.node:
-            if n.domain not in ("", "ai.onnx"):
+            if n.domain not in ("", "ai.onnx", PREVIEW):
                 raise UnsupportedOp(f"domain {n.domain!r} of node {n.name or n.op_type}")
             if not supported(n.op_type, self.opset):
                 raise UnsupportedOp(f"op {n.op_type} is not implemented")
@@ -218,11 +219,14 @@ def onnx_type(v: View) -> onnx.TypeProto:
 
 
 def function_of(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
-    """The schema of a default-domain op when the spec defines it as a function of other ops."""
+    """The schema of an op (default domain, else ai.onnx.preview) the spec defines as a function of other ops."""
     try:
         schema = onnx.defs.get_schema(op_type, opset, "")
     except onnx.defs.SchemaError:
-        return None
+        try:        # ops still in the preview domain (FlexAttention), at their newest version
+            schema = onnx.defs.get_schema(op_type, domain=PREVIEW)
+        except onnx.defs.SchemaError:
+            return None
     if schema.function_opset_versions or schema.context_dependent_function_opset_versions:
         return schema
     return None
