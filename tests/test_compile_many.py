@@ -70,6 +70,22 @@ def test_a_second_batch_is_served_from_memory(cpu):
     assert cpu.compile(*items[3]) is first[3]      # and dev.compile finds them too
 
 
+@pytest.mark.parametrize("mode", ["threads", "processes"])
+def test_concurrent_batches_share_programs(cpu, monkeypatch, mode):
+    """Two threads compiling overlapping batches get the same Program for the same kernel."""
+    import threading
+    monkeypatch.setenv("MOROK_COMPILE_MODE", mode)
+    items = kernel_set()
+    got: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda j=j: got.__setitem__(j, cpu.compile_many(items[j * 3:]))) for j in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(a is b for a, b in zip(got[0][3:], got[1]))
+    assert [p.name for p in got[0]] == [n for _, n in items]
+
+
 # ---- parallel equals sequential ----------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["threads", "processes"])
