@@ -129,3 +129,24 @@ def test_resize_odd_sizes_against_the_reference(mode, ctm):
     feeds = {"x": x, "roi": roi, "scales": scales, "sizes": sizes}
     got, want = run_both(model, feeds)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("transposed_past", [False, True])
+def test_attention_with_a_past_cache_against_the_reference(transposed_past):
+    """Grouped-query causal attention over a past cache given contiguous (its length a launch variable)
+    or as a transposed view (static), with a float mask shorter than the keys (padded with -inf)."""
+    B, H, KVH, S, P, D = 2, 4, 2, 3, 5, 6
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    nodes = [helper.make_node("Transpose", ["pk_in"], ["pk"], perm=[0, 1, 3, 2]) if transposed_past
+             else helper.make_node("Identity", ["pk_in"], ["pk"]),
+             helper.make_node("Attention", ["q", "k", "v", "mask", "pk", "pv"], ["y", "k2", "v2"], is_causal=1)]
+    pk_shape = (B, KVH, D, P) if transposed_past else (B, KVH, P, D)
+    shapes = {"q": (B, H, S, D), "k": (B, KVH, S, D), "v": (B, KVH, S, D), "mask": (S, P + S - 1),
+              "pk_in": pk_shape, "pv": (B, KVH, P, D)}
+    g = helper.make_graph(nodes, "attention", [vi(n, s) for n, s in shapes.items()],
+                          [vi("y", None), vi("k2", None), vi("v2", None)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    feeds = {n: RNG.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    got, want = run_both(model, feeds)
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(g_, w, rtol=1e-4, atol=1e-5)

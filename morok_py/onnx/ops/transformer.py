@@ -138,8 +138,12 @@ def _present(ctx, past: View | None, new: View, cache: _Cache, suffix: str) -> V
     if past is not None and past.size:
         kb = KB(ctx.k, ctx.n(f"{suffix}0"))
         b, h, p, d = kb.rng(B), kb.rng(Hh), _rng(kb, cache.past), kb.rng(D)
-        src = ((as_uop(b) * Hh + as_uop(h)) * cache.past + as_uop(p)) * D + as_uop(d) + past.offset
-        kb.store(out, cache.flat(b, h, p, d, Hh, D), kb.param(past).load(src))
+        if isinstance(cache.past, int):     # a static past: any strides
+            val = kb.load(past, [b, h, p, d])
+        else:                               # a symbolic one is contiguous (checked by the caller)
+            val = kb.param(past).load(((as_uop(b) * Hh + as_uop(h)) * cache.past + as_uop(p)) * D + as_uop(d)
+                                      + past.offset)
+        kb.store(out, cache.flat(b, h, p, d, Hh, D), val)
         kb.run(**cache.vars)
     kb = KB(ctx.k, ctx.n(f"{suffix}1"))
     b, h, s, d = kb.rng(B), kb.rng(Hh), kb.rng(S), kb.rng(D)
