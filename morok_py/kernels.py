@@ -526,6 +526,31 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     return steps + [KernelStep("direct", ast, (src, "w", "epilogue"), "out", out_n)]
 
 
+def channel_affine(rows=None, channels=None, inner=None, dtype=dtypes.float32,
+                   epilogue: Epilogue | None = None) -> UOp:
+    """out[r, p] = x[r, p] * scale[r % channels] + shift[r % channels], then `epilogue` (its bias per
+    channel, tensor operands of x's shape): an inference BatchNorm over [N*C, H*W] planes. Sizes left
+    None are symbolic (`rows`, `channels`, `inner`), so one program serves every layer. Params: x,
+    scale, shift, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    R, C, P = size(rows, "rows"), size(channels, "channels"), size(inner, "inner")
+    q, p = UOp.range(R, 0), UOp.range(P, 1)
+    c = q % _end(C)
+    at = q * _end(P) + p
+    v = UOp.param(0, dt).load(at) * UOp.param(1, dt).load(c) + UOp.param(2, dt).load(c)
+    v, nxt = (epilogue or Epilogue()).apply(v, 3, dt, c, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def elementwise_chain(n=None, dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[i] = `epilogue` applied to x[i] (its tensor operands read at i): a chain of elementwise ops in
+    one kernel; n None is symbolic. Params: x, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    i = UOp.range(size(n, "n"), 0)
+    v, nxt = (epilogue or Epilogue()).apply(UOp.param(0, dt).load(i), 1, dt, i, i)
+    return UOp.sink(UOp.param(nxt, dt).store(i, v))
+
+
 def bias_relu(M=None, N=None, dtype=dtypes.float32) -> UOp:
     """out[i,j] = max(x[i,j] + b[j], 0): broadcasting a row vector."""
     dt = as_dtype(dtype)

@@ -237,3 +237,18 @@ def test_a_lone_elementwise_node_is_left_alone(rng):
     b = _Builder(rng)
     y = b.node("Tanh", ["x"])
     _check(b.model({"x": [4, 9]}, [y]), {"x": random_array(rng, (4, 9), np.float32)}, {"MorokElementwise": 0, "Tanh": 1})
+
+
+def test_symbolic_affine_and_chain_builders_serve_every_shape_at_every_level(cpu_level, rng):
+    epi = K.Epilogue.of("bias", "add", ("clip", -1.0, 1.5))
+    prog = cpu_level.compile(K.channel_affine(epilogue=epi), "affine_sym")
+    chain = cpu_level.compile(K.elementwise_chain(epilogue=K.Epilogue.of("silu", "mul", ("scale", 0.5))), "chain_sym")
+    for N, C, P in ((2, 5, 13), (1, 7, 3), (3, 3, 1)):
+        x, r = random_array(rng, (N, C, P), np.float32), random_array(rng, (N, C, P), np.float32)
+        s, t, b = (random_array(rng, (C,), np.float32) for _ in range(3))
+        out = cpu_level.empty(x.size, dtypes.float32)
+        prog(*[cpu_level.buf(v) for v in (x, s, t, b, r)], out, rows=N * C, channels=C, inner=P)
+        want = np.clip(x * s[:, None] + t[:, None] + b[:, None] + r, -1.0, 1.5)
+        np.testing.assert_allclose(out.numpy().reshape(x.shape), want, rtol=1e-5, atol=1e-5)
+        chain(cpu_level.buf(x), cpu_level.buf(r), out, n=x.size)
+        np.testing.assert_allclose(out.numpy().reshape(x.shape), x / (1 + np.exp(-x)) * r * 0.5, rtol=1e-5, atol=1e-5)
