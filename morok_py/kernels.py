@@ -314,18 +314,24 @@ class _Axes:
         return r
 
 
-def conv_gemm(N: int, G: int, COg: int, Kg: int, P: int, dtype=dtypes.float32,
+def conv_gemm(N: int, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.float32,
               epilogue: Epilogue | None = None) -> UOp:
     """out[n, g*COg + co, p] = sum over k of w[g*COg + co, k] * x[n, g*Kg + k, p], then `epilogue`
     (bias per output channel, tensor operands of out's shape [N, G*COg, P]): a 1x1 convolution
     (x the input, Kg its channels per group) or any convolution after `im2col` (x the columns), as
     batched contractions. The output channels are the rows and the pixels the unit-stride columns
-    of the CPU register tile: a column of x is loaded once for a tile's rows. Params: x, w, the
-    epilogue's operands, out."""
+    of the CPU register tile: a column of x is loaded once for a tile's rows. Kg None is the
+    variable `K` (one program for the layers that differ only in their input channels, as a
+    DenseNet's do). Params: x, w, the epilogue's operands, out."""
     dt = as_dtype(dtype)
     ax = _Axes()
     n, g, co, p = ax(N), ax(G), ax(COg), ax(P)
-    k = ax(Kg, AxisType.REDUCE)
+    if Kg is None:
+        Kg = UOp.variable("K", 1, 2**31 - 1)
+        k = UOp.range(Kg, ax.next, AxisType.REDUCE)
+        ax.next += 1
+    else:
+        k = ax(Kg, AxisType.REDUCE)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     ch = g * COg + co
     prod_ = x.load((n * (G * Kg) + g * Kg + k) * P + p) * w.load(ch * Kg + k)
@@ -492,6 +498,7 @@ class KernelStep:
     inputs: tuple[str, ...]
     output: str
     elements: int
+    vars: tuple[tuple[str, int], ...] = ()     # the values of the AST's variables at launch
 
 
 def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes.float32,
@@ -504,17 +511,18 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     g = geo
     P, Kg = g.OH * g.OW, (g.C // g.groups) * g.KH * g.KW
     out_n = g.N * g.CO * P
+    # the contraction's length is a variable: one program per (groups, rows, pixels, epilogue)
     if plan.family == "pointwise":
-        return [KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, g.C // g.groups, P, dtype, epi),
-                           ("x", "w", "epilogue"), "out", out_n)]
+        return [KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+                           ("x", "w", "epilogue"), "out", out_n, (("K", g.C // g.groups),))]
     if plan.family == "depthwise":
         return [KernelStep("depthwise", depthwise_conv2d(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
                                                          g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family == "im2col_gemm":
         return [KernelStep("im2col", im2col(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),
-                KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, Kg, P, dtype, epi),
-                           ("col", "w", "epilogue"), "out", out_n)]
+                KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+                           ("col", "w", "epilogue"), "out", out_n, (("K", Kg),))]
     pt, pl, pb, pr = g.pads
     steps, src = [], "x"
     if any(g.pads):

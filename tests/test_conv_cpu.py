@@ -39,7 +39,7 @@ def run_steps(target, steps, arrays: dict, epilogue_arrays=()):
         for role in st.inputs:
             ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
         bufs[st.output] = target.empty(st.elements, dtypes.float32)
-        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output])
+        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
     return bufs["out"].numpy()
 
 

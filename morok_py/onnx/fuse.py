@@ -538,12 +538,12 @@ def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: Vie
         for role in st.inputs:
             args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
         if record:
-            ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]])
+            ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]], **dict(st.vars))
         else:
             prog = ctx.k.programs.get(st.ast.key)
             if prog is None:
                 prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
-            prog(*args, bufs[st.output], wait=True)
+            prog(*args, bufs[st.output], wait=True, **dict(st.vars))
 
 
 def _choose_plan(ctx, geo, epi, x, w, extra, out):
