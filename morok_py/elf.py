@@ -21,8 +21,8 @@ STT_OBJECT, STT_FUNC, STT_SECTION, STT_FILE = 1, 2, 3, 4
 STB_LOCAL, STB_GLOBAL, STB_WEAK = 0, 1, 2
 
 # the relocations LLVM's in-process loader (RuntimeDyld) applies on x86-64, with the bytes each patches;
-# it aborts the process on any other type
-X86_64_RELOCATIONS = {0: 0, 1: 8, 2: 4, 4: 4, 9: 4, 10: 4, 11: 4, 24: 8, 25: 8, 26: 4, 41: 4, 42: 4}
+# it aborts the process on any other type (R_X86_64_NONE, which patches nothing, LLVM never writes)
+X86_64_RELOCATIONS = {1: 8, 2: 4, 4: 4, 9: 4, 10: 4, 11: 4, 24: 8, 25: 8, 26: 4, 27: 8, 29: 8, 31: 8, 41: 4, 42: 4}
 X86_64_PC_RELATIVE = frozenset({2, 4, 24})       # S + A - P: the addend is the target offset less 4 (+ an immediate)
 X86_64_ABSOLUTE = frozenset({1, 10, 11})         # S + A
 
@@ -331,6 +331,9 @@ def _check_relocatable(data: bytes, secs: list[Section], tables: dict) -> None:
         elif shndx == SHN_UNDEF:
             if value or size or bind == STB_LOCAL:
                 _fail(f"undefined symbol {k} ({name!r}) is malformed")
+        elif typ == 0 and 0 < shndx < len(secs):       # a label (a constant pool's, .LCPI0_0)
+            if size or value > secs[shndx].size:
+                _fail(f"label {k} ({name!r}) at {value} is outside section {secs[shndx].name!r}")
         elif typ in (STT_FUNC, STT_OBJECT) and 0 < shndx < len(secs):
             s = secs[shndx]
             if value + size > s.size or (typ == STT_FUNC) != bool(s.flags & SHF_EXECINSTR):
@@ -354,18 +357,45 @@ def _check_relocatable(data: bytes, secs: list[Section], tables: dict) -> None:
             _fail(f"the functions of {secs[shndx].name!r} end at {end}, its size is {secs[shndx].size}")
 
 
+def _patches_an_operand(data: bytes, code: Section, r_offset: int, rtype: int) -> bool:
+    """Whether the bytes before a relocation in x86-64 code are an instruction it can complete: a
+    `movabs` (REX.W, B8+r) for a 64-bit absolute address, a call or jump (E8, E9) or a RIP-relative
+    operand (ModRM mod 00, r/m 101) for a 32-bit relative one."""
+    before = data[code.offset + max(0, r_offset - 2):code.offset + r_offset]
+    if len(before) != 2:
+        return False
+    if rtype in (1, 25, 27, 29, 31):
+        return before[0] & 0xF8 == 0x48 and before[1] & 0xF8 == 0xB8
+    if rtype in (2, 4, 9, 41, 42):
+        return before[1] & 0xC7 == 0x05 or (rtype in (2, 4) and before[1] in (0xE8, 0xE9))
+    return True
+
+
 def _check_section_targets(data: bytes, secs: list[Section], syms: list, rela: Section) -> None:
-    """Relocations against a section symbol (constants, jump tables) point inside that section."""
+    """Relocations come in the order of the bytes they patch; in code, a 64-bit absolute one patches
+    the immediate of a `movabs` (REX.W, B8+r), as LLVM's large code model emits them; one against a
+    section symbol (constants, jump tables) points inside that section."""
+    code = secs[rela.info]
+    previous = -1
     for at in range(rela.offset, rela.offset + rela.size, 24):
-        _, r_info, addend = struct.unpack_from("<QQq", data, at)
+        r_offset, r_info, addend = struct.unpack_from("<QQq", data, at)
         sym, rtype = r_info >> 32, r_info & 0xFFFFFFFF
+        if r_offset <= previous or sym == 0:
+            _fail(f"relocations in {rela.name} are out of order or name no symbol at {r_offset}")
+        previous = r_offset
+        if code.flags & SHF_EXECINSTR and not _patches_an_operand(data, code, r_offset, rtype):
+            _fail(f"relocation type {rtype} in {rela.name} at {r_offset} does not patch an instruction's operand")
         _, info, _, shndx, _, _ = syms[sym]
         if info & 0xF != STT_SECTION:
             continue
         target = addend + 4 if rtype in X86_64_PC_RELATIVE else addend if rtype in X86_64_ABSOLUTE else None
-        if target is not None and not 0 <= target <= secs[shndx].size - (rtype in X86_64_PC_RELATIVE):
-            _fail(f"a relocation in {rela.name} points at {target} in {secs[shndx].name} "
-                  f"({secs[shndx].size} bytes)")
+        pool = secs[shndx]
+        if target is not None and not 0 <= target <= pool.size - (rtype in X86_64_PC_RELATIVE):
+            _fail(f"a relocation in {rela.name} points at {target} in {pool.name} ({pool.size} bytes)")
+        if rtype in X86_64_ABSOLUTE and pool.flags & SHF_MERGE and not pool.flags & SHF_STRINGS \
+                and pool.entsize and addend % pool.entsize:
+            _fail(f"a relocation in {rela.name} points at {addend}, between the {pool.entsize}-byte "
+                  f"constants of {pool.name}")
 
 
 def check_text(payload: bytes, symbol: str) -> str:

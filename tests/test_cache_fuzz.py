@@ -39,13 +39,15 @@ def fuzz_settings(examples: int):
 
 
 def regions(data: bytes) -> dict[str, tuple[int, int]]:
-    """Byte ranges of an object's structure: header, section table, symbol table."""
+    """Byte ranges of an object's structure: header, section table, symbol table, relocations."""
     secs = elf.sections(data)
     shoff, = struct.unpack_from("<Q", data, 0x28)
     out = {"header": (0, 64), "sections": (shoff, shoff + 64 * len(secs)), "anywhere": (0, len(data))}
     for s in secs:
         if s.type in (elf.SHT_SYMTAB, elf.SHT_DYNSYM) and s.size:
             out["symtab"] = (s.offset, s.offset + s.size)
+        elif s.type == elf.SHT_RELA and s.size:
+            out["relocations"] = (s.offset, s.offset + s.size)
     return out
 
 
