@@ -117,3 +117,35 @@ def test_lane_substitution_equals_substitute():
             assert got is want
             lane_free = {id(n) for n in _lane_free_nodes(node, lane)}
             assert {id(n) for n in want.toposort()} == lane_free | {id(n) for n in _built_nodes(got, built)}
+
+
+def test_tile_substitution_equals_substitute(monkeypatch):
+    """Register tiles share the rebuilt nodes of a row or a column across their stores: each store is
+    the very node ir.substitute builds."""
+    from morok_py.codegen import opt
+    checked = []
+    real = opt._tile_substitute
+
+    def check(memo, root, i, j, row, col):
+        got = real(memo, root, i, j, row, col)
+        assert got is substitute(root, {i: row, j: col})
+        checked.append(1)
+        return got
+
+    monkeypatch.setattr(opt, "_tile_substitute", check)
+    r = get_device("CPU").renderer
+    for ast, name in [(K.matmul(67, 45, 29), "mm"), (K.matmul(None, None, None), "mm_symbolic"),
+                      (K.matmul_bias_relu(33, 70, 19), "mm_bias_relu"), (K.conv2d(1, 5, 13, 11, 7, 3, 3), "conv")]:
+        r.render(ast, name)
+    assert checked
+
+
+def test_rendering_a_kernel_again_gives_the_same_source():
+    """Lane substitution keeps what it builds alive for the whole lowering: index nodes are marked by
+    the ids of live nodes only, so a freed node's id reused by another cannot add an nsw flag."""
+    r = get_device("CPU").renderer
+    kernels = [(K.matmul(67, 45, 29), "mm"), (K.matmul_bias_relu(33, 70, 19), "mm_bias_relu"),
+               (K.conv2d(1, 5, 13, 11, 7, 3, 3), "conv_3x3"), (K.conv2d(2, 8, 9, 9, 6, 1, 1), "conv_1x1")]
+    first = [r.render(ast, name).src for ast, name in kernels]
+    for _ in range(3):
+        assert [r.render(ast, name).src for ast, name in kernels] == first

@@ -192,6 +192,44 @@ def lanes_apply(ast: UOp) -> bool:
     return True
 
 
+def _tile_substitute(memo: dict[tuple, UOp], root: UOp, i: UOp, j: UOp, row: UOp, col: UOp) -> UOp:
+    """`substitute(root, {i: row, j: col})` for the stores of one register tile, sharing work between
+    them: a node that depends on i alone is rebuilt once per row, one on j alone once per column, one on
+    neither is kept (`memo`: one tile walk's; its keys hold ids of nodes, rows and columns, which it
+    keeps alive). i and j are GLOBAL ranges, which no REDUCE closes: free_ranges tells which nodes hold them."""
+    memo.setdefault(("alive",), []).append((root, row, col))     # ids in keys stay unique   # type: ignore[attr-defined]
+
+    def key(n: UOp) -> tuple | None:
+        fr = n.free_ranges
+        fi, fj = i in fr, j in fr
+        return (id(n), id(row) if fi else 0, id(col) if fj else 0) if fi or fj else None
+
+    top = key(root)
+    if top is None:
+        return root
+    stack: list[tuple[UOp, tuple, bool]] = [(root, top, False)]
+    while stack:
+        n, k, done = stack.pop()
+        if k in memo:
+            continue
+        if n is i or n is j:
+            memo[k] = row if n is i else col
+            continue
+        if not done:
+            stack.append((n, k, True))
+            for s in reversed(n.src):
+                sk = key(s)
+                if sk is not None and sk not in memo:
+                    stack.append((s, sk, False))
+            continue
+        src = []
+        for s in n.src:
+            sk = key(s)
+            src.append(s if sk is None else memo[sk])
+        memo[k] = UOp(n.op, n.dtype, tuple(src), n.arg)
+    return memo[top]
+
+
 def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = False, threads: int = 0):
     """Register blocking (below) where `lanes` > 1 computes each run of `lanes` neighbouring columns of
     a tile as one vector: the column index is col0 + LANE with LANE a LOOP range of `lanes` that the
@@ -302,13 +340,15 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     ew = LANE_REMAINDER * -(-rem // LANE_REMAINDER) if merged else 0
     extra = columns(N - ew, ew) if merged else []
 
+    shared: dict[tuple, UOp] = {}      # the tile's stores share what depends on one of (row, column)
+
     def tile_stores(col0: UOp, width: int, store: UOp | None = None) -> list[UOp]:
         s_ = st if store is None else store
         cols = columns(col0, width) + extra
-        main = [substitute(s_, {i: tile_rows[a], j: c}) for a in range(ti) for c in cols]
+        main = [_tile_substitute(shared, s_, i, j, tile_rows[a], c) for a in range(ti) for c in cols]
         if _const(left) == 0:
             return main
-        return main + [substitute(s_, {i: r, j: c}) for r in tail_rows for c in cols]
+        return main + [_tile_substitute(shared, s_, i, j, r, c) for r in tail_rows for c in cols]
 
     out: list[UOp] = []
     if n_static is not None:
