@@ -43,11 +43,12 @@ class ObjectKind:
     machine: int
     types: tuple[int, ...]
     relocatable: bool = False
-    osabi: tuple[int, ...] | None = None     # e_ident[EI_OSABI] values accepted (None: any)
 
 
 @dataclass(frozen=True)
 class Section:
+    """One entry of the section table, with its name read from the section name table."""
+
     index: int
     name: str
     type: int
@@ -163,8 +164,6 @@ def check_object(data: bytes, kind: ObjectKind, symbol: str) -> None:
         _fail(f"ELF machine {e_machine}, expected {kind.machine}")
     if e_version != 1:
         _fail(f"ELF version {e_version}")
-    if kind.osabi is not None and data[7] not in kind.osabi:
-        _fail(f"OS ABI {data[7]}, expected {' or '.join(map(str, kind.osabi))}")
     _check_segments(data)
     tables = {s.index: _symbols(data, secs, s) for s in secs if s.type in (SHT_SYMTAB, SHT_DYNSYM)}
     if not tables:
@@ -182,7 +181,8 @@ def check_object(data: bytes, kind: ObjectKind, symbol: str) -> None:
         for name, info, _, shndx, value, size in syms:
             if name != want:
                 continue
-            if shndx in (SHN_UNDEF, SHN_ABS, SHN_COMMON) or info & 0xF != STT_FUNC or info >> 4 not in (STB_GLOBAL, STB_WEAK):
+            if shndx in (SHN_UNDEF, SHN_ABS, SHN_COMMON) or info & 0xF != STT_FUNC \
+                    or info >> 4 not in (STB_GLOBAL, STB_WEAK):
                 _fail(f"symbol {symbol!r} is not a defined global function")
             s = secs[shndx]
             base = 0 if e_type == ET_REL else s.addr

@@ -286,6 +286,10 @@ def _compile_and_check(cpu, tag: float, rng) -> None:
     np.testing.assert_allclose(out.numpy(), np.exp(x * np.float32(tag)), rtol=3e-5, atol=1e-6)
 
 
+def ours(w: warnings.WarningMessage) -> bool:
+    return str(w.message).startswith("morok_py: disk cache")
+
+
 def _compiled_fresh(cpu, tag: float, rng) -> tuple[int, list[str]]:
     """(compiles, RuntimeWarnings) of compiling and running a kernel with the memory caches cleared."""
     cache.clear_memory_caches()
@@ -293,7 +297,7 @@ def _compiled_fresh(cpu, tag: float, rng) -> tuple[int, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _compile_and_check(cpu, tag, rng)
-    return stats.compiles - before, [str(w.message) for w in caught if str(w.message).startswith("morok_py: disk cache")]
+    return stats.compiles - before, [str(w.message) for w in caught if ours(w)]
 
 
 def test_a_pipe_or_a_link_where_an_entry_belongs_is_removed_never_read_through(cpu, cache_dir, rng, tmp_path):
@@ -387,7 +391,8 @@ def _objects() -> list:
     for r, c in dev.compilers:
         if c.available() is None:
             for nm in ("add", "softmax", "matmul"):
-                out.append((f"cpu-{c.cache_key}-{nm}", c.compile(r.render(K.named(nm), nm)).bytes, c.object_kind, f"k_{nm}"))
+                obj = c.compile(r.render(K.named(nm), nm)).bytes
+                out.append((f"cpu-{c.cache_key}-{nm}", obj, c.object_kind, f"k_{nm}"))
     try:
         from morok_py.backends.cuda import compile_only_pairs
         for r, c in compile_only_pairs("sm_90"):
@@ -570,4 +575,4 @@ def test_a_remembered_paths_file_replaced_by_a_folder_is_replaced(cache_dir):
         for _ in range(2):
             assert cache.remembered_path("tool", lambda: calls.append(1) or sys.executable) == sys.executable
     assert len(calls) == 1 and memo.is_file()
-    assert len([w for w in caught if str(w.message).startswith("morok_py: disk cache")]) == 1
+    assert len([w for w in caught if ours(w)]) == 1
