@@ -39,6 +39,7 @@ from . import config, elf
 from .codegen.symbols import symbol_for
 
 if TYPE_CHECKING:
+    from .codegen.launch_check import LaunchInfo
     from .codegen.schedule import Schedule
     from .search import SearchResult
     from .device import CompiledSpec, Compiler, Device, Program, ProgramSpec, Renderer
@@ -521,6 +522,13 @@ def checked_entry(dc: DiskCache, key: str, compiler: "Compiler", name: str) -> t
     return payload, meta
 
 
+def made_from(ast: "UOp", linear: object) -> str:
+    """What compiled bytes were made from, as source-level entries record it: the kernel's AST and the
+    schedule it was lowered with (two kernels of one name, or two schedules of one kernel, differ)."""
+    schedule = getattr(linear, "schedule", None)
+    return DiskCache.key(ast.key, schedule.to_json() if schedule is not None else "")
+
+
 def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> tuple["CompiledSpec", str | None]:
     """The compiled spec and its source-level key (None with the disk cache off)."""
     from .device import CompiledSpec
@@ -556,7 +564,8 @@ def _compile_spec(compiler: "Compiler", spec: "ProgramSpec", use_disk: bool) -> 
                                f"it is not stored")
             return compiled, None
         dc.put(key, compiled.payload, {"name": spec.name, "compiler": compiler.cache_key, "arch": compiler.arch,
-                                       "kind": kind, "identity": compiler.identity(), "ast": spec.ast.key})
+                                       "kind": kind, "identity": compiler.identity(),
+                                       "made_from": made_from(spec.ast, spec.linear)})
     return compiled, key
 
 
@@ -585,15 +594,11 @@ def _source_key_of(data: bytes, ast: "UOp", name: str) -> str:
     return key
 
 
-def _lowered_spec(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: str,
-                  schedule: "Schedule | None", payload: bytes, kind: str) -> "CompiledSpec":
-    """The CompiledSpec of a hit: the compiled output read back (and checked), everything else lowered
-    again from the kernel, the way `Renderer.render` derives it."""
-    from .codegen.lower import lower
-    from .codegen.schedule import using
+def _lowered_spec(compiler: "Compiler", ast: "UOp", name: str, info: "LaunchInfo", payload: bytes,
+                  kind: str) -> "CompiledSpec":
+    """The CompiledSpec of a hit: the compiled output read back (and checked), everything else from
+    the kernel lowered again (`info`), the way `Renderer.render` derives it."""
     from .device import CompiledSpec
-    with using(schedule):
-        _, info = lower(ast, renderer.caps, name, renderer.decompositor())
     gs = ls = None
     if not info.symbolic:
         gs, ls = info.launch_dims({})
@@ -607,6 +612,7 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
     """Render and compile through both disk-cache levels: a hit by AST skips rendering and compiling
     (the launch facts are lowered again from the kernel). `schedule`: render with it instead of the
     kernel's default (ValueError if the kernel refuses it)."""
+    from .codegen.lower import lower
     from .codegen.schedule import using
     from .device import CompiledSpec, kernel_name
     nm = kernel_name(ast, name)
@@ -633,17 +639,21 @@ def compile_ast(renderer: "Renderer", compiler: "Compiler", ast: "UOp", name: st
             except Exception as e:   # whatever an entry holds, it is never worse than a miss
                 dc.discard(akey, f"{type(e).__name__}: {e}")
         output = checked_entry(dc, source_key, compiler, nm) if source_key is not None else None
-        if output is not None and output[1].get("ast") != ast.key:
-            # bytes written for another kernel of this name, or for one that renders alike: only the
-            # rendered source, which keys them, can tell
-            spec = render()
-            if disk_key(compiler, spec) != source_key:
-                dc.discard(akey, "it names the compiled bytes of another kernel")
-                output = None
+        info = None
+        if output is not None:
+            with using(schedule):
+                linear, info = lower(ast, renderer.caps, nm, renderer.decompositor())
+            if output[1].get("made_from") != made_from(ast, linear):
+                # bytes written for another kernel of this name or schedule, or for one that renders
+                # alike: only the rendered source, which keys them, can tell
+                spec = render()
+                if disk_key(compiler, spec) != source_key:
+                    dc.discard(akey, "it names the compiled bytes of another kernel")
+                    output = None
         if output is not None:
             payload, kind = output[0], output[1]["kind"]
             if spec is None:
-                compiled = _lowered_spec(renderer, compiler, ast, nm, schedule, payload, kind)
+                compiled = _lowered_spec(compiler, ast, nm, info, payload, kind)
             elif kind == "src":
                 compiled = CompiledSpec.from_source(spec, payload.decode(), arch=compiler.arch,
                                                     compiler=compiler.cache_key)

@@ -576,3 +576,29 @@ def test_a_remembered_paths_file_replaced_by_a_folder_is_replaced(cache_dir):
             assert cache.remembered_path("tool", lambda: calls.append(1) or sys.executable) == sys.executable
     assert len(calls) == 1 and memo.is_file()
     assert len([w for w in caught if ours(w)]) == 1
+
+
+def test_an_ast_entry_naming_the_bytes_of_another_schedule_is_not_believed(cpu, cache_dir):
+    """One kernel, one name, two schedules (a search's candidates): the AST-level entry of one that
+    names the other's bytes is refused, since launch facts and bytes must come from one lowering."""
+    from morok_py import kernels as K
+    from morok_py.codegen.scan import scan_kernel
+    from morok_py.codegen.schedule import candidate_schedules
+    from morok_py.codegen.symbolic import simplify
+    renderer, compiler = cpu.pair()
+    ast = K.matmul(37, 53, 29)
+    cands = candidate_schedules(simplify(ast), renderer.caps, scan_kernel(simplify(ast)))
+    assert len(cands) >= 2
+    first, second = (cache.compile_ast(renderer, compiler, ast, "two_schedules", s) for s in cands[:2])
+    assert first.bytes != second.bytes
+    nm = kernel_name(ast, "two_schedules")
+    akey = cache.ast_key(renderer, compiler, ast, nm, cands[0])
+    bin_path, meta_path = entry_files(cache_dir, akey)
+    entry = json.loads(bin_path.read_bytes())
+    other = json.loads(entry_files(cache_dir, cache.ast_key(renderer, compiler, ast, nm, cands[1]))[0].read_bytes())
+    entry["source_key"] = other["source_key"]
+    store_with_checksum(bin_path, meta_path, json.dumps(entry).encode())
+    corrupt = stats.disk_corrupt
+    again = cache.compile_ast(renderer, compiler, ast, "two_schedules", cands[0])
+    assert again.bytes == first.bytes and stats.disk_corrupt == corrupt + 1
+    assert json.loads(bin_path.read_bytes())["source_key"] != other["source_key"]      # rewritten
