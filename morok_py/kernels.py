@@ -301,20 +301,21 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
 # ---- the CPU convolution family (NCHW): codegen/strategies/conv.py chooses among these -------------
 
 class _Axes:
-    """Ranges with fresh axis numbers; an extent of 1 is the constant 0 (no range)."""
+    """Ranges with fresh axis numbers; an extent of 1 is the constant 0 (no range); an extent may be a
+    UOp (a symbolic size)."""
 
     def __init__(self) -> None:
         self.next = 0
 
-    def __call__(self, extent: int, kind: AxisType = AxisType.GLOBAL) -> UOp:
-        if extent == 1:
+    def __call__(self, extent, kind: AxisType = AxisType.GLOBAL) -> UOp:
+        if isinstance(extent, int) and extent == 1:
             return UOp.const(0, dtypes.index)
         r = UOp.range(extent, self.next, kind)
         self.next += 1
         return r
 
 
-def conv_gemm(N: int, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.float32,
+def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.float32,
               epilogue: Epilogue | None = None) -> UOp:
     """out[n, g*COg + co, p] = sum over k of w[g*COg + co, k] * x[n, g*Kg + k, p], then `epilogue`
     (bias per output channel, tensor operands of out's shape [N, G*COg, P]): a 1x1 convolution
@@ -322,10 +323,10 @@ def conv_gemm(N: int, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.flo
     batched contractions. The output channels are the rows and the pixels the unit-stride columns
     of the CPU register tile: a column of x is loaded once for a tile's rows. Kg None is the
     variable `K` (one program for the layers that differ only in their input channels, as a
-    DenseNet's do). Params: x, w, the epilogue's operands, out."""
+    DenseNet's do); N None is the variable `N` (a dynamic batch). Params: x, w, the epilogue's operands, out."""
     dt = as_dtype(dtype)
     ax = _Axes()
-    n, g, co, p = ax(N), ax(G), ax(COg), ax(P)
+    n, g, co, p = ax(_batch(N)), ax(G), ax(COg), ax(P)
     if Kg is None:
         Kg = UOp.variable("K", 1, 2**31 - 1)
         k = UOp.range(Kg, ax.next, AxisType.REDUCE)
@@ -339,6 +340,11 @@ def conv_gemm(N: int, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.flo
     at = (n * (G * COg) + ch) * P + p
     v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, ch, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def _batch(N: int | None):
+    """A static batch, or the variable `N` for None."""
+    return UOp.variable("N", 1, 2**31 - 1) if N is None else N
 
 
 def _out_size(n: int, k: int, stride: int, dilation: int, lo: int, hi: int) -> int:
@@ -364,17 +370,17 @@ def _needs_mask(n_in: int, n_out: int, k: int, stride: int, dilation: int, lo: i
     return lo > 0 or (n_out - 1) * stride + (k - 1) * dilation - lo >= n_in
 
 
-def im2col(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+def im2col(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
            dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
            dtype=dtypes.float32) -> UOp:
     """col[n, (c, kh, kw), (oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
     padding (pads: top, left, bottom, right): the columns `conv_gemm` contracts with the weights
-    [CO, C*KH*KW]. Params: x, col."""
+    [CO, C*KH*KW]. N None is the variable `N`. Params: x, col."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    n, c, kh, kw, oh, ow = ax(N), ax(C), ax(KH), ax(KW), ax(OH), ax(OW)
+    n, c, kh, kw, oh, ow = ax(_batch(N)), ax(C), ax(KH), ax(KW), ax(OH), ax(OW)
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
@@ -382,22 +388,22 @@ def im2col(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, 
     return UOp.sink(col.store(at, v))
 
 
-def depthwise_conv2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
                      dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
                      dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
     """out[n, c, oh, ow] = sum over (kh, kw) of w[c, kh, kw] * x[n, c, oh*sh + kh*dh - top,
     ow*sw + kw*dw - left] (zero padding), then `epilogue`: a convolution with one input channel per
     group and one output channel per input channel. The taps are unrolled (no reduction loop), the
     (n, c) planes split over threads and the rows of a plane run along ow, which LLVM vectorizes.
-    Params: x, w, the epilogue's operands, out."""
+    N None is the variable `N`. Params: x, w, the epilogue's operands, out."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    q, oh, ow = ax(N * C), ax(OH), ax(OW)
+    q, oh, ow = ax(_batch(N) * C if N is None else N * C), ax(OH), ax(OW)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
-    c = q % C if N > 1 else q
+    c = q % C if N is None or N > 1 else q
     acc = None
     for kh in range(KH):
         for kw in range(KW):
@@ -409,14 +415,14 @@ def depthwise_conv2d(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: t
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
-def pad2d(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
+def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
           dtype=dtypes.float32) -> UOp:
     """out[n, c, y, x] = x[n, c, y - top, x - left] inside, `value` in the border. Params: x, out."""
     dt = as_dtype(dtype)
     pt, pl, pb, pr = pads
     HP, WP = H + pt + pb, W + pl + pr
     ax = _Axes()
-    q, y, xx = ax(N * C), ax(HP), ax(WP)
+    q, y, xx = ax(_batch(N) * C if N is None else N * C), ax(HP), ax(WP)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     sy, sx = y - pt, xx - pl
     ok = (sy >= 0) & (sy < H) & (sx >= 0) & (sx < W)
@@ -424,19 +430,19 @@ def pad2d(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int], value
     return UOp.sink(out.store(q * (HP * WP) + y * WP + xx, v))
 
 
-def pool2d(kind: str, N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+def pool2d(kind: str, N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
            dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
            count_include_pad: bool = False, dtype=dtypes.float32) -> UOp:
     """Max or average pooling ("max", "avg") over KH x KW windows, the taps unrolled like
     `depthwise_conv2d` (rows along ow, vectorized); padding is ignored by max and, unless
-    `count_include_pad`, by the average's count. Params: x, out."""
+    `count_include_pad`, by the average's count. N None is the variable `N`. Params: x, out."""
     dt = as_dtype(dtype)
     if kind not in ("max", "avg"):
         raise UnknownNameError(f"unknown pooling {kind!r}; known: max, avg")
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    q, oh, ow = ax(N * C), ax(OH), ax(OW)
+    q, oh, ow = ax(_batch(N) * C if N is None else N * C), ax(OH), ax(OW)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     acc, cnt = None, None
@@ -467,13 +473,14 @@ def pool2d(kind: str, N: int, C: int, H: int, W: int, KH: int, KW: int, stride: 
     return UOp.sink(out.store(q * (OH * OW) + oh * OW + ow, acc))
 
 
-def global_pool(kind: str, rows: int, cols: int, dtype=dtypes.float32) -> UOp:
-    """out[r] = mean or max ("avg", "max") of x[r, 0:cols]: global pooling of [N*C, H*W] planes. Params: x, out."""
+def global_pool(kind: str, rows: int | None, cols: int, dtype=dtypes.float32) -> UOp:
+    """out[r] = mean or max ("avg", "max") of x[r, 0:cols]: global pooling of [N*C, H*W] planes; rows
+    None is the variable `rows`. Params: x, out."""
     dt = as_dtype(dtype)
     if kind not in ("max", "avg"):
         raise UnknownNameError(f"unknown pooling {kind!r}; known: max, avg")
     ax = _Axes()
-    r = ax(rows)
+    r = ax(size(rows, "rows"))
     k = ax(cols, AxisType.REDUCE)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     v = x.load(r * cols + k)
@@ -502,34 +509,43 @@ class KernelStep:
 
 
 def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes.float32,
-                   epilogue: Epilogue | None = None, caps: Capabilities | None = None) -> list[KernelStep]:
+                   epilogue: Epilogue | None = None, caps: Capabilities | None = None,
+                   symbolic_batch: bool = False) -> list[KernelStep]:
     """The kernels of a 2-D convolution (NCHW, weights [CO, C/groups, KH, KW]) as `plan` says (default:
-    `conv_plan` for `caps`), `epilogue` applied in the kernel that writes the output."""
+    `conv_plan` for `caps`), `epilogue` applied in the kernel that writes the output. With
+    `symbolic_batch` the batch is the variable `N` in every kernel (a new batch size compiles nothing)."""
     plan = plan if plan is not None else conv_plan(geo, caps or Capabilities())
     check_plan(plan, geo)
-    epi = epilogue or Epilogue()
+    steps = _conv2d_kernels(geo, plan, dtype, epilogue or Epilogue(), None if symbolic_batch else geo.N)
+    if symbolic_batch:
+        steps = [KernelStep(st.name, st.ast, st.inputs, st.output, st.elements, st.vars + (("N", geo.N),))
+                 for st in steps]
+    return steps
+
+
+def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: int | None) -> list[KernelStep]:
     g = geo
     P, Kg = g.OH * g.OW, (g.C // g.groups) * g.KH * g.KW
     out_n = g.N * g.CO * P
     # the contraction's length is a variable: one program per (groups, rows, pixels, epilogue)
     if plan.family == "pointwise":
-        return [KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+        return [KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi),
                            ("x", "w", "epilogue"), "out", out_n, (("K", g.C // g.groups),))]
     if plan.family == "depthwise":
-        return [KernelStep("depthwise", depthwise_conv2d(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
+        return [KernelStep("depthwise", depthwise_conv2d(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
                                                          g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family == "im2col_gemm":
-        return [KernelStep("im2col", im2col(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
+        return [KernelStep("im2col", im2col(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),
-                KernelStep("gemm", conv_gemm(g.N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+                KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi),
                            ("col", "w", "epilogue"), "out", out_n, (("K", Kg),))]
     pt, pl, pb, pr = g.pads
     steps, src = [], "x"
     if any(g.pads):
-        steps.append(KernelStep("pad", pad2d(g.N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad",
+        steps.append(KernelStep("pad", pad2d(N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad",
                                 g.N * g.C * (g.H + pt + pb) * (g.W + pl + pr)))
         src = "pad"
-    ast = conv2d(g.N, g.C, g.H + pt + pb, g.W + pl + pr, g.CO, g.KH, g.KW, g.stride[0], g.dilation[0],
+    ast = conv2d(N, g.C, g.H + pt + pb, g.W + pl + pr, g.CO, g.KH, g.KW, g.stride[0], g.dilation[0],
                  dtype=dtype, epilogue=epi)
     return steps + [KernelStep("direct", ast, (src, "w", "epilogue"), "out", out_n)]
 

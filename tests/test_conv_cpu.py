@@ -198,3 +198,19 @@ def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     assert conv_plan(GEOMETRIES[2], gpu) == ConvPlan("direct")
     assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("depthwise")
     assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped
+
+
+@pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6]], ids=_gid)
+def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng, geo):
+    from dataclasses import replace
+    plan = conv_plan(geo, cpu.dev.renderer.caps)
+    keys = None
+    for N in (1, 3, 2):
+        g = replace(geo, N=N)
+        steps = K.conv2d_kernels(g, plan, symbolic_batch=True)
+        assert keys is None or [st.ast.key for st in steps] == keys
+        keys = [st.ast.key for st in steps]
+        x = random_array(rng, (N, g.C, g.H, g.W), np.float32)
+        w = random_array(rng, (g.CO, g.C // g.groups, g.KH, g.KW), np.float32)
+        got = run_steps(cpu, steps, {"x": x, "w": w})
+        np.testing.assert_allclose(got.reshape(N, g.CO, g.OH, g.OW), conv_ref(x, w, None, g), rtol=1e-4, atol=1e-4)

@@ -252,3 +252,20 @@ def test_symbolic_affine_and_chain_builders_serve_every_shape_at_every_level(cpu
         np.testing.assert_allclose(out.numpy().reshape(x.shape), want, rtol=1e-5, atol=1e-5)
         chain(cpu_level.buf(x), cpu_level.buf(r), out, n=x.size)
         np.testing.assert_allclose(out.numpy().reshape(x.shape), x / (1 + np.exp(-x)) * r * 0.5, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_model_with_a_dynamic_batch_compiles_nothing_for_a_new_batch_size(rng):
+    b = _Builder(rng)
+    h = b.node("Clip", [b.bn(b.conv("x", 4, 8, 3, stride=2), 8), b.init(0.0), b.init(6.0)])
+    h = b.node("HardSwish", [b.conv(h, 8, 8, 3, group=8)])
+    y = b.node("GlobalAveragePool", [b.node("MaxPool", [b.conv(h, 8, 6, 1, pads=[0, 0, 0, 0])], kernel_shape=[2, 2])])
+    model = b.model({"x": ["batch", 4, 11, 9]}, [y])
+    ex = OnnxExecutor(model, "CPU")
+    assert {"MorokConv", "MorokPool2d", "MorokGlobalPool"} <= {n.op_type for n in ex.graph.node}
+    counts = []
+    for n in (2, 3, 1, 3):
+        x = random_array(rng, (n, 4, 11, 9), np.float32)
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        np.testing.assert_allclose(ex.run({"x": x})[0], want, rtol=1e-4, atol=1e-4)
+        counts.append(len(ex.k.programs))
+    assert counts == [counts[0]] * 4, counts

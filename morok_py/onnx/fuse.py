@@ -65,16 +65,20 @@ class _Graph:
             inferred = onnx.shape_inference.infer_shapes(model).graph
         except Exception:       # a model onnx cannot infer: fusion then leaves shape-dependent steps alone
             inferred = g
-        self.shapes: dict[str, tuple] = {}
+        self.shapes: dict[str, tuple] = {}     # static shapes
+        self.ranks: dict[str, int] = {}        # ranks, also of shapes with symbolic dimensions
         self.types: dict[str, int] = {}
         for vi in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
             tt = vi.type.tensor_type
             if vi.type.HasField("tensor_type"):
                 self.types[vi.name] = tt.elem_type
+                if tt.HasField("shape"):
+                    self.ranks[vi.name] = len(tt.shape.dim)
                 if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                     self.shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
         for name, t in self.inits.items():
             self.shapes[name] = tuple(t.dims)
+            self.ranks[name] = len(t.dims)
             self.types[name] = t.data_type
         self.consumers: dict[str, list[int]] = {}
         for i, n in enumerate(self.nodes):
@@ -382,8 +386,7 @@ def _fuse_chain(g: _Graph, i: int) -> None:
 
 def _fuse_pool(g: _Graph, i: int) -> None:
     n = g.nodes[i]
-    shape = g.shapes.get(n.input[0])
-    if not g.is_float32(n.input[0]) or shape is None or len(shape) != 4:
+    if not g.is_float32(n.input[0]) or g.ranks.get(n.input[0]) != 4:
         return
     a = _attrs(n)
     if n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
@@ -531,7 +534,7 @@ def _scratch_buffer(k, elements: int, dtype):
 
 def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View, record: bool = True) -> None:
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
-    for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi):
+    for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer):
         if st.output != "out":
             bufs[st.output] = _scratch_buffer(ctx.k, st.elements, x.dtype)
         args = []
@@ -611,9 +614,10 @@ def _pool2d(ctx, ins, a):
     fake_w = View(x.buf, (x.shape[1], 1, kh, kw), (0, 0, 0, 0))
     geo = _conv_geometry(x, fake_w, {**a, "group": x.shape[1]})
     out = ctx.k.empty([geo.N, geo.C, geo.OH, geo.OW], x.dtype)
-    ast = K.pool2d(kind, geo.N, geo.C, geo.H, geo.W, kh, kw, geo.stride, geo.dilation, geo.pads,
+    sym = ctx.k.symbolic_outer          # a dynamic batch: the variable N, one program for every batch size
+    ast = K.pool2d(kind, None if sym else geo.N, geo.C, geo.H, geo.W, kh, kw, geo.stride, geo.dilation, geo.pads,
                    bool(a.get("count_include_pad", 0)))
-    ctx.k.launch(ctx.n(), ast, [x.buf, out.buf])
+    ctx.k.launch(ctx.n(), ast, [x.buf, out.buf], **({"N": geo.N} if sym else {}))
     return [out]
 
 
@@ -622,7 +626,9 @@ def _global_pool(ctx, ins, a):
     kind = a["kind"].decode() if isinstance(a["kind"], bytes) else a["kind"]
     rows = x.shape[0] * x.shape[1]
     out = ctx.k.empty(list(x.shape[:2]) + [1] * (x.ndim - 2), x.dtype)
-    ctx.k.launch(ctx.n(), K.global_pool(kind, rows, x.size // rows), [x.buf, out.buf])
+    sym = ctx.k.symbolic_outer
+    ctx.k.launch(ctx.n(), K.global_pool(kind, None if sym else rows, x.size // rows), [x.buf, out.buf],
+                 **({"rows": rows} if sym else {}))
     return [out]
 
 
