@@ -269,3 +269,20 @@ def test_a_fused_model_with_a_dynamic_batch_compiles_nothing_for_a_new_batch_siz
         np.testing.assert_allclose(ex.run({"x": x})[0], want, rtol=1e-4, atol=1e-4)
         counts.append(len(ex.k.programs))
     assert counts == [counts[0]] * 4, counts
+
+
+def test_a_dense_layer_with_a_dynamic_batch_fuses_and_compiles_once(rng):
+    b = _Builder(rng)
+    h = b.node("Relu", [b.node("Add", [b.node("MatMul", ["x", b.init(rng.standard_normal((9, 13)))]),
+                                       b.init(rng.standard_normal(13))])])
+    y = b.node("Gemm", [h, b.init(rng.standard_normal((5, 13))), b.init(rng.standard_normal(5))], transB=1)
+    model = b.model({"x": ["batch", 9]}, [y])
+    ex = OnnxExecutor(model, "CPU")
+    assert [n.op_type for n in ex.graph.node] == ["MorokDense", "MorokDense"]
+    counts = []
+    for n in (3, 7, 1, 7):
+        x = random_array(rng, (n, 9), np.float32)
+        np.testing.assert_allclose(ex.run({"x": x})[0], ReferenceEvaluator(model).run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)
+        counts.append(len(ex.k.programs))
+    assert counts == [counts[0]] * 4, counts

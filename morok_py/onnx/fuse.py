@@ -291,13 +291,13 @@ def _fuse_dense(g: _Graph, i: int) -> None:
     B = g.const(n.input[1])
     if B is None or B.ndim != 2 or B.dtype != np.float32:
         return
-    shape_a = g.shapes.get(n.input[0])
+    rank = g.ranks.get(n.input[0])     # the rows may be a dynamic batch: only the rank must be known
     if n.op_type == "MatMul":
-        if shape_a is None or len(shape_a) < 2:
+        if rank is None or rank < 2:
             return
         Bkn, bias = B.astype(np.float64), None
     else:
-        if shape_a is None or len(shape_a) != 2:
+        if rank != 2:
             return
         Bkn = (B.T if a.get("transB", 0) else B).astype(np.float64) * a.get("alpha", 1.0)
         bias = None
@@ -309,9 +309,8 @@ def _fuse_dense(g: _Graph, i: int) -> None:
     out = n.output[0]
     steps: list = []
     operands: list[str] = []
-    shape = g.shapes.get(out)
-    out, absorbed, bias, mult = _absorb(g, out, shape, Bkn.shape[1], len(shape) - 1 if shape else 1, bias, steps,
-                                        operands)
+    shape = g.shapes.get(out) or (None,) * rank     # unknown dimensions: no tensor operand matches it
+    out, absorbed, bias, mult = _absorb(g, out, shape, Bkn.shape[1], rank - 1, bias, steps, operands)
     if mult is not None:
         Bkn = Bkn * mult.reshape(1, -1)
     ins = [n.input[0], g.add_init(Bkn.astype(np.float32), "w")]
@@ -590,7 +589,9 @@ def _dense_op(ctx, ins, a):
     out = ctx.k.empty(oshape, x.dtype)
     extra = ([ins[2]] if has_bias else []) + _operands(ctx, list(ins[2 + has_bias:]), oshape)
     _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}")
-    ctx.k.launch(ctx.n("gemm"), K.matmul(M, N, K_, dtypes.float32, epi), [x.buf, w.buf] + [v.buf for v in extra] + [out.buf])
+    sym = ctx.k.symbolic_outer          # a dynamic batch: the rows are the variable M, one program for every batch
+    ctx.k.launch(ctx.n("gemm"), K.matmul(None if sym else M, N, K_, dtypes.float32, epi),
+                 [x.buf, w.buf] + [v.buf for v in extra] + [out.buf], **({"M": M} if sym else {}))
     return [out]
 
 
