@@ -25,6 +25,7 @@ from morok_py.onnx import ops as O
 from morok_py.onnx.fuse import fuse
 from morok_py.onnx.errors import OnnxError, UnsupportedDtype, UnsupportedOp
 from morok_py.onnx.tensor import Kernels, View
+from morok_py.onnx.values import Opt, Seq
 
 
 # ONNX element types morok_py can hold (numpy dtype of each)
@@ -91,12 +92,8 @@ class OnnxExecutor:
                          dynamic_dims(self.graph) if symbolic_outer is None else symbolic_outer)
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         for vi in list(self.graph.input) + list(self.graph.output):
-            if vi.type.WhichOneof("value") is None:      # no type given: whatever the graph computes
-                continue
-            tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
-            if tt is None:
-                raise UnsupportedDtype(f"{vi.name} is not a tensor ({vi.type.WhichOneof('value')})")
-            check_dtype(tt.elem_type)
+            check_type(vi.type, vi.name)
+        self.input_types = {vi.name: vi.type for vi in self.graph.input}
         for n in self.graph.node:
             if n.domain not in ("", "ai.onnx", PREVIEW):
                 raise UnsupportedOp(f"domain {n.domain!r} of node {n.name or n.op_type}")
@@ -118,6 +115,30 @@ class OnnxExecutor:
         self.last_run_s = 0.0
 
     # ---- host values ------------------------------------------------------------------------
+    def _value(self, v, tp: onnx.TypeProto, name: str):
+        """A fed sequence (a list of arrays) or optional (None or its value) as the graph holds it."""
+        kind = tp.WhichOneof("value")
+        if kind == "optional_type":
+            return Opt(None if v is None else self._value(v, tp.optional_type.elem_type, name))
+        if kind == "sequence_type":
+            et = tp.sequence_type.elem_type
+            dt = O.common.ONNX_DT.get(et.tensor_type.elem_type) if et.HasField("tensor_type") else None
+            return Seq([self._value(x, et, name) for x in v], dt)
+        arr = numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+        try:
+            from_numpy(arr.dtype)
+        except TypeError:
+            raise UnsupportedDtype(f"input {name} holds {arr.dtype}") from None
+        return self.k.from_numpy(arr)
+
+    def _host_value(self, v):
+        """An output on the host: a numpy array, a list of them (a sequence), or None (an empty optional)."""
+        if isinstance(v, Opt):
+            return None if v.value is None else self._host_value(v.value)
+        if isinstance(v, Seq):
+            return [self._host_value(x) for x in v]
+        return self.k.numpy(v) if v.host is None else np.array(v.host)
+
     def host(self, v: View) -> np.ndarray:
         """The value of `v` on the host (a sync); reading one that depends on the runtime inputs makes
         the run's launch list unreplayable."""
@@ -169,9 +190,11 @@ class OnnxExecutor:
         if not isinstance(inputs, Mapping):
             inputs = dict(zip(self.input_names, inputs))
         t0 = time.perf_counter()
-        inputs = {n: numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
-                  for n, v in inputs.items()}
-        key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs)
+        tensors = all(_is_tensor(self.input_types.get(n)) for n in self.input_names)
+        inputs = {n: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v))
+                  if _is_tensor(self.input_types.get(n)) else v for n, v in inputs.items()}
+        key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs) \
+            if tensors else None
         if key in self.plans:
             plan, plan_inputs, plan_outputs, _ = self.plans[key]
             for n, v in plan_inputs.items():
@@ -189,6 +212,9 @@ class OnnxExecutor:
         for n in self.input_names:
             if n not in inputs:
                 raise OnnxError(f"missing input {n!r}")
+            if not _is_tensor(self.input_types.get(n)):        # a sequence or an optional
+                env[n] = self._value(inputs[n], self.input_types[n], n)
+                continue
             arr = inputs[n]
             if isinstance(arr, onnx.TensorProto):
                 arr = numpy_helper.to_array(arr)
@@ -201,8 +227,8 @@ class OnnxExecutor:
         self._run_nodes(self.graph.node, env, self.opset, "")
         self.k.flush()            # the run's kernels compile together, then launch (tensor.Kernels.flush)
         outs = [env[o.name] for o in self.graph.output]
-        result = [self.k.numpy(v) if v.host is None else np.array(v.host) for v in outs]
-        if not self.dynamic and all(v is not None for v in outs):
+        result = [self._host_value(v) for v in outs]
+        if not self.dynamic and tensors and all(isinstance(v, View) for v in outs):
             plan = ExecutionPlan(self.dev)
             for prog, bufs, vars in self.k.launches:
                 plan.add(prog, *bufs, **vars)
@@ -213,9 +239,34 @@ class OnnxExecutor:
         return result
 
 
-def onnx_type(v: View) -> onnx.TypeProto:
-    """The TypeProto of a tensor view (element type and static shape)."""
+def onnx_type(v) -> onnx.TypeProto:
+    """The TypeProto of a value: a tensor view (element type and static shape), a Seq or an Opt."""
+    if isinstance(v, Opt):
+        return helper.make_optional_type_proto(onnx_type(v.value) if v.value is not None else onnx.TypeProto())
+    if isinstance(v, Seq):
+        elem = onnx_type(v[0]) if v else helper.make_tensor_type_proto(O.common.ONNX_ELEM[v.dtype], None)
+        return helper.make_sequence_type_proto(elem)
     return helper.make_tensor_type_proto(O.common.ONNX_ELEM[v.dtype], list(v.shape))
+
+
+def _is_tensor(tp: onnx.TypeProto | None) -> bool:
+    return tp is None or tp.WhichOneof("value") in (None, "tensor_type")
+
+
+def check_type(tp: onnx.TypeProto, name: str) -> None:
+    """Refuse a graph input or output whose type the executor cannot hold: tensors of a morok_py dtype,
+    sequences of them and optionals of either are held; maps and sparse tensors are not."""
+    kind = tp.WhichOneof("value")
+    if kind is None:                # no type given: whatever the graph computes
+        return
+    if kind == "tensor_type":
+        check_dtype(tp.tensor_type.elem_type)
+    elif kind == "sequence_type":
+        check_type(tp.sequence_type.elem_type, name)
+    elif kind == "optional_type":
+        check_type(tp.optional_type.elem_type, name)
+    else:
+        raise UnsupportedDtype(f"{name} is not a tensor, sequence or optional ({kind})")
 
 
 def function_of(op_type: str, opset: int) -> onnx.defs.OpSchema | None:
