@@ -52,6 +52,7 @@ def run_scaled_add(prog, dev, n: int, k: float) -> None:
 def test_identical_kernels_compile_once(cpu, monkeypatch, mode):
     monkeypatch.setenv("MOROK_COMPILE_MODE", mode)
     items = kernel_set()
+    assert batch.plan_for(len(items)).mode == mode
     rebuilt = scaled_add(97, 0.5)        # built again: the same hash-consed AST as items[0]
     cache.stats.reset()
     progs = cpu.compile_many(items + [items[0], (rebuilt, "scaled_add_0"), items[7]])
@@ -166,6 +167,31 @@ def test_plan_rule(monkeypatch):
     monkeypatch.delenv("MOROK_COMPILE_WORKERS")
     import os
     assert batch.compile_workers() == os.cpu_count()
+
+
+def test_workers_fit_the_idle_cores(monkeypatch):
+    """Unasked, the worker count is the cores less what other work keeps busy (1-minute load, which
+    counts this process once); MOROK_COMPILE_WORKERS or `workers` is taken as it is."""
+    import os
+    monkeypatch.delenv("MOROK_COMPILE_MODE", raising=False)
+    monkeypatch.delenv("MOROK_COMPILE_WORKERS", raising=False)
+    monkeypatch.delenv("MOROK_BEAM", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 3.0, 3.0))
+    assert batch.idle_workers(16) == (16, 0.4)
+    assert (batch.plan_for(100).mode, batch.plan_for(100).workers) == ("processes", 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.2, 1.0, 1.0))
+    plan = batch.plan_for(100)
+    assert (plan.mode, plan.workers) == ("processes", 10) and "load 6.2 on 16 cores" in plan.why
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.6, 5.0, 5.0))
+    assert batch.plan_for(100) == batch.BatchPlan("serial", 1, 100, "load 5.6 on 2 cores")
+    assert batch.plan_for(100, workers=2).workers == 2
+    monkeypatch.setenv("MOROK_COMPILE_MODE", "processes")     # a parallel mode by name: two workers at least
+    assert (batch.plan_for(100).mode, batch.plan_for(100).workers) == ("processes", 2)
+    monkeypatch.delenv("MOROK_COMPILE_MODE")
+    monkeypatch.setenv("MOROK_COMPILE_WORKERS", "2")
+    assert batch.plan_for(100).workers == 2
 
 
 def test_debug_prints_the_plan(cpu, monkeypatch, capsys):
