@@ -143,6 +143,9 @@ KNOWN_FAILURES: dict[str, str] = {
     **{f"test_training_dropout{s}": "Dropout in training mode: the expected output comes from numpy's random "
        "stream (np.random.seed), which the executor does not reproduce" for s in ("", "_default", "_mask",
                                                                                  "_default_mask")},
+    **{n: "the reference's imaginary parts that are exactly 0 carry float32 FFT noise (1.9e-7), above the "
+       "case's atol 1e-7; the DFT kernel computes in float64 and returns 0" for n in (
+           "test_dft_inverse", "test_dft_inverse_opset19")},
 }
 # half-precision attention graphs: a few elements differ from the reference by one unit in the last place
 # (fp16: 4.9e-4, bf16: 3.9e-3..7.8e-3), above the cases' rtol 1e-3 (bf16's epsilon is 7.8e-3); not strict
