@@ -286,3 +286,21 @@ def test_a_dense_layer_with_a_dynamic_batch_fuses_and_compiles_once(rng):
                                    rtol=1e-4, atol=1e-4)
         counts.append(len(ex.k.programs))
     assert counts == [counts[0]] * 4, counts
+
+
+def test_weights_whose_rows_would_alias_cache_sets_are_stored_padded(rng):
+    assert K.padded_ldb(256) == 256 + K.LDB_PAD and K.padded_ldb(250) == 250
+    b = _Builder(rng)
+    y = b.node("Gemm", ["x", b.init(rng.standard_normal((256, 37)) * 0.3), b.init(rng.standard_normal(256))],
+               transB=1)
+    f = _check(b.model({"x": [13, 37]}, [y]), {"x": random_array(rng, (13, 37), np.float32)}, {"MorokDense": 1})
+    w = next(t for t in f.graph.initializer if t.name.startswith("morok_fused/w"))
+    assert list(w.dims) == [37, 256 + K.LDB_PAD]
+
+
+def test_matmul_with_a_row_stride_matches_numpy_at_every_level(cpu_level, rng):
+    M, N, Kd, ldb = 19, 40, 23, 53
+    a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, ldb), np.float32)
+    out = cpu_level.empty(M * N, dtypes.float32)
+    cpu_level.compile(K.matmul(M, N, Kd, ldb=ldb), "mm_ldb")(cpu_level.buf(a), cpu_level.buf(b), out)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b[:, :N], rtol=1e-4, atol=1e-4)

@@ -313,12 +313,17 @@ def _fuse_dense(g: _Graph, i: int) -> None:
     out, absorbed, bias, mult = _absorb(g, out, shape, Bkn.shape[1], rank - 1, bias, steps, operands)
     if mult is not None:
         Bkn = Bkn * mult.reshape(1, -1)
+    columns = Bkn.shape[1]
+    ldb = K.padded_ldb(columns)
+    if ldb != columns:          # rows stored longer: no cache-set aliasing, no packing copy (kernels.padded_ldb)
+        Bkn = np.concatenate([Bkn, np.zeros((Bkn.shape[0], ldb - columns))], axis=1)
     ins = [n.input[0], g.add_init(Bkn.astype(np.float32), "w")]
     if bias is not None:
         ins.append(g.add_init(np.asarray(bias, np.float32).reshape(-1), "b"))
         steps.insert(0, ("bias",))
     g.dead.add(i)
-    _emit(g, max(i, absorbed), "MorokDense", ins + operands, out, n.name or f"{n.op_type}_{i}", epilogue=json.dumps(steps))
+    _emit(g, max(i, absorbed), "MorokDense", ins + operands, out, n.name or f"{n.op_type}_{i}", epilogue=json.dumps(steps),
+          columns=columns)
 
 
 def _fuse_affine(g: _Graph, i: int) -> None:
@@ -583,14 +588,15 @@ def _dense_op(ctx, ins, a):
     x, w = _dense(ctx, ins[0]), ins[1]
     epi = _epilogue(a)
     has_bias = epi.operands[:1] == ("bias",)
-    K_, N = w.shape
+    K_, ldb = w.shape
+    N = a.get("columns", ldb)
     M = x.size // K_
     oshape = tuple(x.shape[:-1]) + (N,)
     out = ctx.k.empty(oshape, x.dtype)
     extra = ([ins[2]] if has_bias else []) + _operands(ctx, list(ins[2 + has_bias:]), oshape)
     _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}")
     sym = ctx.k.symbolic_outer          # a dynamic batch: the rows are the variable M, one program for every batch
-    ctx.k.launch(ctx.n("gemm"), K.matmul(None if sym else M, N, K_, dtypes.float32, epi),
+    ctx.k.launch(ctx.n("gemm"), K.matmul(None if sym else M, N, K_, dtypes.float32, epi, ldb=ldb),
                  [x.buf, w.buf] + [v.buf for v in extra] + [out.buf], **({"M": M} if sym else {}))
     return [out]
 
