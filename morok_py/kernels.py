@@ -545,6 +545,12 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     if plan.family == "pointwise":
         return [KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi),
                            ("x", "w", "epilogue"), "out", out_n, (("K", g.C // g.groups),))]
+    if plan.family == "depthwise_padded":
+        pt, pl, pb, pr = g.pads
+        HP, WP = g.H + pt + pb, g.W + pl + pr
+        return [KernelStep("pad", pad2d(N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad", g.N * g.C * HP * WP),
+                KernelStep("depthwise", depthwise_conv2d(N, g.C, HP, WP, g.KH, g.KW, g.stride, g.dilation,
+                                                         (0, 0, 0, 0), dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
     if plan.family == "depthwise":
         return [KernelStep("depthwise", depthwise_conv2d(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
                                                          g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]

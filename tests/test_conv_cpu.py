@@ -146,6 +146,7 @@ def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
     assert conv_plan(GEOMETRIES[2], caps).family == "im2col_gemm"
     assert conv_plan(GEOMETRIES[5], caps).family == "im2col_gemm"
     assert conv_plan(GEOMETRIES[6], caps).family == "depthwise"
+    assert ConvPlan("depthwise_padded") in candidate_plans(GEOMETRIES[6], caps)
     plan = conv_plan(GEOMETRIES[0], caps)
     assert plan.register_tile == caps.register_tile and str(plan).startswith("ConvPlan(pointwise")
 
@@ -155,6 +156,8 @@ def test_a_plan_the_geometry_cannot_take_is_refused():
         check_plan(ConvPlan("pointwise"), GEOMETRIES[2])
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("depthwise"), GEOMETRIES[0])
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("depthwise_padded"), GEOMETRIES[2])
     with pytest.raises(ArgumentError):
         ConvPlan("winograd")
     with pytest.raises(ArgumentError):

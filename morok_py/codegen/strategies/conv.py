@@ -12,6 +12,8 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                are a GLOBAL range of it.
   depthwise    one input channel per group and one output channel per input channel: the taps
                unrolled in one elementwise kernel, (n, c) planes split over threads, rows vectorized.
+  depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
+               the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
                channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
                default there; on the CPU a generic loop nest the others are searched against.
@@ -29,7 +31,7 @@ from typing import Callable
 from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
-FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "direct")
+FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_padded", "direct")
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,10 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
     pointwise layer 30.8 ms as the generic loop nest, 0.88 ms as a contraction (99 GFLOP/s); a
     stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
     if geo.depthwise:
+        # masked taps by default: alone, a padded copy paid at stride 1 (8x96x28x28 0.65 -> 0.55 ms, 8x16x56x56
+        # 0.41 -> 0.26 ms on a 2-core AVX-512 EPYC) and lost at stride 2 (8x72x56x56 0.47 -> 1.54 ms), but in
+        # the MobileNet stack pad + taps took 0.88 and 0.54 ms against 0.82 and 0.49 masked (the pad kernel's
+        # own masked loads gather); MOROK_BEAM times both
         return ConvPlan("depthwise")
     if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
         return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
@@ -129,6 +135,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
     out.append(_contraction("im2col_gemm", caps))
     if geo.depthwise:
         out.append(ConvPlan("depthwise"))
+        if any(geo.pads):
+            out.append(ConvPlan("depthwise_padded"))
     out.append(ConvPlan("direct"))
     seen: list[ConvPlan] = []
     for p in out:
@@ -145,7 +153,7 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     """ArgumentError when the convolution cannot run as `plan`."""
     if plan.family == "pointwise" and not geo.pointwise:
         raise ArgumentError(f"{plan}: the convolution is not 1x1, stride 1 and unpadded")
-    if plan.family == "depthwise" and not geo.depthwise:
+    if plan.family in ("depthwise", "depthwise_padded") and not geo.depthwise:
         raise ArgumentError(f"{plan}: the convolution is not depthwise")
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
