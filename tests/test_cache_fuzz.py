@@ -114,7 +114,11 @@ def test_an_ast_entry_is_read_back_only_when_it_is_exactly_this_kernels(data):
         key = cache._source_key_of(raw, ast, name)
     except (ValueError, RecursionError):
         return
-    assert json.loads(raw) == good and key == "ab" * 32
+    # read back means: exactly this kernel's entry. Only the source key may differ (a flipped hex digit is
+    # another valid key; the source-level entry it names is checked against this kernel on its own)
+    back = json.loads(raw)
+    assert {k: v for k, v in back.items() if k != "source_key"} == {k: v for k, v in good.items() if k != "source_key"}
+    assert key == back["source_key"] and set(back) == set(good)
 
 
 # ---- in child processes: damaged entries, then two runs ----------------------------------------------
