@@ -78,15 +78,16 @@ def _fork_available() -> bool:
 
 
 def idle_workers(cores: int) -> tuple[int, float | None]:
-    """(workers the machine has room for, its 1-minute load average): the cores, less the runnable
-    work of others (the load counts this process once). Where other work fills the cores, forked
-    workers only add their own cost (measured on 2 busy vCPUs at load 5-7: densenet121's cold run
-    5.5 s of CPU in one process, 6.0-6.7 s with two workers, and no sooner)."""
+    """(workers the machine has room for, its 1-minute load average): the cores less the runnable work
+    of others, plus this process (`cores + 2 - load`, floored: this process may have added up to one
+    to the load). Measured on 2 vCPUs, densenet121's cold first run: at load 1-1.3 two forked workers
+    2.6-3.8 s against 4.8-4.9 s in one process; at load 5-7 from other work, 12.5-13.9 s against
+    9.8-11.7 s (6.0-6.7 s of CPU against 5.4-5.7 s): workers only add their own cost there."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return cores, None
-    return max(1, min(cores, int(cores + 1 - load))), load
+    return max(1, min(cores, int(cores + 2 - load))), load
 
 
 def plan_for(kernels: int, workers: int | None = None) -> BatchPlan:

@@ -180,10 +180,12 @@ def test_workers_fit_the_idle_cores(monkeypatch):
     monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 3.0, 3.0))
     assert batch.idle_workers(16) == (16, 0.4)
     assert (batch.plan_for(100).mode, batch.plan_for(100).workers) == ("processes", 16)
-    monkeypatch.setattr(os, "getloadavg", lambda: (6.2, 1.0, 1.0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.2, 1.0, 1.0))
     plan = batch.plan_for(100)
-    assert (plan.mode, plan.workers) == ("processes", 10) and "load 6.2 on 16 cores" in plan.why
+    assert (plan.mode, plan.workers) == ("processes", 10) and "load 7.2 on 16 cores" in plan.why
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2, 1.0, 1.0))      # this process's own load: 2 workers
+    assert batch.plan_for(100).workers == 2
     monkeypatch.setattr(os, "getloadavg", lambda: (5.6, 5.0, 5.0))
     assert batch.plan_for(100) == batch.BatchPlan("serial", 1, 100, "load 5.6 on 2 cores")
     assert batch.plan_for(100, workers=2).workers == 2
