@@ -13,6 +13,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from morok_py.backends.cpu.device import cpu_model  # noqa: E402  (the one reading of the model name)
+
 # words a GPU name carries that are not the model: the vendor, product lines, memory and form factor
 _GPU_NOISE = {"nvidia", "amd", "ati", "geforce", "tesla", "quadro", "instinct", "radeon", "pro", "graphics"}
 _GPU_STOP = re.compile(r"^(\d+gb|hbm\d*e?|pcie|sxm\d*|nvl|oam|mxm)$")
@@ -31,18 +34,6 @@ def gpu_kind(name: str, vendor: str = "") -> str:
         if w not in _GPU_NOISE:
             model.append(re.sub(r"[^a-z0-9]", "", w))
     return "-".join([vend] + [m for m in model if m]) if model else vend
-
-
-def cpu_model() -> str:
-    """The host CPU's model name (/proc/cpuinfo), else what platform says."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _cpu_flags() -> set[str]:

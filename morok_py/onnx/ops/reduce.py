@@ -164,29 +164,6 @@ OPS["ArgMax"] = _argop(True)
 OPS["ArgMin"] = _argop(False)
 
 
-@op("CumSum")
-def _cumsum(ctx, ins, a):
-    x = ins[0]
-    ax = int(ctx.scalar(ins[1])) % x.ndim
-    excl, rev = a.get("exclusive", 0), a.get("reverse", 0)
-    out = ctx.k.empty(x.shape, x.dtype)
-    if out.size == 0:
-        return [out]
-    kb = KB(ctx.k, ctx.n())
-    idx = [kb.rng(s) for s in x.shape]
-    r = kb.rng(x.shape[ax], AxisType.REDUCE)
-    src = list(idx)
-    src[ax] = r
-    i, j = as_uop(idx[ax]), as_uop(r)
-    cond = {(0, 0): j <= i, (1, 0): j < i, (0, 1): j >= i, (1, 1): j > i}[(excl, rev)]
-    v = cond.where(kb.load(x, src), UOp.const(0, x.dtype))
-    if isr(r):
-        v = v.reduce(r)
-    kb.store(out, idx, v)
-    kb.run()
-    return [out]
-
-
 # ---- softmax family ---------------------------------------------------------------------------------
 def _softmax_axes(ctx, x, a):
     if ctx.opset >= 13:
