@@ -12,14 +12,20 @@ from morok_py.onnx.ops.registry import op
 
 
 # ---- linear algebra ---------------------------------------------------------------------------------
-def matmul(ctx, A: View, B: View, suffix="", epilogue=None, extra: Sequence[View] = ()) -> View:
-    """Batched matmul with numpy broadcasting; epilogue(acc, kb, out_idx) may add bias etc."""
+def matmul_operands(A: View, B: View) -> tuple[View, View, bool, bool, tuple]:
+    """numpy's matmul promotion: a 1-D A becomes one row, a 1-D B one column (a1, b1 say which, for the
+    output's shape); returns (A, B, a1, b1, the broadcast batch shape)."""
     a1, b1 = A.ndim == 1, B.ndim == 1
     if a1:
         A = A.with_((1,) + A.shape, (0,) + A.strides)
     if b1:
         B = B.with_(B.shape + (1,), B.strides + (0,))
-    batch = bcast_shape(A.shape[:-2], B.shape[:-2])
+    return A, B, a1, b1, bcast_shape(A.shape[:-2], B.shape[:-2])
+
+
+def matmul(ctx, A: View, B: View, suffix="", epilogue=None, extra: Sequence[View] = ()) -> View:
+    """Batched matmul with numpy broadcasting; epilogue(acc, kb, out_idx) may add bias etc."""
+    A, B, a1, b1, batch = matmul_operands(A, B)
     M, K, N = A.shape[-2], A.shape[-1], B.shape[-1]
     oshape = list(batch) + [M, N]
     out = ctx.k.empty(oshape, A.dtype)

@@ -14,6 +14,7 @@ from morok_py.dtypes import DType
 from morok_py.onnx.errors import OnnxError
 from morok_py.onnx.tensor import KB, View, bcast_shape, contiguous_strides
 from morok_py.onnx.ops.common import ONNX_DT, HALF, as_uop, isr, keep_const
+from morok_py.onnx.ops.linalg import matmul_operands
 from morok_py.onnx.ops.nn import _pool_geometry, _window
 from morok_py.onnx.ops.reduce import reduce, reduce_min
 from morok_py.onnx.ops.registry import op
@@ -162,12 +163,7 @@ def int_matmul(ctx, A: View, B: View, azp: View | None, bzp: View | None, out_dt
                epilogue: Epilogue | None = None) -> View:
     """(A - a_zp) @ (B - b_zp) with int32 accumulation, numpy batching; a_zp per tensor or per row of A,
     b_zp per tensor or per column of B. epilogue(acc, kb, rows, cols) maps the int32 sum to the output."""
-    a1, b1 = A.ndim == 1, B.ndim == 1
-    if a1:
-        A = A.with_((1,) + A.shape, (0,) + A.strides)
-    if b1:
-        B = B.with_(B.shape + (1,), B.strides + (0,))
-    batch = bcast_shape(A.shape[:-2], B.shape[:-2])
+    A, B, a1, b1, batch = matmul_operands(A, B)
     M, K, N = A.shape[-2], A.shape[-1], B.shape[-1]
     oshape = list(batch) + [M, N]
     out = ctx.k.empty(oshape, out_dt)
