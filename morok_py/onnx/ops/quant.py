@@ -12,7 +12,7 @@ from morok_py import AxisType, Ops, UOp, dtypes
 from morok_py.dtypes import DType
 
 from morok_py.onnx.errors import OnnxError
-from morok_py.onnx.tensor import KB, View, bcast_shape, contiguous_strides
+from morok_py.onnx.tensor import KB, View, contiguous_strides
 from morok_py.onnx.ops.common import ONNX_DT, HALF, as_uop, isr, keep_const
 from morok_py.onnx.ops.linalg import matmul_operands
 from morok_py.onnx.ops.nn import _pool_geometry, _window
