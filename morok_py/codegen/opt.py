@@ -197,7 +197,7 @@ def _tile_substitute(memo: dict[tuple, UOp], root: UOp, i: UOp, j: UOp, row: UOp
     them: a node that depends on i alone is rebuilt once per row, one on j alone once per column, one on
     neither is kept (`memo`: one tile walk's; its keys hold ids of nodes, rows and columns, which it
     keeps alive). i and j are GLOBAL ranges, which no REDUCE closes: free_ranges tells which nodes hold them."""
-    memo.setdefault(("alive",), []).append((root, row, col))     # ids in keys stay unique   # type: ignore[attr-defined]
+    memo.setdefault(("alive",), []).append((root, row, col))  # type: ignore[attr-defined]  # keeps key ids unique
 
     def key(n: UOp) -> tuple | None:
         fr = n.free_ranges
