@@ -57,6 +57,12 @@ class MLIRPrinter:
     """Prints one kernel as a `func.func` (the CPU); override the hooks for a GPU target."""
 
     memory_space = ""            # of buffer memrefs, e.g. ", #gpu.address_space<global>"
+    # the CPU: an index `outer + inner` is the sum of two 64-bit halves (see index), the outer one
+    # loop-invariant, as in the llvm pair's IR, so that LLVM gives both pairs' loops one shape. With one
+    # sign extension of the 32-bit sum, O3 for znver4 (which unrolls loops at run time) left
+    # broadcast_add's row loop whole, while the llvm pair's got an unrolled body and a one-row
+    # prologue at the 64-byte aligned `start`, whose stores only its streaming variant marked
+    split_addresses = True
 
     def __init__(self, kernel: LinearKernel) -> None:
         self.k = kernel
@@ -66,6 +72,8 @@ class MLIRPrinter:
         self.alias: dict[int, str] = {}                # instructions that print as another value
         self.decls: dict[str, str] = {}                # module-level declarations (llvm.func)
         self.acc: dict[int, str] = {}                  # accumulator id -> the SSA value it holds now
+        self.defined_at: dict[int, int] = {}           # instruction id -> loop depth where it is printed
+        self.loop_depth = 0
 
     # ---- target hooks ---------------------------------------------------------------------
     def memref(self, dt: DType, count: int = MAX_ELEMENTS, space: str | None = None) -> str:
@@ -144,8 +152,19 @@ class MLIRPrinter:
         return self.alias.get(ins.id, f"%v{ins.id}")
 
     def index(self, ins: Instr, tag: str) -> str:
-        """The i32 index as an `index` value (sign-extended, as the LLVM printers' GEPs do)."""
+        """The i32 index as an `index` value (sign-extended, as the LLVM printers' GEPs do); with
+        split_addresses, an nsw sum of a value defined outside the current loop and one defined in it
+        is the sum of its sign-extended halves, as the CPU LLVM printer's two GEPs (address)."""
         name = f"%{tag}.i"
+        if self.split_addresses and ins.kind is L.ALU and ins.arg is Ops.ADD and ins.index_math:
+            a, b = ins.src
+            da, db = self.defined_at.get(a.id, 0), self.defined_at.get(b.id, 0)
+            if da != db:
+                outer, inner = (a, b) if da < db else (b, a)
+                self.emit(f"{name}o = arith.index_cast {self.ref(outer)} : i32 to index")
+                self.emit(f"{name}i = arith.index_cast {self.ref(inner)} : i32 to index")
+                self.emit(f"{name} = arith.addi {name}o, {name}i overflow<nsw> : index")
+                return name
         self.emit(f"{name} = arith.index_cast {self.ref(ins)} : i32 to index")
         return name
 
@@ -168,10 +187,14 @@ class MLIRPrinter:
     def items(self, items) -> None:
         for it in items:
             if isinstance(it, Loop):
+                self.defined_at[it.var.id] = self.loop_depth + 1
+                self.loop_depth += 1
                 self.loop(it)
+                self.loop_depth -= 1
             elif isinstance(it, If):
                 self.branch(it)
             else:
+                self.defined_at[it.id] = self.loop_depth
                 self.instr(it)
 
     def carried(self, body) -> list[Instr]:
@@ -476,6 +499,7 @@ class MLIRGPUPrinter(MLIRPrinter):
     `gpu.thread_id`. Subclasses give the module's target attribute and the target's math."""
 
     memory_space = ", #gpu.address_space<global>"
+    split_addresses = False         # as the GPU LLVM printers: one index per access
     target = ""                     # e.g. '#nvvm.target<chip = "sm_90">'
 
     def __init__(self, kernel: LinearKernel) -> None:
