@@ -172,13 +172,19 @@ def _after_fork(holders: tuple) -> None:
     """In a new worker: fresh copies of the locks the compile path takes. Another thread of the parent
     may have held one when it forked, and that thread does not exist here to release it."""
     from .codegen import llvm_binding
+    from .codegen.mlir_binding import MLIRLowering
     cache._lock = threading.RLock()
     cache._key_locks.clear()
     llvm_binding._lock = threading.Lock()
-    for obj in holders:         # the renderer and compiler: compilers serialize their toolchain calls
+    # the renderer and compiler, and what a compiler wraps (an MLIR front half, its LLVM back half)
+    parts = [x for obj in holders for x in (obj, getattr(obj, "_lowering", None), getattr(obj, "backend", None))]
+    for obj in parts:
         lock = getattr(obj, "_lock", None)
         if isinstance(lock, _LOCK_TYPES):
             obj._lock = threading.RLock() if isinstance(lock, _RLOCK) else threading.Lock()
+        if isinstance(obj, MLIRLowering):
+            # an MLIR context runs passes on a thread pool whose threads did not come along: a fresh one
+            obj._context = obj._pm = None
 
 
 def _child(i: int) -> tuple[int, tuple | None, str | None, int, float]:

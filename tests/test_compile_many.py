@@ -117,6 +117,23 @@ def test_processes_hand_back_launch_information(cpu, monkeypatch):
     run_scaled_add(progs[0], cpu, n, 0.5)
 
 
+def test_forked_workers_after_the_parent_used_mlir(cpu, monkeypatch):
+    """The MLIR pair through forked workers after the parent compiled with it (each worker starts its
+    own MLIR context): the objects equal the parent's, and they run."""
+    r, c = cpu.pair("mlir")
+    if c.available() is not None:
+        pytest.skip(f"the mlir pair is not usable here: {c.available()}")
+    items = [(scaled_add(97 + 13 * j, 0.5 + j), f"scaled_add_{j}") for j in range(6)] + [(K.add(), "add"),
+                                                                                         (K.softmax(), "softmax")]
+    monkeypatch.setenv("MOROK_CACHE", "0")
+    sequential = [cpu.compile(ast, name, compiler="mlir").compiled.bytes for ast, name in items]
+    cache.clear_memory_caches()
+    monkeypatch.setenv("MOROK_COMPILE_MODE", "processes")
+    progs = cpu.compile_many(items, compiler="mlir", workers=2)
+    assert [p.compiled.bytes for p in progs] == sequential
+    run_scaled_add(progs[2], cpu, 97 + 26, 2.5)
+
+
 # ---- errors ------------------------------------------------------------------------------------
 
 def two_dtypes_in_one_slot() -> UOp:
