@@ -164,6 +164,7 @@ def _unpack(p: tuple, ast: "UOp") -> CompiledSpec:
 # (compile item i -> CompiledSpec, the items): set by the parent before it forks, read by the workers
 _JOB: "tuple[Callable[[int], CompiledSpec], Sequence[Item]] | None" = None
 _fork_lock = threading.Lock()      # one forked batch at a time per process (they share _JOB)
+_INHERITED: list = []             # in a worker: objects of the parent's that must never be destroyed
 _RLOCK = type(threading.RLock())
 _LOCK_TYPES = (type(threading.Lock()), _RLOCK)
 
@@ -182,8 +183,10 @@ def _after_fork(holders: tuple) -> None:
         lock = getattr(obj, "_lock", None)
         if isinstance(lock, _LOCK_TYPES):
             obj._lock = threading.RLock() if isinstance(lock, _RLOCK) else threading.Lock()
-        if isinstance(obj, MLIRLowering):
-            # an MLIR context runs passes on a thread pool whose threads did not come along: a fresh one
+        if isinstance(obj, MLIRLowering) and obj._context is not None:
+            # an MLIR context runs passes on a thread pool whose threads did not come along: the worker
+            # starts its own, and never destroys the inherited one (its pool would wait for them forever)
+            _INHERITED.append((obj._context, obj._pm))
             obj._context = obj._pm = None
 
 
