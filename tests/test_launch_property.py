@@ -238,12 +238,14 @@ def inputs_for(case: Case, values: dict, exact: list[int], rng: np.random.Genera
     return [rng.standard_normal(n).astype(np.float32) for n in exact[:-1]]
 
 
-def launch(case: Case, values: dict, sizes: list[int], seed: int, exact: list[int] | None = None):
-    """Run the case with buffers of `sizes` (inputs hold exact-length random data, cut to size); returns
-    (accepted, error, guarded buffers, the exact sizes, the inputs)."""
+def launch(case: Case, values: dict, sizes: list[int], seed: int, exact: list[int] | None = None,
+           data_values: dict | None = None):
+    """Run the case with buffers of `sizes` (inputs hold exact-length random data, cut to size, drawn for
+    `data_values`, by default the launch's own values); returns (accepted, error, guarded buffers, the exact
+    sizes, the inputs)."""
     exact = case.sizes(values) if exact is None else exact
     rng = np.random.default_rng(seed)
-    data = inputs_for(case, values, exact, rng)
+    data = inputs_for(case, values if data_values is None else data_values, exact, rng)
     bufs = [Guarded(d, n, k) for d, n, k in zip(data, sizes, case.kinds)]
     out = Guarded(np.empty(0, case.kinds[-1]), sizes[-1], case.kinds[-1])
     try:
@@ -312,8 +314,9 @@ def test_a_value_outside_its_variable_range_is_refused_before_the_launch(data):
     exact = case.sizes(values)
     name = data.draw(st.sampled_from(sorted(case.variables)), label="bad variable")
     var = next(v for v in program(case).launch.variables if v.name == name)
+    good = dict(values)       # the buffers' data is drawn for valid values; only the launch gets the bad one
     values[name] = data.draw(st.one_of(st.integers(-2**31, var.min - 1), st.integers(var.max + 1, var.max + 2**31)))
-    accepted, err, guarded, *_ = launch(case, values, [n + 8 for n in exact], 7, exact)
+    accepted, err, guarded, *_ = launch(case, values, [n + 8 for n in exact], 7, exact, data_values=good)
     assert not accepted and "outside its range" in str(err), f"{case.name} {values}: {err}"
     for g in guarded:
         assert np.array_equal(g.whole, g.before)
