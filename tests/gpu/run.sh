@@ -6,7 +6,8 @@
 # Suites, run in the order given:
 #   cuda       the cuda-marked pytest suite on both CUDA pairs: the `device` fixture runs nvrtc and llvm-nvptx,
 #              then the tests that take the default pair run again with llvm-nvptx as the default
-#   onnx       ONNX node cases and models on CUDA, the two pairs side by side
+#   onnx       every tests/test_onnx_*.py (node cases, models, session, backend, ops, PyTorch exports where
+#              torch is installed) on CUDA, the two pairs side by side
 #   bench      the GPU benchmarks (kernels, suite, copies, launch, compile, half precision, tensor cores, conv,
 #              ONNX models), most important first, each skipped once the budget cannot hold it
 #   search     MOROK_BEAM searches: the general suite searched on nvrtc, the matmuls on llvm-nvptx, and
@@ -37,7 +38,7 @@ while (( $# )); do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | cut -c3-; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | cut -c3-; exit 0 ;;
     all) SUITES+=(cuda onnx bench search cpu); shift ;;
     cuda|onnx|bench|search|cpu|cpu-bench|mlir) SUITES+=("$1"); shift ;;
     *) echo "unknown suite or option: $1 (suites: cuda onnx bench search cpu cpu-bench mlir all)" >&2; exit 2 ;;
@@ -124,7 +125,7 @@ suite_onnx() {
   say "-- onnx: node cases and models on CUDA, nvrtc and llvm-nvptx side by side (at ${SECONDS}s, up to ${lim}s)"
   for pair in nvrtc llvm-nvptx; do
     ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair timeout "$lim" python3 -m pytest "${pytest_args[@]}" \
-        tests/test_onnx_nodes.py tests/test_onnx_models.py > "/tmp/onnx-$pair.log" 2>&1; echo "exit $?" >> "/tmp/onnx-$pair.log" ) &
+        tests/test_onnx_*.py > "/tmp/onnx-$pair.log" 2>&1; echo "exit $?" >> "/tmp/onnx-$pair.log" ) &
   done
   wait
   for pair in nvrtc llvm-nvptx; do
