@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_kind  # noqa: E402
+from report import fmt_time  # noqa: E402  (report.py stays light: no numpy, no morok_py)
 
 # ---------------------------------------------------------------------------------------------
 # command line and device
@@ -508,13 +509,6 @@ def machine(dev) -> dict:
 # terminal output
 
 
-def fmt_time(s: float | None) -> str:
-    if s is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
 
 
 def fmt_bytes(n: float) -> str:
