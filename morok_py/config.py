@@ -91,5 +91,14 @@ def cpu_spin(default: int) -> int:
     return n
 
 
+def cpu_pin() -> bool:
+    """MOROK_CPU_PIN: '1' (default) pins each native CPU worker to its own CPU of the process's affinity set;
+    '0' leaves placement to the OS scheduler (several processes sharing one machine's CPUs may want that)."""
+    raw = getenv("MOROK_CPU_PIN") or "1"
+    if raw not in ("0", "1"):
+        raise ConfigError(f"MOROK_CPU_PIN must be '0' or '1', got {raw!r}")
+    return raw == "1"
+
+
 def log(msg: str) -> None:
     print(f"[morok] {msg}", file=sys.stderr, flush=True)

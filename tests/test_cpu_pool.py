@@ -4,6 +4,7 @@ several Python threads, a forked child, and bad settings. Hang-prone cases run i
 time limit, so a deadlock fails the test instead of stopping the suite."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -174,7 +175,7 @@ def test_many_launches_and_a_forked_child(tmp_path):
 
 
 @pytest.mark.parametrize("var,value", [("MOROK_CPU_POOL", "pthreads"), ("MOROK_CPU_SPIN", "-1"),
-                                       ("MOROK_CPU_SPIN", "lots")])
+                                       ("MOROK_CPU_SPIN", "lots"), ("MOROK_CPU_PIN", "yes")])
 def test_bad_pool_settings_are_refused_before_any_launch(cpu, rng, monkeypatch, split_everything, var, value):
     monkeypatch.setenv(var, value)
     monkeypatch.setenv("MOROK_CPU_THREADS", "2")
@@ -184,3 +185,63 @@ def test_bad_pool_settings_are_refused_before_any_launch(cpu, rng, monkeypatch, 
     with pytest.raises(ValueError, match=var):
         prog(cpu.buf(x), out, n=1001)
     assert (out.numpy() == 0).all()      # nothing ran
+
+
+_PIN_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from morok_py import Device, Buffer, dtypes, kernels as K
+    from morok_py.backends.cpu import runtime as rt
+    for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
+        setattr(rt, name, 1)
+    os.environ["MOROK_CPU_POOL"] = "native"
+    os.environ["MOROK_CPU_THREADS"] = "3"
+    dev = Device["CPU"]
+    add = dev.compile(K.add(), name="pool_pin_add")
+    r = np.random.default_rng(5)
+    n = 70_001
+    a, b = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+    out = dev.buffer(n, dtypes.float32)
+    for _ in range(30):
+        add(Buffer.from_numpy(a, dev), Buffer.from_numpy(b, dev), out, n=n)
+    assert np.array_equal(out.numpy(), a + b)
+    pool = add._native_pool()
+    # each thread of this process and the CPUs it may run on
+    tasks = {}
+    for tid in os.listdir("/proc/self/task"):
+        tasks[int(tid)] = sorted(os.sched_getaffinity(int(tid)))
+    import json
+    print(json.dumps({"workers": pool.workers, "pinned": pool.pinned, "tasks": list(tasks.values())}))
+""")
+
+
+def _run_pin_script(pin: str, tmp_path, cpus: list[int]):
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "MOROK_CPU_PIN": pin}
+    r = subprocess.run(["taskset", "-c", ",".join(map(str, cpus)), sys.executable, "-c", _PIN_SCRIPT],
+                       capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return got["workers"], got["pinned"], got["tasks"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity") else True,
+                    reason="pinning needs at least 2 CPUs in this process's affinity set")
+def test_workers_are_pinned_each_to_its_own_cpu_after_the_first(tmp_path):
+    """With 3 threads on the process's CPUs c0 < c1 [< ...]: worker k runs on CPU number k + 1 of the set
+    alone (wrapping round where there are fewer CPUs than threads); the launching thread keeps the whole set.
+    MOROK_CPU_PIN=0 leaves every thread free."""
+    import shutil
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset (util-linux) is not installed")
+    cpus = sorted(os.sched_getaffinity(0))[:4]
+    workers, pinned, tasks = _run_pin_script("1", tmp_path, cpus)
+    assert workers == 2
+    assert pinned == [cpus[1 % len(cpus)], cpus[2 % len(cpus)]]
+    singles = sorted(c[0] for c in tasks if len(c) == 1)
+    assert singles == sorted(pinned), tasks
+    whole = [c for c in tasks if c == cpus]
+    assert whole, f"the launching thread lost its affinity set: {tasks}"
+    workers, pinned, tasks = _run_pin_script("0", tmp_path, cpus)
+    assert workers == 2 and pinned == []
+    assert all(c == cpus for c in tasks), tasks

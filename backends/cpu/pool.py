@@ -20,6 +20,12 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
 Idle workers spin for `MOROK_CPU_SPIN` pause instructions (default POOL_SPIN, some tens of microseconds)
 before they sleep on the futex, so back-to-back launches (a graph executor's plan) find them awake.
 
+Worker k is pinned to CPU k + 1 of the process's affinity set (the launching thread, not pinned, has the
+rest; `MOROK_CPU_PIN=0` turns this off). Unpinned, a worker woken after an idle spell was often placed on
+the launching thread's own CPU, which then ran every chunk itself: on the 2-vCPU EPYC the MLP of
+benchmarks/onnx_models.py replayed in 1.05-1.16 ms after a 0.2 s pause against 0.55 ms back to back, and
+0.61 ms pinned (the interleaved onnxruntime comparison pauses between blocks, so it measured the slow case).
+
 A trampoline per kernel arity (P pointer arguments, V int32 values with start and end) reads chunk c's
 arguments from row c of the block: `void tramp(i64 *block, i64 c)`, block = [kernel, row words, rows...].
 One launch at a time uses the pool (a lock); Linux on x86-64 and AArch64 only (the futex call's number).
@@ -248,6 +254,11 @@ class NativePool:
         self._create.restype = ctypes.c_int
         self._detach = libc.pthread_detach
         self._detach.argtypes = [ctypes.c_ulong]
+        self._attr_init, self._attr_destroy = libc.pthread_attr_init, libc.pthread_attr_destroy
+        self._setaffinity = getattr(libc, "pthread_attr_setaffinity_np", None)
+        if self._setaffinity is not None:
+            self._setaffinity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        self.pinned: list[int] = []          # the CPU of each pinned worker, in creation order
         self._trampolines: dict[tuple[int, int], tuple[object, int]] = {}
         self.workers = 0
         self.lock = threading.Lock()
@@ -259,6 +270,7 @@ class NativePool:
     def _after_fork(self) -> None:
         self.lock = threading.Lock()
         self.workers, self._pid = 0, os.getpid()
+        self.pinned = []
 
     def _jit(self, ir: str):
         """An execution engine of `ir`, with a target machine of its own (an engine owns and frees its
@@ -288,16 +300,48 @@ class NativePool:
     def _grow(self, n: int) -> None:
         """At least n workers (called with the lock held, no launch in flight)."""
         if os.getpid() != self._pid:        # a forked child: the parent's workers did not come along
-            self.workers, self._pid = 0, os.getpid()
+            self.workers, self._pid, self.pinned = 0, os.getpid(), []
         while self.workers < n:
             tid = ctypes.c_ulong()
             # the worker starts from the current generation (passed in, not read by it: a worker that
             # starts late must still take part in the next launch, which counts it)
-            err = self._create(ctypes.byref(tid), None, self._worker, self._generation() & 0xFFFFFFFF)
+            attr = self._attr(self._cpu_for(self.workers))
+            err = self._create(ctypes.byref(tid), attr, self._worker, self._generation() & 0xFFFFFFFF)
+            if attr is not None:
+                self._attr_destroy(attr)
             if err:
                 raise OSError(err, f"pthread_create failed: {os.strerror(err)}")
             self._detach(tid.value)
             self.workers += 1
+
+    def _cpu_for(self, k: int) -> int | None:
+        """The CPU worker k is pinned to (None: not pinned): the (k + 1)-th of the process's affinity set, so
+        the launching thread keeps the first to itself while the workers fit."""
+        if not config.cpu_pin():
+            return None
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+        if len(cpus) < 2:
+            return None
+        return cpus[(k + 1) % len(cpus)]
+
+    def _attr(self, cpu: int | None):
+        """A pthread_attr_t asking for CPU `cpu` alone (None where not pinned, or the call is missing)."""
+        if cpu is None or self._setaffinity is None:
+            return None
+        attr = ctypes.create_string_buffer(256)         # pthread_attr_t: 56 bytes (x86-64 glibc), 64 (AArch64)
+        if self._attr_init(attr) != 0:
+            return None
+        words = max(16, cpu // 64 + 1)
+        mask = (ctypes.c_ulong * words)()
+        mask[cpu // 64] |= 1 << (cpu % 64)
+        if self._setaffinity(attr, ctypes.sizeof(mask), mask) != 0:
+            self._attr_destroy(attr)
+            return None
+        self.pinned.append(cpu)
+        return attr
 
     def set_spin(self, n: int) -> None:
         """Pause instructions idle workers spin before sleeping (read by them at their next wait)."""

@@ -196,6 +196,7 @@ class CPUProgram(Program):
             self._pool_checked = True
         if self._pool is not None:
             self._pool.set_spin(pool_spin())
+            config.cpu_pin()     # a bad MOROK_CPU_PIN is refused at the first split launch, not when a worker starts
         return self._pool
 
     def _args(self, buffers: Sequence[int], chunk: int) -> Sequence[int]:
