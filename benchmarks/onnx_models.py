@@ -224,6 +224,9 @@ def morok_worker(args) -> dict:
            "nodes_after_fusion": len(ex.graph.node), "launches": len(ex.k.stats),
            "replay_ms_median": statistics.median(times) * 1e3, "replay_ms_min": min(times) * 1e3,
            "matches_reference": ok, "peak_rss_mb": _peak_rss_mb()}
+    mem = ex.memory_report()        # the replayed plan's arena beside its intermediates each in its own buffer
+    res["arena_mb"] = mem["arena_bytes"] / 2**20 if mem else None
+    res["naive_intermediate_mb"] = mem["naive_bytes"] / 2**20 if mem else None
     if want is not None:
         res["max_abs_err_vs_reference"] = float(np.abs(got.astype(np.float64) - want).max())
     if args.ab:

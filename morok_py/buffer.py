@@ -28,6 +28,17 @@ def _load_get_device():
     return get_device
 
 
+class _Parent:
+    """The owner of a view of another Buffer: keeps that buffer alive; releasing it frees nothing."""
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: "Buffer") -> None:
+        self.buffer = buffer
+
+    def release(self) -> None:
+        self.buffer = None
+
+
 class Buffer:
     """`size` elements of `dtype` on `device`; freed back to the allocator's cache when dropped."""
 
@@ -66,7 +77,33 @@ class Buffer:
         forget.append((table, key))
 
     def same_memory(self, other: "Buffer") -> bool:
-        return other is self or (other.device is self.device and other._ptr == self._ptr)
+        """Whether the two buffers share a byte (views of one allocation may overlap without one
+        pointer being the other's)."""
+        if other is self:
+            return True
+        if other.device is not self.device:
+            return False
+        a, b = self._ptr, other._ptr
+        return a == b or (a is not None and b is not None and a < b + other.nbytes and b < a + self.nbytes)
+
+    VIEW_ALIGN = 16     # bytes: kernels load vectors that assume it (as from_dlpack requires)
+
+    def view(self, offset: int, size: int, dtype: "DType | None" = None) -> "Buffer":
+        """`size` elements of `dtype` (default: this buffer's) at byte `offset` of this buffer's memory,
+        zero-copy: a memory plan's buffers are views of one arena. The view keeps this buffer alive and
+        launches check their index bounds against the view's own size; freeing the view leaves the
+        memory to this buffer (freeing this buffer first leaves the view dangling)."""
+        dt = self.dtype if dtype is None else as_dtype(dtype)
+        for what, v in (("offset", offset), ("size", size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ArgumentError(f"view {what} must be a non-negative int, got {v!r}")
+        offset, size = int(offset), int(size)
+        if offset % self.VIEW_ALIGN:
+            raise ArgumentError(f"view offset {offset} is not a multiple of {self.VIEW_ALIGN} bytes")
+        if offset + size * dt.itemsize > self.nbytes:
+            raise ArgumentError(f"a view of {dt.name}[{size}] at byte {offset} ends past {self!r} "
+                                f"({self.nbytes} bytes)")
+        return Buffer._view(self.device, size, dt, self.ptr + offset, _Parent(self))
 
     @staticmethod
     def from_numpy(array: Any, device: "Device | str | None" = None) -> "Buffer":

@@ -5,6 +5,12 @@ turning each node into kernels with static shapes (known exactly, since it runs 
 returns numpy arrays. Shape-only ops are views on the same buffer. The launches of a run are recorded
 into a morok_py ExecutionPlan; `run` replays that plan when the input shapes repeat and no launch
 depended on a value read back from the inputs.
+
+Intermediate buffers share one arena by a memory plan (morok_py.memplan.plan_launches): a buffer the
+run's launches write is placed where buffers not live at the same time also live; graph inputs and
+outputs, weights and values filled from the host keep their own memory. A run that launches nothing
+before its end (a static graph) runs on the arena from its first launch; otherwise the recorded plan
+moves onto one. MOROK_MEMPLAN=0 keeps every intermediate in its own buffer.
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from morok_py import Device, ExecutionPlan
+from morok_py import Device, ExecutionPlan, config
 from morok_py.dtypes import from_numpy
+from morok_py.memplan import LaunchArena, MemoryPlan, plan_launches
 from morok_py.registry import get_device
 
 from morok_py.onnx import ops as O
@@ -39,6 +46,14 @@ NARROW = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float
 
 PREVIEW = "ai.onnx.preview"     # the domain of ops not yet in the standard one; run as their function bodies
 MAX_PLANS = 8      # input shapes whose launch lists are kept for replay
+# initializers larger than this keep no host copy once uploaded (ops read only small constants, shapes
+# and indices, on the host; a larger one is read back if an op asks)
+HOST_COPY_MAX_BYTES = 16 << 10
+
+
+def memplan_enabled() -> bool:
+    """MOROK_MEMPLAN (default 1): intermediate buffers share one arena by a memory plan; 0 gives each its own."""
+    return config.getenv("MOROK_MEMPLAN", "1") not in ("0", "false", "False", "")
 
 
 def elem_type_name(t: int) -> str:
@@ -84,7 +99,8 @@ class OnnxExecutor:
 
     def __init__(self, model: onnx.ModelProto | str | os.PathLike | bytes, device: Device | str | None = None,
                  compiler: str | None = None, profile: bool = False, symbolic_outer: bool | None = None) -> None:
-        model = fuse(load_model(model))      # BatchNorm folding, epilogues, pooling kernels (onnx/fuse.py)
+        given = load_model(model)
+        model = fuse(given)      # BatchNorm folding, epilogues, pooling kernels (onnx/fuse.py)
         self.model = model
         self.graph = model.graph
         self.dev = device if isinstance(device, Device) else get_device(device)
@@ -107,12 +123,17 @@ class OnnxExecutor:
         self.weights: dict[str, View] = {}
         for init in self.graph.initializer:
             check_dtype(init.data_type)
-            self.weights[init.name] = self.k.from_numpy(numpy_helper.to_array(init), const=True)
+            v = self.weights[init.name] = self.k.from_numpy(numpy_helper.to_array(init), const=True)
+            if v.host is not None and v.host.nbytes > HOST_COPY_MAX_BYTES:
+                v.host = None
         self.input_names = [i.name for i in self.graph.input if i.name not in self.weights]
+        if model is not given:        # fuse's own copy: its initializers now live on the device
+            del self.graph.initializer[:]
         # recorded launches per input-shape key: (plan, input views, output views, the env it points at)
         self.plans: dict[tuple, tuple[ExecutionPlan, dict, list, dict]] = {}
         self.dynamic = False
         self.last_run_s = 0.0
+        self.memory_plan: MemoryPlan | None = None     # of the last run that recorded a plan on an arena
 
     # ---- host values ------------------------------------------------------------------------
     def _value(self, v, tp: onnx.TypeProto, name: str):
@@ -225,18 +246,48 @@ class OnnxExecutor:
                 raise UnsupportedDtype(f"input {n} holds {arr.dtype}") from None
             env[n] = feeds[n] = self.k.from_numpy(arr)
         self._run_nodes(self.graph.node, env, self.opset, "")
-        self.k.flush()            # the run's kernels compile together, then launch (tensor.Kernels.flush)
         outs = [env[o.name] for o in self.graph.output]
+        tensor_outs = tensors and all(isinstance(v, View) for v in outs)
+        arena: LaunchArena | None = None
+        keep: list = []
+        if tensor_outs and memplan_enabled():
+            # what the launches must not move: weights, inputs, outputs, values filled from the host
+            keep = [v.buf for v in self.weights.values()] + [v.buf for v in feeds.values()] + \
+                [v.buf for v in outs] + list(self.k.host_filled)
+        if keep and not self.k.launches:      # nothing ran yet: this run's launches go onto the arena
+            def place(queue: list[tuple]) -> list[tuple]:
+                nonlocal arena
+                arena = plan_launches([(self.k.programs[ast.key], bufs) for _, ast, bufs, _ in queue], keep)
+                return [(name, ast, arena.replace(bufs), vars) for name, ast, bufs, vars in queue]
+            self.k.flush(place)   # the run's kernels compile together, then launch (tensor.Kernels.flush)
+        else:
+            self.k.flush()
         result = [self._host_value(v) for v in outs]
-        if not self.dynamic and tensors and all(isinstance(v, View) for v in outs):
+        if not self.dynamic and tensor_outs:
+            if keep and arena is None and self.k.launches:     # launches ran mid-run: the replay moves
+                arena = plan_launches(self.k.launches, keep)
+                self.k.launches[:] = arena.launches
             plan = ExecutionPlan(self.dev)
             for prog, bufs, vars in self.k.launches:
                 plan.add(prog, *bufs, **vars)
             if len(self.plans) >= MAX_PLANS:
                 self.plans.pop(next(iter(self.plans)))
-            self.plans[key] = (plan, feeds, outs, env)     # env: the buffers the plan points at stay alive
+            # what the plan points at stays alive: the plan holds its buffers (the arena's views hold the
+            # arena); without an arena, every buffer of the run
+            self.plans[key] = (plan, feeds, outs, env if arena is None else arena)
+            if arena is not None:
+                self.memory_plan = arena.plan
         self.last_run_s = time.perf_counter() - t0
         return result
+
+    def memory_report(self) -> dict[str, int] | None:
+        """Bytes of the last recorded plan's arena beside what its intermediates take each in its own
+        buffer (and the most live at one launch); None when no run recorded a plan on an arena."""
+        mp = self.memory_plan
+        if mp is None:
+            return None
+        return {"arena_bytes": mp.arena_bytes, "naive_bytes": mp.naive_bytes, "live_peak_bytes": mp.live_peak_bytes,
+                "buffers": len(mp.offsets), "pinned": len(mp.pinned), "launches": mp.steps}
 
 
 def onnx_type(v) -> onnx.TypeProto:

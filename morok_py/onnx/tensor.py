@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -148,6 +149,8 @@ class Kernels:
         self.launches: list[tuple] = []           # (program, buffers, vars)
         self.pending: list[tuple] = []            # (name, ast, buffers, vars) queued for `flush`
         self.compile_s = 0.0
+        # buffers whose value came from the host (from_numpy): a memory plan must leave them in place
+        self.host_filled: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
 
     def empty(self, shape: Sequence[int], dtype: DType) -> View:
         shape = tuple(int(s) for s in shape)
@@ -160,6 +163,7 @@ class Kernels:
         v = self.empty(arr.shape, dt)
         if arr.size:
             v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
+        self.host_filled.add(v.buf)
         v.const = const
         v.host = arr if const else None
         return v
@@ -184,8 +188,10 @@ class Kernels:
         """Queue a launch; `flush` (run by `numpy` and at the end of a run) compiles and launches."""
         self.pending.append((name, ast, tuple(bufs), vars))
 
-    def flush(self) -> None:
-        """Compile the queued launches' new kernels in one batch, then launch all of them in order."""
+    def flush(self, before_launch: "Callable[[list[tuple]], list[tuple]] | None" = None) -> None:
+        """Compile the queued launches' new kernels in one batch, then launch all of them in order.
+        `before_launch(queue)`, given, sees the compiled queue ((name, ast, buffers, vars) each; the
+        programs in `programs[ast.key]`) and returns the one to launch (a memory plan's buffers)."""
         pending, self.pending = self.pending, []
         new: dict[str, tuple] = {}
         for name, ast, _, _ in pending:
@@ -197,6 +203,8 @@ class Kernels:
             progs = self.dev.compile_many(list(new.values()), compiler=self.compiler)
             self.programs.update(zip(new, progs))
             share = (time.perf_counter() - t0) / len(new)       # the batch's time, split evenly
+        if before_launch is not None and pending:
+            pending = before_launch(pending)
         for name, ast, bufs, vars in pending:
             first = ast.key in new and new.pop(ast.key) is not None
             self._launch(name, ast, bufs, share if first else 0.0, not first, **vars)
