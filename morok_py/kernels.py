@@ -407,17 +407,25 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
                      dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
     """out[n, c, oh, ow] = sum over (kh, kw) of w[c, kh, kw] * x[n, c, oh*sh + kh*dh - top,
     ow*sw + kw*dw - left] (zero padding), then `epilogue`: a convolution with one input channel per
-    group and one output channel per input channel. The taps are unrolled (no reduction loop), the
-    (n, c) planes split over threads and the rows of a plane run along ow, which LLVM vectorizes.
-    N None is the variable `N`. Params: x, w, the epilogue's operands, out."""
+    group and one output channel per input channel. The taps are unrolled (no reduction loop) and the
+    (n, c) planes split over threads. At stride 1 with the width kept (a 'same' convolution) a plane's
+    rows whose every vertical tap is inside run as one flat loop (`_depthwise_flat`); otherwise the rows
+    run along ow with masked taps, which LLVM vectorizes. N None is the variable `N`. Params: x, w,
+    the epilogue's operands, out."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    q, oh, ow = ax(_batch(N) * C if N is None else N * C), ax(OH), ax(OW)
+    q = ax(_batch(N) * C if N is None else N * C)
+    c = q % C if N is None or N > 1 else q
+    epi = epilogue or Epilogue()
+    if (sh, sw) == (1, 1) and OW == W:
+        rows, cols = _inner_span(H, OH, KH, dh, pt), _inner_span(W, W, KW, dw, pl)
+        if rows is not None and cols is not None and max(rows[0], OH - 1 - rows[1], cols[0], W - 1 - cols[1]) <= MAX_PEEL:
+            return _depthwise_flat(q, c, H, W, OH, KH, KW, (dh, dw), (pt, pl), rows, cols, dt, epi, ax)
+    oh, ow = ax(OH), ax(OW)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
-    c = q % C if N is None or N > 1 else q
     acc = None
     for kh in range(KH):
         for kw in range(KW):
@@ -425,8 +433,99 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
             term = t * w.load(c * (KH * KW) + kh * KW + kw)
             acc = term if acc is None else acc + term
     at = q * (OH * OW) + oh * OW + ow
-    v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, c, at)
+    v, nxt = epi.apply(acc, 2, dt, c, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+# the most border rows (or columns) on one side a flat depthwise plane peels into stores of their own
+MAX_PEEL = 4
+
+
+def _inner_span(n_in: int, n_out: int, k: int, dilation: int, lo: int) -> tuple[int, int] | None:
+    """(first, last) output position (stride 1) whose every tap lies inside the input, or None."""
+    first, last = lo, n_in - 1 + lo - (k - 1) * dilation
+    first, last = max(first, 0), min(last, n_out - 1)
+    return (first, last) if first <= last else None
+
+
+def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, dilation: tuple[int, int],
+                    lo: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int], dt: DType, epi: Epilogue,
+                    ax: "_Axes") -> UOp:
+    """A stride-1 depthwise plane whose output rows are as wide as its input rows (OW == W): output
+    f = oh*W + ow reads input f + (kh*dh - top)*W + kw*dw - left for tap (kh, kw). The rows `rows`
+    (whose every vertical tap is inside) run as one flat loop over f: unit-stride loads at KH*KW
+    constant offsets, one long vectorized loop however short a row is. A column of taps that would wrap
+    into the neighbouring row near the border (outside `cols`) is summed first and zeroed by one select
+    on ow = f % W; its loads stay inside the plane. The few positions at the loop's two ends whose taps
+    would leave the plane, and the rows above and below `rows`, are stores of their own with the taps
+    that fall outside dropped at build time (a border row: a loop over `cols` between peeled corners).
+    Measured on a 2-core AVX-512 EPYC, depthwise 3x3 alone: 8x96x28x28 0.55 -> 0.14 ms, 8x16x56x56
+    0.34 -> 0.07 ms against the masked loop over ow."""
+    (dh, dw), (pt, pl) = dilation, lo
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    wts = [[w.load(c * (KH * KW) + kh * KW + kw) for kw in range(KW)] for kh in range(KH)]
+    base_in, base_out = q * (H * W), q * (OH * W)
+    zero = UOp.const(0.0, dt)
+    stores: list[UOp] = []
+
+    def emit(acc: UOp | None, at: UOp) -> None:
+        v, nxt = epi.apply(acc if acc is not None else zero, 2, dt, c, at)
+        stores.append(UOp.param(nxt, dt).store(at, v))
+
+    def tap_ok(o: int, k: int, d: int, p: int, n: int) -> bool:
+        return 0 <= o + k * d - p < n
+
+    def taps(oh, ow, khs, kws) -> UOp | None:
+        acc = None
+        for kh in khs:
+            for kw in kws:
+                t = x.load(base_in + (oh + kh * dh - pt) * W + ow + kw * dw - pl) * wts[kh][kw]
+                acc = t if acc is None else acc + t
+        return acc
+
+    def point(oh: int, ow: int) -> None:
+        khs = [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)]
+        emit(taps(oh, ow, khs, [kw for kw in range(KW) if tap_ok(ow, kw, dw, pl, W)]), base_out + (oh * W + ow))
+
+    def edge_row(oh: int) -> None:
+        khs = [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)]
+        for ow in range(cols[0]):
+            point(oh, ow)
+        n = cols[1] - cols[0] + 1
+        ow = ax(n, AxisType.LOOP) + cols[0] if n > 1 else UOp.const(cols[0], dtypes.index)
+        emit(taps(oh, ow, khs, range(KW)), base_out + oh * W + ow)
+        for ow in range(cols[1] + 1, W):
+            point(oh, ow)
+
+    for oh in range(rows[0]):
+        edge_row(oh)
+    offs = [(kh * dh - pt) * W + kw * dw - pl for kh in range(KH) for kw in range(KW)]
+    f0, f1 = max(rows[0] * W, -min(offs)), min((rows[1] + 1) * W, H * W - max(offs))
+    for f in range(rows[0] * W, f0):
+        point(*divmod(f, W))
+    if f1 > f0:
+        f = ax(f1 - f0, AxisType.LOOP) + f0 if f1 - f0 > 1 else UOp.const(f0, dtypes.index)
+        ow = f % W
+        acc = None
+        for kw in range(KW):
+            col = None
+            for kh in range(KH):
+                t = x.load(base_in + f + ((kh * dh - pt) * W + kw * dw - pl)) * wts[kh][kw]
+                col = t if col is None else col + t
+            first, last = max(0, pl - kw * dw), min(W - 1, W - 1 + pl - kw * dw)    # ow this column reads inside
+            ok = None
+            if first > 0:
+                ok = ow >= first
+            if last < W - 1:
+                ok = (ow <= last) if ok is None else ok & (ow <= last)
+            acc = (col if ok is None else ok.where(col, zero)) if acc is None else \
+                acc + (col if ok is None else ok.where(col, zero))
+        emit(acc, base_out + f)
+    for f in range(max(f1, f0), (rows[1] + 1) * W):
+        point(*divmod(f, W))
+    for oh in range(rows[1] + 1, OH):
+        edge_row(oh)
+    return UOp.sink(*stores)
 
 
 def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,

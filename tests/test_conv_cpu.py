@@ -54,6 +54,12 @@ GEOMETRIES = [
     ConvGeometry(2, 7, 11, 9, 7, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=7),  # depthwise
     ConvGeometry(1, 5, 14, 13, 5, 5, 3, (2, 1), (2, 1), (2, 1, 3, 0), groups=5),  # depthwise, dilated
     ConvGeometry(2, 3, 8, 8, 6, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=3),   # channel multiplier 2
+    # stride-1 depthwise keeping the width: one flat loop over a plane's inner rows, peeled borders
+    ConvGeometry(3, 5, 13, 17, 5, 3, 3, (1, 1), (2, 2), (2, 2, 2, 2), groups=5),  # dilated
+    ConvGeometry(2, 3, 9, 11, 3, 5, 3, (1, 1), (1, 1), (1, 1, 3, 1), groups=3),   # 5x3, asymmetric rows
+    ConvGeometry(1, 4, 6, 5, 4, 3, 3, (1, 1), (1, 1), (2, 0, 0, 2), groups=4),    # padded on one side
+    ConvGeometry(2, 3, 2, 7, 3, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=3),    # no inner row: masked taps
+    ConvGeometry(1, 2, 19, 23, 2, 5, 5, (1, 1), (1, 1), (2, 2, 2, 2), groups=2),  # 5x5
 ]
 
 
@@ -84,7 +90,7 @@ EPILOGUES = [
 ]
 
 
-@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[6]], ids=_gid)
+@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[6], GEOMETRIES[10]], ids=_gid)
 @pytest.mark.parametrize("case", range(len(EPILOGUES)))
 def test_the_epilogue_runs_in_the_kernel_that_writes_the_output(cpu, rng, geo, case):
     epi, ref = EPILOGUES[case]
@@ -151,6 +157,14 @@ def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
     assert plan.register_tile == caps.register_tile and str(plan).startswith("ConvPlan(pointwise")
 
 
+def test_a_stride_1_depthwise_keeping_the_width_runs_as_a_flat_loop_with_peeled_borders():
+    def stores(geo):
+        (st,) = K.conv2d_kernels(geo, ConvPlan("depthwise"))
+        return len(st.ast.src)
+    assert all(stores(g) > 1 for g in (GEOMETRIES[6], GEOMETRIES[9], GEOMETRIES[10], GEOMETRIES[11], GEOMETRIES[13]))
+    assert stores(GEOMETRIES[7]) == stores(GEOMETRIES[12]) == 1      # strided; no row with every tap inside
+
+
 def test_a_plan_the_geometry_cannot_take_is_refused():
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("pointwise"), GEOMETRIES[2])
@@ -203,7 +217,7 @@ def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped
 
 
-@pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6]], ids=_gid)
+@pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[9]], ids=_gid)
 def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng, geo):
     from dataclasses import replace
     plan = conv_plan(geo, cpu.dev.renderer.caps)

@@ -11,7 +11,9 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                dilations and zero padding applied there, once), then the same contraction; groups
                are a GLOBAL range of it.
   depthwise    one input channel per group and one output channel per input channel: the taps
-               unrolled in one elementwise kernel, (n, c) planes split over threads, rows vectorized.
+               unrolled in one elementwise kernel, (n, c) planes split over threads. At stride 1 with
+               the width kept, a plane's inner rows are one flat vectorized loop with peeled borders
+               (`kernels._depthwise_flat`); otherwise rows along ow with masked taps.
   depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
                the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
@@ -117,10 +119,10 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
     pointwise layer 30.8 ms as the generic loop nest, 0.88 ms as a contraction (99 GFLOP/s); a
     stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
     if geo.depthwise:
-        # masked taps by default: alone, a padded copy paid at stride 1 (8x96x28x28 0.65 -> 0.55 ms, 8x16x56x56
-        # 0.41 -> 0.26 ms on a 2-core AVX-512 EPYC) and lost at stride 2 (8x72x56x56 0.47 -> 1.54 ms), but in
-        # the MobileNet stack pad + taps took 0.88 and 0.54 ms against 0.82 and 0.49 masked (the pad kernel's
-        # own masked loads gather); MOROK_BEAM times both
+        # no padded copy by default: at stride 1 the flat loop with peeled borders beats pad + taps (8x96x28x28
+        # 0.14 against 0.42 ms, 8x16x56x56 0.07 against 0.20 ms, alone on a 2-core AVX-512 EPYC), and at stride 2
+        # the masked taps do (8x72x56x56 0.15 against 0.81 ms: the pad kernel's own masked loads gather);
+        # MOROK_BEAM times both
         return ConvPlan("depthwise")
     if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
         return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
