@@ -157,8 +157,12 @@ class Schedule:
             raise ArgumentError(f"bad sizes in {self}")
         if self.mapping == "threads" and (self.group or self.vector_width != 1 or self.unroll or self.split != 1):
             raise ArgumentError("group, vector_width and unroll are GPU fields")
-        if self.mapping != "threads" and (self.group < 1 or self.group & (self.group - 1)):
-            raise ArgumentError(f"a GPU schedule needs a power-of-two group size, got {self.group}")
+        # tensor cores: whole warpgroups (the wgmma form adds a producer warpgroup: 384 work-items)
+        pow2 = self.group >= 1 and not self.group & (self.group - 1)
+        if self.mapping != "threads" and not pow2 and not (self.tensor_core is not None and self.group % 128 == 0
+                                                           and self.group > 0):
+            raise ArgumentError(f"a GPU schedule needs a power-of-two group size (tensor cores: a multiple of "
+                                f"128), got {self.group}")
 
     def __str__(self) -> str:
         parts = [self.mapping]
@@ -272,6 +276,11 @@ GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
 ASYNC_FILL_DEFAULT = True
 
 
+def tc_threads_of(tile: tuple[int, int, int, int, int], mma: str) -> int:
+    from .strategies.tensor_core import tc_threads
+    return tc_threads(tile, mma)
+
+
 def split_min_groups(group: int) -> int:
     return max(1, SPLIT_RESIDENT // group)
 
@@ -318,7 +327,13 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     from .strategies.permute import TILE, permute_applies, permute_group
     if permute_applies(ast, caps, scan):
         return Schedule("groups", group=permute_group(caps), permute=TILE)
+    from .strategies import small_shapes
     if caps.tensor_cores and caps.has_shared:
+        dec = small_shapes.decode_tc(ast, caps, scan)
+        if dec is not None:     # a decoding step: skinny blocks stream the weight matrix
+            mma, tile, stages, swizzle = dec
+            return Schedule("tiled", group=tc_threads_of(tile, mma), matmul_tile=tile,
+                            tensor_core=mma, tc_stages=stages, tc_swizzle=swizzle)
         from .strategies.matrix_units import choose_tc
         from .strategies.tensor_core import tc_threads
         tc = choose_tc(ast, caps, scan)
@@ -328,9 +343,10 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
                             tensor_core=mma, tc_stages=stages, tc_swizzle=swizzle)
     if caps.matmul_tile is not None and caps.has_shared:
         from .gpu_tile import deeper_tile, plan_tile
-        tile = plan_tile(ast, caps, scan)
+        tile = small_shapes.decode_core(ast, caps, scan) or plan_tile(ast, caps, scan)
+        if tile is not None and tile == plan_tile(ast, caps, scan):
+            tile = deeper_tile(ast, caps, scan, small_shapes.few_block_tile(ast, caps, scan, tile))
         if tile is not None:
-            tile = deeper_tile(ast, caps, scan, tile)
             # timed on float accumulators; an int32 product spilled 8 bytes under the 128-register cap (nvrtc)
             floats = all(u.dtype.is_float for u in ast.toposort() if u.op is Ops.REDUCE)
             return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile,
@@ -358,7 +374,8 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         if row_groups:      # long rows, few in flight: a full-size group per row keeps its loads in flight
             return Schedule("group_per_row", reduce="group", group=min(1024, caps.max_threads_per_group,
                             caps.local_max[0]), row_cache=row_cache, row_groups=row_groups)
-        return Schedule("group_per_row", reduce="group", group=group, row_cache=row_cache)
+        few = small_shapes.few_rows_group(ast, shape.globals_, caps)   # few long rows: full-size groups
+        return Schedule("group_per_row", reduce="group", group=few or group, row_cache=row_cache)
     if caps.vector_width > 1:
         from .strategies.vectorize import vector_plan, widened
         if vector_plan(ast, shape.globals_, scan, caps.vector_width) is not None:

@@ -1,0 +1,157 @@
+"""Small and skinny GPU shapes: the schedules of kernels whose usual tiles or row groups would leave most of
+the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Schedule the search can time:
+
+- decode tiles: a contraction of at most DECODE_ROWS constant rows (a decoding step: 32 rows against a 4096 x
+  4096 weight matrix) takes a skinny block, as few rows as the kernel has and DECODE_COLS columns, so the
+  weight matrix is streamed by about one block per SM with a deep k step in flight; 16-bit operands on the
+  warp-level tensor cores (strategies/tensor_core.py), float32 on the CUDA-core tiles (gpu_tile.py).
+- few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
+  1000^3, or symbolic sizes bounded by 1024) takes half-size blocks; a symbolic extent counts at its
+  variable's upper bound.
+- few rows: a row kernel with fewer rows than FEW_BLOCKS whose rows are long takes full-size work-groups
+  (FEW_ROWS_GROUP items), the most loads in flight each of its few SMs can hold.
+"""
+from __future__ import annotations
+
+from ...ir import Ops, UOp
+from ..capabilities import Capabilities
+from ..scan import KernelScan
+from ..symbolic import static_intervals
+
+DECODE_ROWS = 64        # a contraction of at most this many constant rows is a decoding step
+DECODE_MIN_ROWS = 16    # ... and at least this many (fewer: a GEMV, strategies/split_reduce.py's split)
+DECODE_COLS = 32        # columns of a decode block: 4096 / 32 = 128 blocks, about one per SM of an H100 (132)
+DECODE_BK = 128         # k depth of a 16-bit decode tile: 4 cp.async stages of (32 + 32) x 128 halves in flight
+FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
+FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
+FEW_ROWS_MIN = 16384    # ... "long": at least this many elements per row
+
+
+def _upper(ext: UOp) -> int | None:
+    """The largest value of an extent: a constant's, or a symbolic one's from its variables' bounds."""
+    if ext.op is Ops.CONST:
+        return int(ext.arg)
+    try:
+        hi = static_intervals(ext)[id(ext)][1]
+    except Exception:       # noqa: BLE001 -- an expression the interval analysis does not take
+        return None
+    return int(hi) if isinstance(hi, int) else None
+
+
+def _pow2_at_least(x: int, lo: int) -> int:
+    p = lo
+    while p < x:
+        p *= 2
+    return p
+
+
+def contraction_rows(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int] | None:
+    """(M, N) of a contraction with constant DECODE_MIN_ROWS <= M <= DECODE_ROWS and constant N of at least
+    4 x DECODE_COLS, else None."""
+    from ..gpu_tile import _plan
+    plan = _plan(ast, caps, scan, (16, 16, 16, 1, 1))
+    if plan is None:
+        return None
+    M, N = plan.i.src[0], plan.j.src[0]
+    if M.op is not Ops.CONST or N.op is not Ops.CONST or not DECODE_MIN_ROWS <= M.arg <= DECODE_ROWS or N.arg < 4 * DECODE_COLS:
+        return None
+    return int(M.arg), int(N.arg)
+
+
+def decode_tc_tiles(M: int) -> list[tuple[int, int, int, int, int]]:
+    """Tensor-core decode tiles (BM, BN, BK, WM, WN) for M rows, the default first: BM the rows rounded up
+    to the 16-row fragment, warps of 16 x 16 outputs."""
+    BM = _pow2_at_least(M, 16)
+    out = []
+    for BN, BK in ((DECODE_COLS, DECODE_BK), (DECODE_COLS, 64), (16, DECODE_BK), (64, 64), (DECODE_COLS, 256)):
+        WM = 16 if BM <= 32 else 32
+        out.append((BM, BN, BK, WM, 16))
+    return out
+
+
+def decode_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool = False):
+    """The decode tile of a 16-bit contraction on warp-level tensor cores: (mma, tile, stages, swizzle), or
+    None. `every`: all that the kernel takes, as a list."""
+    from .tensor_core import MMA_M16N8K16, tc_pipeline, tc_plan
+    if not caps.tensor_cores or caps.tensor_cores[0] != MMA_M16N8K16 or not caps.has_shared:
+        return [] if every else None
+    rows = contraction_rows(ast, caps, scan)
+    if rows is None:
+        return [] if every else None
+    out = []
+    for tile in decode_tc_tiles(rows[0]):
+        stages, swizzle = tc_pipeline(caps, tile, ast, scan)
+        if tc_plan(ast, caps, scan, tile, stages, swizzle) is not None:
+            out.append((MMA_M16N8K16, tile, stages, swizzle))
+            if not every:
+                return out[0]
+    return out if every else None
+
+
+def decode_core_tiles(M: int) -> list[tuple[int, int, int, int, int]]:
+    """CUDA-core decode tiles (BM, BN, BK, TM, TN), the default first."""
+    BM = _pow2_at_least(M, 8)
+    TM = max(1, BM // 16)
+    return [(BM, DECODE_COLS, 32, TM, 2), (BM, DECODE_COLS, 16, TM, 2), (BM, 16, 32, TM, 1),
+            (BM, 64, 16, TM, 4), (BM, DECODE_COLS, 64, TM, 2)]
+
+
+def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool = False):
+    """The CUDA-core decode tile of a contraction (float32), or None (`every`: all it takes)."""
+    from ..gpu_tile import plan_tile
+    if caps.matmul_tile is None or not caps.has_shared:
+        return [] if every else None
+    rows = contraction_rows(ast, caps, scan)
+    if rows is None:
+        return [] if every else None
+    out = [t for t in decode_core_tiles(rows[0]) if plan_tile(ast, caps, scan, t) == t]
+    if every:
+        return out
+    return out[0] if out else None
+
+
+def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
+                   tile: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
+    """`tile` halved in BM and BN (per-item outputs halved too) when its blocks over the contraction's
+    largest extents would number fewer than FEW_BLOCKS and the halved blocks still number at least 16
+    (symbolic extents count at their variables' bounds; unbounded ones keep `tile`)."""
+    from ..gpu_tile import _plan
+    BM, BN, BK, TM, TN = tile
+    if BM < 128 or BN < 128 or TM % 2 or TN % 2:     # the full-size tile only (gpu_tile halves it below 16 blocks)
+        return tile
+    plan = _plan(ast, caps, scan, tile)
+    if plan is None:
+        return tile
+    M, N = _upper(plan.i.src[0]), _upper(plan.j.src[0])
+    if M is None or N is None or M >= 1 << 20 or N >= 1 << 20:
+        return tile
+    blocks = -(-M // BM) * -(-N // BN)
+    half = (BM // 2, BN // 2, BK, TM // 2, TN // 2)
+    if blocks >= FEW_BLOCKS or -(-M // half[0]) * -(-N // half[1]) < 16:
+        return tile
+    got = _plan(ast, caps, scan, half)
+    return half if got is not None and got.tile == half else tile
+
+
+def few_rows_group(ast: UOp, globals_, caps: Capabilities) -> int:
+    """FEW_ROWS_GROUP for a row kernel (one GLOBAL range) with a constant count of rows below FEW_BLOCKS whose
+    reduced rows have at least FEW_ROWS_MIN elements (constant, or bounded below by it); else 0."""
+    from ..scan import top_reduces
+    if len(globals_) != 1 or FEW_ROWS_GROUP > min(caps.max_threads_per_group, caps.local_max[0]):
+        return 0
+    rows = globals_[0].src[0]
+    if rows.op is not Ops.CONST or rows.arg >= FEW_BLOCKS:
+        return 0
+    reds = top_reduces(list(ast.src))
+    if not reds:
+        return 0
+    for red in reds:
+        n = 1
+        for r in red.src[1:]:
+            ext = r.src[0]
+            if ext.op is not Ops.CONST:
+                return 0
+            n *= ext.arg
+        if n < FEW_ROWS_MIN:
+            return 0
+    return FEW_ROWS_GROUP
