@@ -16,7 +16,7 @@ verifies a plan (tests use it on every plan they make).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, Sequence
 
 from .dtypes import dtypes
 
@@ -196,9 +196,9 @@ def plan_memory(steps: Sequence[Step], sizes: Mapping[Key, int], *, pinned: Iter
         for out, inp in st.inplace:
             if out not in life or inp not in life or out == inp:
                 continue
-            if inp not in st.reads or out not in st.writes:
+            if inp not in st.reads or out not in st.writes or inp in st.writes:
                 raise ValueError(f"step {i}: in-place pair ({out!r}, {inp!r}) must be one of its writes and "
-                                 f"one of its reads")
+                                 f"one of its reads (and not written)")
             g = group[inp]
             if (life[inp][1] != i or life[out][0] != i or group[out] != out or len(members[out]) != 1
                     or size[out] > size[g] or aligns[out] > aligns[g]
@@ -246,9 +246,9 @@ def plan_memory(steps: Sequence[Step], sizes: Mapping[Key, int], *, pinned: Iter
     for d in delta:
         cur += d
         peak = max(peak, cur)
-    return MemoryPlan(strategy, len(steps), offsets, size, {k: aligns[k] for k in planned}, life,
-                      arena, sum(_align_up(max(n, 1), aligns[k]) for k, n in size.items()), peak, frozenset(pinned_set), frozenset(auto), tuple(aliases),
-                      dict(names or {}))
+    naive = sum(_align_up(max(n, 1), aligns[k]) for k, n in size.items())
+    return MemoryPlan(strategy, len(steps), offsets, size, {k: aligns[k] for k in planned}, life, arena, naive,
+                      peak, frozenset(pinned_set), frozenset(auto), tuple(aliases), dict(names or {}))
 
 
 @dataclass

@@ -127,8 +127,13 @@ class OnnxExecutor:
             if v.host is not None and v.host.nbytes > HOST_COPY_MAX_BYTES:
                 v.host = None
         self.input_names = [i.name for i in self.graph.input if i.name not in self.weights]
-        if model is not given:        # fuse's own copy: its initializers now live on the device
-            del self.graph.initializer[:]
+        if model is not given:
+            # fuse's own copy: its initializers now live on the device. A protobuf message's memory goes
+            # with the whole message, so the graph is kept as a copy without them
+            del model.graph.initializer[:]
+            slim = onnx.ModelProto()
+            slim.CopyFrom(model)
+            self.model, self.graph = slim, slim.graph
         # recorded launches per input-shape key: (plan, input views, output views, the env it points at)
         self.plans: dict[tuple, tuple[ExecutionPlan, dict, list, dict]] = {}
         self.dynamic = False
@@ -257,7 +262,8 @@ class OnnxExecutor:
         if keep and not self.k.launches:      # nothing ran yet: this run's launches go onto the arena
             def place(queue: list[tuple]) -> list[tuple]:
                 nonlocal arena
-                arena = plan_launches([(self.k.programs[ast.key], bufs) for _, ast, bufs, _ in queue], keep)
+                arena = plan_launches([(self.k.programs[ast.key], bufs) for _, ast, bufs, _ in queue], keep,
+                                      align=self._arena_align())
                 return [(name, ast, arena.replace(bufs), vars) for name, ast, bufs, vars in queue]
             self.k.flush(place)   # the run's kernels compile together, then launch (tensor.Kernels.flush)
         else:
@@ -265,7 +271,7 @@ class OnnxExecutor:
         result = [self._host_value(v) for v in outs]
         if not self.dynamic and tensor_outs:
             if keep and arena is None and self.k.launches:     # launches ran mid-run: the replay moves
-                arena = plan_launches(self.k.launches, keep)
+                arena = plan_launches(self.k.launches, keep, align=self._arena_align())
                 self.k.launches[:] = arena.launches
             plan = ExecutionPlan(self.dev)
             for prog, bufs, vars in self.k.launches:
@@ -277,8 +283,15 @@ class OnnxExecutor:
             self.plans[key] = (plan, feeds, outs, env if arena is None else arena)
             if arena is not None:
                 self.memory_plan = arena.plan
+                if config.debug_level() >= 1:
+                    config.log(arena.plan.describe(limit=0))
         self.last_run_s = time.perf_counter() - t0
         return result
+
+    def _arena_align(self) -> int:
+        """Bytes each arena buffer is aligned to: 64 on the CPU (the streaming stores' promise, a cache
+        line), 256 elsewhere (what cuMemAlloc and hipMalloc give a buffer of its own)."""
+        return 64 if self.dev.spec.type == "CPU" else 256
 
     def memory_report(self) -> dict[str, int] | None:
         """Bytes of the last recorded plan's arena beside what its intermediates take each in its own
