@@ -13,7 +13,8 @@
 #   search     MOROK_BEAM searches: the general suite searched on nvrtc, the matmuls on llvm-nvptx, and
 #              the search-against-benchmark check of the 4096^3 matmul
 #   cpu        the CPU test suite on this host's CPU
-#   cpu-bench  the CPU benchmarks on this host's CPU (general suite, launch overhead, register tiles)
+#   cpu-bench  the CPU benchmarks on this host's CPU (general suite, launch overhead, register tiles, ONNX
+#              models beside onnxruntime, convolutions beside onnxruntime)
 #   mlir       the MLIR pair's CUBINs, built beforehand elsewhere (`python tests/mlir_cuda_replay.py build
 #              .mlir-replay`, carried), loaded and run here against the CPU
 #   all        cuda onnx bench search cpu
@@ -176,6 +177,8 @@ suite_cpu_bench() {
   TAILN=18 step "$log" 90 python3 $B/kernels.py --device CPU --suite --no-sweep --rounds 3
   TAILN=8 step "$log" 60 python3 $B/cpu_launch.py
   TAILN=12 step "$log" 90 python3 $B/cpu_tiles.py --rounds 3
+  TAILN=12 step "$log" 150 python3 $B/onnx_models.py --device CPU
+  [ -f $B/cpu_conv.py ] && TAILN=12 step "$log" 90 python3 $B/cpu_conv.py
 }
 
 suite_mlir() {
