@@ -74,6 +74,9 @@ class _Group:
         self.wg_done = np.zeros(max(1, n // 128), np.int64)
         self.wg_issued: list[tuple[int, int, list[int], object, np.ndarray]] = []
         self.acc_busy: dict[int, np.ndarray] = {}
+        # mbarriers: {(local id, element): [expected, arrivals left, completed phases, copies of the current
+        # phase, copies of completed phases]}
+        self.mbars: dict[tuple[int, int], list] = {}
 
     # -- values ------------------------------------------------------------------------------------
     def val(self, ins: Instr) -> np.ndarray:
@@ -174,6 +177,8 @@ class _Group:
             self.wgmma(ins, mask)
         elif k is L.WG_SYNC:
             self.wg_sync(ins, mask)
+        elif k is L.MBAR:
+            self.mbar(ins, mask)
         elif k is L.ATOMIC_ADD:
             buf, idx, v = ins.src
             data = self.bufs[buf.arg]
@@ -429,6 +434,64 @@ class _Group:
                         busy[wg * 128:(wg + 1) * 128] = False
         elif what != "fence":
             raise InterpError(f"unknown wg_sync {what!r}")
+
+    def mbar(self, ins: Instr, mask: np.ndarray) -> None:
+        """PTX mbarrier: init (expected arrivals), arrive, cp.async arrive (the lane's copies not landed yet
+        belong to the current phase, and land for a lane whose wait sees that phase complete) and wait on
+        a phase parity. Lock step runs the roles of a warp-specialized loop one after the other, so a wait
+        whose phase has not completed here is an error (the order would deadlock, or the parity is wrong)."""
+        (op, count), (local, idx, *par) = ins.arg, ins.src
+        ix = self.val(idx).astype(np.int64)
+        lanes = np.flatnonzero(mask)
+        if op == "init":
+            for e in np.unique(ix[lanes]):
+                self.mbars[(local.id, int(e))] = [count, count, 0, [], []]
+            return
+        pv = self.val(par[0]).astype(np.int64) if par else None
+        for lane in lanes:
+            key = (local.id, int(ix[lane]))
+            bar = self.mbars.get(key)
+            if bar is None:
+                raise InterpError(f"mbarrier %{ins.id}: element {key[1]} used before its init")
+            if op == "wait":
+                if (bar[2] & 1) == pv[lane]:
+                    raise InterpError(f"mbarrier %{ins.id}: lane {lane} waits for parity {pv[lane]} of element "
+                                      f"{key[1]}, {bar[2]} phase(s) completed: it would block")
+                if bar[2] == 0:
+                    raise InterpError(f"mbarrier %{ins.id}: lane {lane} waits for parity 1 of element {key[1]} "
+                                      f"before any phase completed: it would not wait")
+                for sh, span in bar[4]:
+                    flat = span.reshape(-1)
+                    sh.writer[flat] = -1
+                if not bar[4]:        # a release (plain arrivals): finished wgmma reads are ordered before
+                    for sh in self.shared.values():
+                        sh.reader[(sh.reader == -2) & (sh.wg_read == -1)] = -1
+                continue
+            if op == "cp_arrive":
+                keep = []
+                for rec in self.cp_pending:
+                    sh, ls, group, span, vals = rec
+                    mine = ls == lane
+                    if mine.any():
+                        bar[3].append([sh, span[mine], vals[mine]])
+                    if not mine.all():
+                        keep.append([sh, ls[~mine], group[~mine], span[~mine], vals[~mine]])
+                self.cp_pending = keep
+            elif op != "arrive":
+                raise InterpError(f"unknown mbarrier operation {op!r}")
+            bar[1] -= 1
+            if bar[1] == 0:          # the phase completes: its copies land
+                for sh, span, vals in bar[3]:
+                    flat = span.reshape(-1)
+                    sh.data[flat] = vals.reshape(-1)
+                    sh.init[flat] = True
+                    sh.unfenced[flat] = True
+                    sh.pending[flat] = False
+                    sh.writer[flat] = -2          # visible only to a lane whose wait sees this phase
+                bar[4] = [(sh, span) for sh, span, _ in bar[3]]
+                bar[3] = []
+                bar[1] = bar[0]
+                bar[2] += 1
 
     def wg_race(self, sh: "_Shared", span: np.ndarray, what: str) -> None:
         if (sh.wg_read[span] >= 0).any():

@@ -14,7 +14,7 @@ from morok_py.codegen.c_like import GPU_BF16_HELPERS, GPUCPrinter
 from morok_py.codegen.linear import Instr, L, LinearKernel
 from morok_py.codegen.llvm_ir import LLVMIRPrinter
 from morok_py.codegen.lower import Capabilities
-from morok_py.codegen.wgmma_ptx import desc_high, wg_sync_text, wgmma_text
+from morok_py.codegen.wgmma_ptx import desc_high, mbar_text, wg_sync_text, wgmma_text
 from morok_py.device import DeviceSpec, Renderer
 from morok_py.dtypes import DType
 from morok_py.ir import Ops
@@ -161,6 +161,10 @@ class CUDACPrinter(GPUCPrinter):
             (buf, idx), (lbo, sbo) = ins.src, ins.arg
             self.emit(f"const unsigned long long {r} = (unsigned long long)(({self.shared_addr(buf, idx)} & 0x3FFFFu) "
                       f">> 4) | {desc_high(lbo, sbo)}ull;")
+        elif k is L.MBAR:
+            (op, count), (buf, idx, *par) = ins.arg, ins.src
+            extra = f', "r"({count})' if op == "init" else f', "r"({self.ref(par[0])})' if op == "wait" else ""
+            self.emit(f'asm volatile("{mbar_text(op)}" :: "r"({self.shared_addr(buf, idx)}){extra} : "memory");')
         elif k is L.WG_SYNC:
             # the accumulators (if any) as read-write operands: the compiler keeps them in place across it
             outs = ", ".join(f'"+f"(acc{c.id})' for c in ins.src)
@@ -317,6 +321,16 @@ class NVPTXPrinter(LLVMIRPrinter):
             self.emit(f"{r}.s = lshr i32 {r}.m, 4")
             self.emit(f"{r}.z = zext i32 {r}.s to i64")
             self.emit(f"{r} = or i64 {r}.z, {desc_high(lbo, sbo)}")
+            return
+        if k is L.MBAR:
+            (op, count), (buf, idx, *par) = ins.arg, ins.src
+            a = f"%mb{ins.id}"
+            self.emit(f"{a}.p = getelementptr inbounds {self.mem_ty(buf.dtype)}, {self.local_ptr} @smem{buf.id}, "
+                      f"i32 {self.ref(idx)}")
+            self.emit(f"{a} = ptrtoint {self.local_ptr} {a}.p to i32")
+            args = [f"i32 {a}"] + ([f"i32 {count}"] if op == "init" else [f"i32 {self.ref(par[0])}"] if op == "wait" else [])
+            cons = ",".join(["r"] * len(args))
+            self.emit(f'call void asm sideeffect "{mbar_text(op, dollar=True)}", "{cons},~{{memory}}"({", ".join(args)})')
             return
         if k is L.WG_SYNC:
             accs, ins_args, head = list(ins.src), [], wg_sync_text(ins.arg)

@@ -294,7 +294,7 @@ class CStylePrinter:
             self.ldmatrix(ins)
         elif k is L.MMA:
             self.mma(ins)
-        elif k in (L.WGMMA, L.SMEM_DESC, L.WG_SYNC):
+        elif k in (L.WGMMA, L.SMEM_DESC, L.WG_SYNC, L.MBAR):
             self.warpgroup(ins)
         else:
             raise NotImplementedError(k)

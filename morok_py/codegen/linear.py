@@ -61,6 +61,10 @@ class L(enum.Enum):
     WG_SYNC = "wg_sync"      # arg: "fence" (before wgmma reads registers others wrote), "commit" (closes a
                              # group of wgmmas), "proxy" (shared stores before it are visible to wgmma
                              # reads after the next barrier), or n: wait until at most n groups are pending
+    MBAR = "mbar"            # shared-memory barrier object (PTX mbarrier, sm_80+): src (local uint64, index[,
+                             # parity]); arg: ("init", count) expected arrivals, ("arrive", 0), ("cp_arrive",
+                             # 0): arrives once this work-item's earlier cp.async copies have landed (they are
+                             # then visible to its waiters), ("wait", 0): until the phase of that parity completes
 
 
 @dataclass(eq=False)

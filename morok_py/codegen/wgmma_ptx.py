@@ -1,7 +1,7 @@
 """PTX text of the warpgroup matrix instructions (sm_90a), shared by the CUDA C and NVPTX printers.
 
 Both printers emit these as inline PTX (`asm` in CUDA C, `asm sideeffect` in LLVM IR) around the linear
-kernel's WGMMA, SMEM_DESC and WG_SYNC instructions (codegen/strategies/wgmma.py builds them). Operands are
+kernel's WGMMA, SMEM_DESC, WG_SYNC and MBAR instructions (codegen/strategies/wgmma.py builds them). Operands are
 numbered the same way in both: the accumulators first (%0 .. %n-1, read and written), then the two
 descriptors, then the scale-d flag.
 """
@@ -46,4 +46,20 @@ def wg_sync_text(arg: "str | int") -> str:
     return f"wgmma.wait_group.sync.aligned {arg};"
 
 
-__all__ = ["SWIZZLE_128B", "desc_high", "wg_sync_text", "wgmma_text"]
+def mbar_text(op: str, dollar: bool = False) -> str:
+    """The PTX of an MBAR (linear.L.MBAR) on the shared-window address operand 0: `init` (operand 1: the
+    expected arrivals), `arrive`, `cp_arrive` (arrives when this thread's earlier cp.async copies have
+    landed, without adding an expected arrival: the init count includes it) or `wait` (spins until the
+    phase whose parity is operand 1 has completed)."""
+    m = "$" if dollar else "%"
+    texts = {"init": f"mbarrier.init.shared::cta.b64 [{m}0], {m}1;",
+             "arrive": f"{{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [{m}0]; }}",
+             "cp_arrive": f"cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{m}0];",
+             "wait": (f"{{ .reg .pred p; WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [{m}0], {m}1; "
+                      f"@!p bra WAIT; }}")}
+    if op not in texts:
+        raise ValueError(f"unknown mbarrier operation {op!r}")
+    return texts[op]
+
+
+__all__ = ["SWIZZLE_128B", "desc_high", "mbar_text", "wg_sync_text", "wgmma_text"]

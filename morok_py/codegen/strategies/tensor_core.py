@@ -109,6 +109,8 @@ def valid_tc_tile(tile: tuple[int, int, int, int, int], caps: Capabilities, mma:
 WG_K = 64                       # wgmma: k per tile, one 128-byte row of 16-bit elements (the swizzle's row)
 WG_ROWS = 64                    # wgmma: rows of A per warpgroup instruction (m64)
 WG_SMEM = 227 << 10             # sm_90 dynamic shared memory a block may opt into
+WG_PRODUCER = 128               # wgmma: the producer warpgroup's work-items (fills the tiles, strategies/wgmma.py)
+WG_BARS = 1024                  # wgmma: the stages' mbarriers, one more 1024-byte-aligned shared array
 
 
 def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool, threads_max: int) -> bool:
@@ -118,15 +120,16 @@ def wg_tile_ok(tile: tuple[int, int, int, int, int], stages: int, swizzle: bool,
     BM, BN, BK, WM, WN = tile
     if BK != WG_K or WM != WG_ROWS or WN != BN or BM % WG_ROWS or BN % 64 or not 64 <= BN <= 256:
         return False
-    if not swizzle or stages < 3 or stages * (BM + BN) * BK * 2 > WG_SMEM:
+    if not swizzle or stages < 3 or stages * (BM + BN) * BK * 2 + WG_BARS > WG_SMEM:
         return False
-    return (BM // WG_ROWS) * 128 <= threads_max
+    return (BM // WG_ROWS) * 128 + WG_PRODUCER <= threads_max
 
 
 def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
-    """Work-items of a tile: its warps (BM / WM) x (BN / WN) times the instruction's wave size."""
+    """Work-items of a tile: its warps (BM / WM) x (BN / WN) times the instruction's wave size (wgmma: and
+    the producer warpgroup)."""
     BM, BN, _, WM, WN = tile
-    return (BM // WM) * (BN // WN) * MMAS[mma][0]
+    return (BM // WM) * (BN // WN) * MMAS[mma][0] + (WG_PRODUCER if mma == WGMMA else 0)
 
 
 def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int],
@@ -835,5 +838,5 @@ _BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X1
 
 
 __all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
-           "WG_SMEM", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
+           "WG_BARS", "WG_PRODUCER", "WG_SMEM", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
            "wg_tile_ok"]

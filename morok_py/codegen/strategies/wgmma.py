@@ -12,16 +12,15 @@ strategies/tensor_core.py with the inner product issued by whole warpgroups from
   descriptor stride 1024 bytes per 8 rows, a 16-k step is +32 bytes); one contiguous along its rows or
   columns is [w / 64][64 k][64 w] (MN-major, `trans` set: leading offset 64 * 128 bytes between 64-wide
   atoms, 1024 bytes per 8 k; a 16-k step is +2048 bytes).
-- Tiles are filled by cp.async 16-byte copies S - 2 tiles ahead of the one being multiplied (S = the
-  schedule's `tc_stages` >= 3 buffers, up to 227 KiB of dynamic shared memory), and one group of wgmmas
-  stays in flight across the loop turn:
-
-      issue tiles 0 .. S-3
-      for tile t:  wait for tile t (cp.async); proxy fence; barrier
-                   issue tile t+S-2 into buffer (t-2) % S  (tile t-2's wgmmas finished before the barrier)
-                   wgmma.fence; 4 wgmmas on buffer t % S; commit; wait until <= 1 group is pending
-      wait for every group; barrier; the zero-padded k tail (shared stores, proxy fence, barrier, wgmmas)
-
+- Warp specialization: the block has one more warpgroup, the producer (WG_PRODUCER work-items), which
+  fills the tiles by cp.async 16-byte copies into S = the schedule's `tc_stages` >= 3 buffers (up to 227
+  KiB of dynamic shared memory) while the consumer warpgroups multiply; they meet at mbarriers, not at
+  block barriers: full[s] completes when the copies into buffer s landed (cp.async.mbarrier.arrive.noinc,
+  one arrival per producer work-item), empty[s] when every consumer's wgmmas on it finished. The
+  consumers keep one group of wgmmas in flight while they wait for the next tile; the producer refills a
+  buffer as soon as it is released, S - 1 tiles ahead (see `staged_loop`). Both roles branch inside one
+  k loop (ptxas then keeps the wgmmas unserialized where their final wait is outside the branch), so
+  the kernel runs under one register cap (64K / work-items: 168 for 384).
   Symbolic strides whose alignment is only known at launch keep the uniform branch of tensor_core.py:
   the pipeline when every size is a multiple of 8, else scalar fills tile by tile.
 - Sizes stay arbitrary: rows and columns past the end are clamped, the k tail is zero-filled, and the
@@ -32,7 +31,7 @@ from __future__ import annotations
 from ...dtypes import dtypes
 from ...ir import AxisType, Ops, UOp
 from ..linear import If, Instr, Item, L, Loop
-from .tensor_core import WG_K, WG_ROWS, WG_SMEM, WGMMA, _MMABuilder, _Tile, wg_tile_ok  # noqa: F401
+from .tensor_core import WG_BARS, WG_K, WG_PRODUCER, WG_ROWS, WG_SMEM, WGMMA, _MMABuilder, _Tile, wg_tile_ok  # noqa: F401
 
 WG_TILE = (128, 256, 64, 64, 256)   # 2 warpgroups of 64 x 256 (128 accumulators a work-item)
 WG_STAGES = 4                       # 4 x 48 KiB
@@ -68,20 +67,59 @@ def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int]
 
 class _WGMMABuilder(_MMABuilder):
     """tensor_core.py's kernel skeleton (grid, clamped fills, cp.async passes, epilogue) with warpgroup
-    instructions; `warp` and `lane` of the base are the warpgroup and the work-item within it."""
+    instructions; `warp` and `lane` of the base are the warpgroup and the work-item within it. The last
+    warpgroup is the producer: its full-tile passes are made for WG_PRODUCER work-items (`ptid`); the
+    scalar passes (k tail, unaligned sizes) stay the whole group's."""
 
     mma = WGMMA
 
     def build(self):
         if self.stages < 3 or not self.swizzle:
             raise ValueError("the warpgroup form needs >= 3 cp.async stages in the swizzled layout")
+        self.consumers = self.p.tile[0] // WG_ROWS * 128      # work-items of the consumer warpgroups
         kernel, info = super().build()
         if not self.staged:
             raise ValueError("the warpgroup form needs 16-byte (cp.async) fills of both tiles")
-        # two blocks a SM where their shared memory fits (128 registers a work-item), else one
-        smem = sum(self.stages * t.size * 2 for t in self.tiles)
-        kernel.min_groups = 2 if 2 * smem <= WG_SMEM and len(self.wg_accs) <= 64 else 1
+        # two blocks a SM where their shared memory fits and 64K registers / (2 x work-items) hold the
+        # accumulators and addresses, else one
+        smem = sum(self.stages * t.size * 2 for t in self.tiles) + WG_BARS
+        kernel.min_groups = 2 if 2 * smem <= WG_SMEM and 65536 // (2 * self.T) >= len(self.wg_accs) + 40 else 1
         return kernel, info
+
+    def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
+        """tensor_core.py's tile, its 16-byte passes for the producer's WG_PRODUCER work-items."""
+        if not hasattr(self, "ptid"):
+            self.ptid = self.op(top, Ops.MOD, tid, self.c(WG_PRODUCER))
+        T, self.T = self.T, WG_PRODUCER
+        try:
+            t = super().tile(unit, kind, width, self.ptid, top)
+        finally:
+            self.T = T
+        fast = self.p.fast.get(unit, "k")
+        fill = self.fill_passes if t.kmajor else self.fill_passes_along_k
+        t.make_passes = lambda out, t=t, width=width, fast=fast: fill(t, width, fast, 1, tid, out)
+        return t
+
+    def clamped(self, out: list[Item], kind: str, local: Instr, span: int = 1) -> Instr:
+        """gpu_tile's clamped row (column), unclamped where the extent is a constant multiple of the block:
+        one base register and constant offsets serve all the producer's passes (it runs under the
+        consumers' register cap)."""
+        ext = (self.p.i if kind == "A" else self.p.j).src[0]
+        if ext.op is Ops.CONST and ext.arg % self.p.tile[0 if kind == "A" else 1] == 0:
+            return self.op(out, Ops.ADD, self.side[kind][0], local)
+        return super().clamped(out, kind, local, span)
+
+    def role(self, out: list[Item], producer: bool) -> If:
+        """An If (appended to out) that the producer warpgroup, or the consumer warpgroups, take."""
+        cond = (self.op(out, Ops.CMPLT, self.c(self.consumers - 1), self.tid) if producer
+                else self.op(out, Ops.CMPLT, self.tid, self.c(self.consumers)))
+        g = If(cond)
+        out.append(g)
+        return g
+
+    def mbar(self, out: list[Item], op: str, idx: Instr, parity: Instr | None = None, count: int = 0) -> None:
+        src = (self.bars, idx) if parity is None else (self.bars, idx, parity)
+        out.append(self.new(L.MBAR, None, src, (op, count)))
 
     # the hardware's 128-byte swizzle over [w][64] (K-major) or [w / 64][BK][64] (MN-major) tiles --------
     def phys(self, t: _Tile, sidx: Instr, out: list[Item]) -> Instr:
@@ -118,6 +156,17 @@ class _WGMMABuilder(_MMABuilder):
         # the warpgroup's own rows of A: elements from a buffer's start (64 rows of 64 k, or atom wm0 / 64)
         self.wg_base = {t.kind: (self.op(top, Ops.MUL, wm0, self.c(self.BK)) if t.kind == "A" else None)
                         for t in self.tiles}
+        # the pipeline's mbarriers: full[s] (s < S: the producer's copies of buffer s landed, WG_PRODUCER
+        # arrivals) and empty[S + s] (every consumer finished reading buffer s), set up by work-item 0
+        S = self.stages
+        self.bars = self.new(L.LOCAL, dtypes.uint64, (), 2 * S)
+        top.append(self.bars)
+        first = If(self.op(top, Ops.CMPLT, self.tid, self.c(1)))
+        top.append(first)
+        for s in range(S):
+            self.mbar(first.body, "init", self.c(s), count=WG_PRODUCER)
+            self.mbar(first.body, "init", self.c(S + s), count=self.consumers)
+        top.append(self.new(L.BARRIER, None))
 
     def descs(self, out: list[Item], rd: dict[str, Instr | None], step: int) -> list[Instr]:
         """The A and B descriptors of 16-k step `step` of the buffers at element offsets rd."""
@@ -159,40 +208,88 @@ class _WGMMABuilder(_MMABuilder):
 
     # the k loops --------------------------------------------------------------------------------------
     def staged_loop(self, work: list[Item], K: Instr) -> None:
+        """Full tiles through S buffers: the producer warpgroup fills tile u into buffer u % S by cp.async
+        (each copy arrives on full[u % S] when it lands) once the consumers released the tile there before;
+        the consumer warpgroups wait for full, multiply, and release a buffer when its wgmmas finished.
+        Both roles turn one loop, tile t per turn (so the turns also run in lock step, one valid order):
+
+            producer: fill tiles 0 .. S-1
+            for tile t:  consumers: wait full[t % S] (parity t / S); proxy fence; 4 wgmmas on buffer t % S;
+                                    commit; wait until <= 1 group is pending (tile t-1's finished);
+                                    arrive on empty[(t-1) % S]
+                         producer:  wait empty[(t-1) % S] (parity (t-1) / S); fill tile t-1+S there
+            consumers: wait for every group; barrier; the zero-padded k tail
+
+        The consumers never wait for a copy they did not need yet nor meet the producer at a barrier
+        inside the loop; a refill starts as soon as the buffer is released (S-1 tiles ahead)."""
         BK, S, zero = self.BK, self.stages, self.c(0)
-        steps, ahead = BK // 16, S - 2
-        k_full, fb = self.pipeline_prologue(work, K, ahead)
+        steps = BK // 16
+        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        from ..launch_check import SteppedLoop
+        Ke = self.p.k.src[0]
+        self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
+        full = If(self.op(work, Ops.CMPLT, zero, k_full))
+        work.append(full)
+        fb = full.body
+        pro = self.role(fb, producer=True)
+        for s in range(S):
+            blk = pro.body
+            if s:
+                g = If(self.op(blk, Ops.CMPLT, self.c(s * BK), k_full))
+                blk.append(g)
+                blk = g.body
+            self.fill_async(blk, self.c(s * BK), s)
+            self.mbar(blk, "cp_arrive", self.c(s))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         fb.append(main)
         lb = main.body
-        lb += [self.new(L.CP_WAIT, None, (), ahead - 1), self.new(L.WG_SYNC, None, (), "proxy"),
-               self.new(L.BARRIER, None)]
         t_now = self.op(lb, Ops.IDIV, main.var, self.c(BK))
-        kp = self.op(lb, Ops.ADD, main.var, self.c(ahead * BK))
-        g = If(self.op(lb, Ops.CMPLT, kp, k_full))
-        lb.append(g)
-        self.fill_async(g.body, kp, self.op(g.body, Ops.MOD, self.op(g.body, Ops.ADD, t_now, self.c(ahead)),
-                                            self.c(S)))
-        lb.append(self.new(L.CP_COMMIT, None))
-        stage = self.op(lb, Ops.MOD, t_now, self.c(S))
-        rd = {t.kind: self.op(lb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
-        self.wg_steps(lb, rd, steps, 1)
-        fb += [self.new(L.WG_SYNC, None, tuple(self.wg_accs), 0), self.new(L.CP_WAIT, None, (), 0),
-               self.new(L.BARRIER, None)]
+        con = self.role(lb, producer=False)
+        cb = con.body
+        stage = self.op(cb, Ops.MOD, t_now, self.c(S))
+        self.mbar(cb, "wait", stage, self.op(cb, Ops.MOD, self.op(cb, Ops.IDIV, t_now, self.c(S)), self.c(2)))
+        cb.append(self.new(L.WG_SYNC, None, (), "proxy"))
+        rd = {t.kind: self.op(cb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
+        self.wg_steps(cb, rd, steps, 1)
+        released = If(self.op(cb, Ops.CMPLT, zero, t_now))
+        cb.append(released)
+        rb = released.body
+        prev = self.op(rb, Ops.SUB, t_now, self.c(1))
+        self.mbar(rb, "arrive", self.op(rb, Ops.ADD, self.op(rb, Ops.MOD, prev, self.c(S)), self.c(S)))
+        pro = self.role(lb, producer=True)
+        later = If(self.op(pro.body, Ops.CMPLT, zero, t_now))
+        pro.body.append(later)
+        kp = self.op(later.body, Ops.ADD, main.var, self.c((S - 1) * BK))
+        g = If(self.op(later.body, Ops.CMPLT, kp, k_full))
+        later.body.append(g)
+        pb = g.body
+        prev = self.op(pb, Ops.SUB, t_now, self.c(1))
+        sp = self.op(pb, Ops.MOD, prev, self.c(S))
+        self.mbar(pb, "wait", self.op(pb, Ops.ADD, sp, self.c(S)),
+                  self.op(pb, Ops.MOD, self.op(pb, Ops.IDIV, prev, self.c(S)), self.c(2)))
+        self.fill_async(pb, kp, sp)
+        self.mbar(pb, "cp_arrive", sp)
+        # every warpgroup (the producer has nothing pending): in a branch, ptxas serializes the wgmmas (C7518)
+        fb += [self.new(L.WG_SYNC, None, tuple(self.wg_accs), 0), self.new(L.BARRIER, None)]
         self.padded_tail(work, K, k_full)
 
-    # the synchronous loop and the zero-padded tail (tensor_core.py's) with the proxy fence and wgmmas
+    # the synchronous loop and the zero-padded tail (tensor_core.py's) with the proxy fence and wgmmas,
+    # which only the consumer warpgroups issue
     def stores_visible(self) -> list[Item]:
         return [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
 
     def full_tile_steps(self, out: list[Item]) -> None:
-        self.wg_steps(out, {}, self.BK // 16, 0)
+        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // 16, 0)
 
     def tail_steps(self, out: list[Item], k_rem: Instr) -> None:
-        self.wg_steps(out, {}, self.BK // 16, 0, guard=k_rem)
+        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // 16, 0, guard=k_rem)
 
     def main_loop(self, work: list[Item], K: Instr) -> None:
         raise ValueError("the warpgroup form has no register-staged loop")
+
+    def epilogue(self, top: list[Item]) -> None:
+        """gpu_tile's epilogue, for the consumers (the producer holds no results)."""
+        super().epilogue(self.role(top, producer=False).body)
 
 
 __all__ = ["WG_CANDIDATES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "choose_wg_tile"]
