@@ -330,17 +330,26 @@ class _Axes:
 
 
 def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.float32,
-              epilogue: Epilogue | None = None) -> UOp:
+              epilogue: Epilogue | None = None, pixel_blocks: int = 1) -> UOp:
     """out[n, g*COg + co, p] = sum over k of w[g*COg + co, k] * x[n, g*Kg + k, p], then `epilogue`
     (bias per output channel, tensor operands of out's shape [N, G*COg, P]): a 1x1 convolution
     (x the input, Kg its channels per group) or any convolution after `im2col` (x the columns), as
     batched contractions. The output channels are the rows and the pixels the unit-stride columns
-    of the CPU register tile: a column of x is loaded once for a tile's rows. Kg None is the
-    variable `K` (one program for the layers that differ only in their input channels, as a
+    of the CPU register tile: a column of x is loaded once for a tile's rows. `pixel_blocks` (a
+    divisor of P) cuts each image's pixels into that many blocks and makes (image, block) the outermost
+    range, which the CPU splits over threads (a batch of 8 alone kept 8 of 16 cores busy). Kg None is
+    the variable `K` (one program for the layers that differ only in their input channels, as a
     DenseNet's do); N None is the variable `N` (a dynamic batch). Params: x, w, the epilogue's operands, out."""
+    if pixel_blocks < 1 or P % pixel_blocks:
+        raise ArgumentError(f"conv_gemm: {pixel_blocks} pixel blocks do not divide {P} pixels")
     dt = as_dtype(dtype)
     ax = _Axes()
-    n, g, co, p = ax(_batch(N)), ax(G), ax(COg), ax(P)
+    B = P // pixel_blocks
+    if pixel_blocks == 1:
+        n, g, co, p = ax(_batch(N)), ax(G), ax(COg), ax(P)
+    else:
+        t, g, co, pi = ax(_batch(N) * pixel_blocks if N is None else N * pixel_blocks), ax(G), ax(COg), ax(B)
+        n, p = t // pixel_blocks, (t % pixel_blocks) * B + pi
     if Kg is None:
         Kg = UOp.variable("K", 1, 2**31 - 1)
         k = UOp.range(Kg, ax.next, AxisType.REDUCE)
@@ -394,11 +403,14 @@ def im2col(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tupl
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    n, c, kh, kw, oh, ow = ax(_batch(N)), ax(C), ax(KH), ax(KW), ax(OH), ax(OW)
+    # (n, c, kh) as one outermost range, which the CPU splits over threads (n alone: 8 units at batch 8)
+    q = ax(_batch(N) * (C * KH) if N is None else N * C * KH)
+    kw, oh, ow = ax(KW), ax(OH), ax(OW)
+    plane, kh = (q // KH, q % KH) if KH > 1 else (q, UOp.const(0, dtypes.index))
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
-    v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-    at = (((n * C + c) * KH + kh) * KW + kw) * (OH * OW) + oh * OW + ow
+    v = _tap(x, plane * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+    at = (q * KW + kw) * (OH * OW) + oh * OW + ow
     return UOp.sink(col.store(at, v))
 
 
@@ -642,7 +654,7 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     out_n = g.N * g.CO * P
     # the contraction's length is a variable: one program per (groups, rows, pixels, epilogue)
     if plan.family == "pointwise":
-        return [KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+        return [KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi, plan.pixel_blocks),
                            ("x", "w", "epilogue"), "out", out_n, (("K", g.C // g.groups),))]
     if plan.family == "depthwise_padded":
         pt, pl, pb, pr = g.pads
@@ -656,7 +668,7 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     if plan.family == "im2col_gemm":
         return [KernelStep("im2col", im2col(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),
-                KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi),
+                KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi, plan.pixel_blocks),
                            ("col", "w", "epilogue"), "out", out_n, (("K", Kg),))]
     pt, pl, pb, pr = g.pads
     steps, src = [], "x"

@@ -157,6 +157,41 @@ def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
     assert plan.register_tile == caps.register_tile and str(plan).startswith("ConvPlan(pointwise")
 
 
+@pytest.mark.parametrize("geo,blocks", [
+    (ConvGeometry(2, 5, 23, 29, 7, 1, 1), 23),                                        # pointwise, blocks of 29
+    (ConvGeometry(1, 6, 15, 21, 9, 1, 1, groups=3), 5),                               # grouped pointwise
+    (ConvGeometry(3, 3, 29, 27, 5, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), 14),          # strided stem, 15x14 out
+    (ConvGeometry(2, 4, 13, 11, 6, 3, 3, (1, 1), (2, 1), (2, 1, 2, 1), groups=2), 11),  # dilated, grouped
+], ids=lambda v: _gid(v) if isinstance(v, ConvGeometry) else str(v))
+def test_pixel_blocks_split_each_image_and_match_numpy_at_every_level(cpu_level, rng, geo, blocks):
+    caps = cpu_level.dev.renderer.caps
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    want = conv_ref(x, w, b, geo)
+    family = "pointwise" if geo.pointwise else "im2col_gemm"
+    plan = ConvPlan(family, caps.register_tile, caps.tile_lanes, blocks)
+    assert f"pixel_blocks={blocks}" in str(plan)
+    for symbolic in (False, True):
+        steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias"), symbolic_batch=symbolic)
+        got = run_steps(cpu_level, steps, {"x": x, "w": w}, [b])
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=f"{plan} {symbolic}")
+
+
+def test_the_contraction_cuts_a_small_batch_into_pixel_blocks_for_the_thread_split():
+    from morok_py.codegen.strategies.conv import MIN_BLOCK_PIXELS, SPLIT_UNITS, pixel_blocks
+    assert pixel_blocks(8, 56 * 56, 64) == 7                      # 56 units of 448 pixels (7 tiles of 64)
+    assert pixel_blocks(8, 28 * 28, 64) == 2                      # no 64-aligned divisor: the most blocks there are
+    assert pixel_blocks(8, 14 * 14, 64) == pixel_blocks(SPLIT_UNITS, 56 * 56, 64) == 1
+    for n, p in ((1, 12544), (3, 3136), (8, 784), (2, 1000)):
+        d = pixel_blocks(n, p, 16)
+        assert p % d == 0 and (d == 1 or p // d >= MIN_BLOCK_PIXELS)
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("pointwise", pixel_blocks=4), GEOMETRIES[0])       # 63 pixels
+    with pytest.raises(ArgumentError):
+        ConvPlan("depthwise", pixel_blocks=2)
+
+
 def test_a_stride_1_depthwise_keeping_the_width_runs_as_a_flat_loop_with_peeled_borders():
     def stores(geo):
         (st,) = K.conv2d_kernels(geo, ConvPlan("depthwise"))

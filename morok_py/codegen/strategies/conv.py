@@ -89,15 +89,19 @@ class ConvGeometry:
 @dataclass(frozen=True)
 class ConvPlan:
     """The family of kernels a convolution runs as; register_tile and lanes are its contraction's
-    (None / 0 for the families without one)."""
+    (None / 0 for the families without one); pixel_blocks the blocks each image's output pixels are cut
+    into for the contraction's thread split (`pixel_blocks`; 1: whole images)."""
 
     family: str
     register_tile: tuple[int, int] | None = None
     lanes: int = 0
+    pixel_blocks: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ArgumentError(f"convolution family {self.family!r}: one of {', '.join(FAMILIES)}")
+        if self.pixel_blocks < 1 or (self.pixel_blocks > 1 and self.family not in ("pointwise", "im2col_gemm")):
+            raise ArgumentError(f"{self.family}: pixel_blocks {self.pixel_blocks} (a contraction's, >= 1)")
 
     def __str__(self) -> str:
         parts = [self.family]
@@ -105,12 +109,39 @@ class ConvPlan:
             parts.append(f"register_tile={self.register_tile[0]}x{self.register_tile[1]}")
         if self.lanes:
             parts.append(f"tile_lanes={self.lanes}")
+        if self.pixel_blocks > 1:
+            parts.append(f"pixel_blocks={self.pixel_blocks}")
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
-def _contraction(family: str, caps: Capabilities) -> ConvPlan:
+# the contraction's outermost range, (image, pixel block), should have at least this many units so that
+# any worker count up to 16 gets a balanced share (as codegen/opt.py's SPLIT_UNITS); a block keeps at
+# least MIN_BLOCK_PIXELS pixels (4 column tiles of AVX-512's 64)
+SPLIT_UNITS = 48
+MIN_BLOCK_PIXELS = 256
+
+
+def pixel_blocks(images: int, pixels: int, tile_width: int = 0) -> int:
+    """Blocks per image of the contraction's pixels: 1 when the images alone give SPLIT_UNITS units;
+    else a divisor of `pixels` leaving blocks of >= MIN_BLOCK_PIXELS, preferring blocks a multiple of
+    `tile_width` (no partial register tile per block), the fewest that reach SPLIT_UNITS units, else
+    the most there are. At batch 8 a 56x56 layer takes 7 blocks of 448 pixels (56 units), 28x28 2."""
+    if images >= SPLIT_UNITS:
+        return 1
+    cands = [d for d in range(1, pixels // MIN_BLOCK_PIXELS + 1) if pixels % d == 0]
+    if not cands:
+        return 1
+    aligned = [d for d in cands if tile_width and (pixels // d) % tile_width == 0] or cands
+    enough = [d for d in aligned if images * d >= SPLIT_UNITS]
+    return min(enough) if enough else max(aligned)
+
+
+def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None) -> ConvPlan:
     tile = caps.register_tile if not caps.has_local else None
-    return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0)
+    blocks = 1
+    if geo is not None and tile is not None:
+        blocks = pixel_blocks(geo.N, geo.OH * geo.OW, caps.tile_lanes and tile[1])
+    return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0, blocks)
 
 
 def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
@@ -126,15 +157,15 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
         return ConvPlan("depthwise")
     if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
         return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
-    return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps)
+    return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
 def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
     """The default plan first, then the valid alternatives a search times."""
     out = [conv_plan(geo, caps)]
-    if geo.pointwise:
-        out.append(_contraction("pointwise", caps))
-    out.append(_contraction("im2col_gemm", caps))
+    for family in ("pointwise", "im2col_gemm") if geo.pointwise else ("im2col_gemm",):
+        out.append(_contraction(family, caps, geo))
+        out.append(_contraction(family, caps))          # whole images
     if geo.depthwise:
         out.append(ConvPlan("depthwise"))
         if any(geo.pads):
@@ -160,6 +191,8 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
+    if (geo.OH * geo.OW) % plan.pixel_blocks:
+        raise ArgumentError(f"{plan}: {plan.pixel_blocks} blocks do not divide {geo.OH * geo.OW} output pixels")
 
 
 # a candidate replaces the default only when this much faster (as codegen's schedule search: noise is no win)
