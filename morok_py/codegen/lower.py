@@ -352,7 +352,7 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         self.n_params = len(pinfo)
         vector = None
         if self.group_mode:
-            grid = grid_plan(ast, globals_, sched.group) if sched.reduce == "grid" else None
+            grid = grid_plan(ast, globals_, sched.group, sched.row_split) if sched.reduce == "grid" else None
             if sched.row_cache:
                 self.row_cache = row_cache_plan(ast, globals_, scan)
             chain, dims, local = self.map_to_group_per_row(globals_, chain, grid)

@@ -83,6 +83,8 @@ class Schedule:
                    through registers (whose loads the compiler may schedule late: codegen/gpu_tile.py).
     stream_block   reduce "stream": output columns per block.
     permute        "groups": a permutation moved through shared-memory tiles of this edge (strategies/permute.py); 0: off.
+    row_split      reduce "grid" over one GLOBAL range of constant rows: each row on this many work-groups (a power
+                   of two), the last of them combining the row's partials (strategies/grid_reduce.py); 0: off.
     """
 
     mapping: str
@@ -106,8 +108,11 @@ class Schedule:
     unrolled: bool = False
     async_fill: bool = False
     permute: int = 0
+    row_split: int = 0
 
     def __post_init__(self) -> None:
+        if self.row_split and (self.row_split < 2 or self.row_split & (self.row_split - 1) or self.reduce != "grid"):
+            raise ArgumentError("row_split needs reduce 'grid' and is a power of two >= 2")
         if self.permute:
             from .strategies.permute import valid_permute
             if self.mapping != "groups" or self.vector_width != 1 or self.split != 1 or not valid_permute(self.permute, self.group):
@@ -190,7 +195,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ArgumentError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute", "row_split"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ArgumentError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
@@ -374,6 +379,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         if row_groups:      # long rows, few in flight: a full-size group per row keeps its loads in flight
             return Schedule("group_per_row", reduce="group", group=min(1024, caps.max_threads_per_group,
                             caps.local_max[0]), row_cache=row_cache, row_groups=row_groups)
+        split = small_shapes.row_split_default(ast, shape.globals_, caps, group)
+        if split:               # few long rows, reduced only: each row on several work-groups
+            return Schedule("group_per_row", reduce="grid", group=group, row_split=split)
         few = small_shapes.few_rows_group(ast, shape.globals_, caps)   # few long rows: full-size groups
         return Schedule("group_per_row", reduce="group", group=few or group, row_cache=row_cache)
     if caps.vector_width > 1:
@@ -449,8 +457,8 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
             raise ArgumentError(f"{schedule}: group_per_row takes a reduction over at most one GLOBAL range")
         if schedule.reduce == "grid":
             from .strategies.grid_reduce import grid_plan
-            if grid_plan(ast, shape.globals_, schedule.group) is None:
-                raise ArgumentError(f"{schedule}: not a full reduction")
+            if grid_plan(ast, shape.globals_, schedule.group, schedule.row_split) is None:
+                raise ArgumentError(f"{schedule}: not a full reduction (row_split: not a reduction of few constant rows)")
         if schedule.row_groups and len(shape.globals_) != 1:
             raise ArgumentError(f"{schedule}: row_groups needs one GLOBAL range (the rows)")
     if schedule.upcast:
@@ -500,6 +508,7 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 out.append(replace(base, tile_lanes=0, pack=False))     # scalar lanes, packed by LLVM
             out.append(replace(base, register_tile=None, tile_lanes=0, pack=False))
     else:
+        from .strategies import small_shapes
         limit = min(caps.max_threads_per_group, caps.local_max[0])
         groups = [g for g in (64, 128, 256, 512, 1024) if g <= limit]
         if base.permute:        # other tiles and groups, then the general path
@@ -547,8 +556,11 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     if base.row_groups and g >= 256:
                         out += [Schedule("group_per_row", reduce="group", group=g, row_cache=base.row_cache,
                                          row_groups=n) for n in (64, 128, 256)]
-                if base.reduce == "grid":
+                if base.reduce == "grid" and not base.row_split:
                     out.append(Schedule("group_per_row", reduce="grid", group=g))
+                if base.row_split or base.group == small_shapes.FEW_ROWS_GROUP:
+                    out += [Schedule("group_per_row", reduce="grid", group=g, row_split=p)
+                            for p in small_shapes.ROW_SPLITS]
         else:
             from .strategies.split_reduce import upcast_plan
             up = upcast_plan(ast, scan) if base.split > 1 else None

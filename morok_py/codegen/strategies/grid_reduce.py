@@ -1,5 +1,10 @@
 """Two-stage grid reduction: a full reduction (no GLOBAL range) split over many work-groups; each
-writes a partial to a hidden buffer, the last group to finish combines them (Schedule.reduce == "grid")."""
+writes a partial to a hidden buffer, the last group to finish combines them (Schedule.reduce == "grid").
+
+Split rows (Schedule.row_split = P > 1): a reduction over one GLOBAL range of few constant rows (fewer than
+the GPU has SMs: 8 rows of 128k columns) runs each row on P work-groups: group g takes row g / P and strides
+part g % P of it; each row has its own partials and ticket counter, and the last of its P groups to finish
+combines them and runs the rest of the kernel for that row (the stores)."""
 from __future__ import annotations
 
 from ...dtypes import DType, dtypes
@@ -14,10 +19,14 @@ GRID_REDUCE_GROUPS = 1024      # work-groups of a two-stage full reduction (at m
 GRID_ITEMS_PER_WORKER = 4      # fewer groups when the range is small: >= this many elements per work-item
 
 
-def grid_plan(ast: UOp, globals_, group: int) -> "tuple[list[UOp], UOp] | None":
+def grid_plan(ast: UOp, globals_, group: int, row_split: int = 0) -> "tuple[list[UOp], UOp] | None":
     """A full reduction (no GLOBAL range) whose top-level REDUCEs share their ranges is split over
     up to GRID_REDUCE_GROUPS work-groups of `group` items: (the reduces, the group count as a UOp of
-    the sizes); None for any other kernel."""
+    the sizes); None for any other kernel. `row_split` P > 1: a reduction over one GLOBAL range of
+    constant R rows (R x P <= GRID_REDUCE_GROUPS, P a power of two), every store over that range only:
+    (the reduces, P, the groups of one row)."""
+    if row_split > 1:
+        return row_grid_plan(ast, globals_, row_split)
     if globals_:
         return None
     reds = top_reduces(list(ast.src))
@@ -33,7 +42,29 @@ def grid_plan(ast: UOp, globals_, group: int) -> "tuple[list[UOp], UOp] | None":
     return reds, simplify(groups)
 
 
+def row_grid_plan(ast: UOp, globals_, parts: int) -> "tuple[list[UOp], UOp] | None":
+    """`grid_plan` with split rows: (the reduces, the constant P as a UOp); None where the kernel is not a
+    reduction over one GLOBAL range of constant rows, all its top REDUCEs over the same ranges and free of
+    any range but the row's, every store over the row range only, R x P within GRID_REDUCE_GROUPS."""
+    if len(globals_) != 1 or parts < 2 or parts & (parts - 1):
+        return None
+    row = globals_[0]
+    if row.src[0].op is not Ops.CONST or row.src[0].arg * parts > GRID_REDUCE_GROUPS:
+        return None
+    stores = list(ast.src)
+    if any(st.free_ranges != {row} for st in stores):
+        return None
+    reds = top_reduces(stores)
+    if not reds or any(not r.free_ranges <= {row} for r in reds):
+        return None
+    if len({tuple(sorted((id(x) for x in r.src[1:]))) for r in reds}) != 1:
+        return None
+    return reds, UOp.const(parts, dtypes.index)
+
+
 class GridReduce:
+    grid_rows: "tuple[Instr, Instr, int] | None" = None    # split rows: (row, part, P) of this work-group
+
     def hidden_param(self, dt: DType, count: int) -> Instr:
         slot = self.n_params + len(self.hidden)
         self.hidden.append(HiddenBuffer(dt, count))
@@ -53,7 +84,9 @@ class GridReduce:
         n_groups = self.emit(groups_expr, chain)
         gsize = self.emit(UOp.const(self.group_size, idx), chain)
         zero = self.emit(UOp.const(0, idx), chain)
-        base = self.new(L.ALU, idx, (self.gid, gsize), Ops.MUL); base.index_math = True
+        rows = self.grid_rows
+        part = self.gid if rows is None else rows[1]     # this group's part of the range (of its row)
+        base = self.new(L.ALU, idx, (part, gsize), Ops.MUL); base.index_math = True
         start = self.new(L.ALU, idx, (base, self.lid), Ops.ADD); start.index_math = True
         step = self.new(L.ALU, idx, (n_groups, gsize), Ops.MUL); step.index_math = True
         for it in (base, start, step):
@@ -62,8 +95,15 @@ class GridReduce:
         self.emit_reduces(reds, chain, depth, cooperative=True)
         self.dist = None
         parts = [top.memo.pop(r) for r in reds]
+        n_rows = 1 if rows is None else GRID_REDUCE_GROUPS // rows[2]
         scratch = [self.hidden_param(r.dtype, GRID_REDUCE_GROUPS) for r in reds]
-        counter = self.hidden_param(dtypes.uint32, 1)
+        counter = self.hidden_param(dtypes.uint32, n_rows)
+        slot_of = self.gid          # the partial's slot: the group id (row x P + part)
+        row_at = zero               # the row's counter, and the first of its P partials
+        if rows is not None:
+            row_at = rows[0]
+            first_slot = self.new(L.ALU, idx, (row_at, n_groups), Ops.MUL); first_slot.index_math = True
+            put(first_slot)
         one_u = self.new(L.CONST, dtypes.uint32, (), 1)
         one = self.emit(UOp.const(1, idx), chain)
         last_ticket = self.new(L.ALU, idx, (n_groups, one), Ops.SUB); last_ticket.index_math = True
@@ -71,9 +111,9 @@ class GridReduce:
         flag = self.new(L.LOCAL, dtypes.int32, (), 1)
         is0 = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
         first = If(is0)
-        for buf, part in zip(scratch, parts):
-            first.body.append(self.new(L.STORE, None, (buf, self.gid, part)))
-        ticket = self.new(L.ATOMIC_ADD, dtypes.uint32, (counter, zero, one_u))
+        for buf, p in zip(scratch, parts):
+            first.body.append(self.new(L.STORE, None, (buf, slot_of, p)))
+        ticket = self.new(L.ATOMIC_ADD, dtypes.uint32, (counter, row_at, one_u))
         got_last = self.new(L.ALU, dtypes.bool, (ticket, last_u), Ops.CMPEQ)
         as_int = self.new(L.ALU, dtypes.int32, (got_last,), Ops.CAST)
         first.body.extend([self.new(L.FENCE, None), ticket, self.new(L.FENCE, None), got_last, as_int,
@@ -92,8 +132,12 @@ class GridReduce:
         scope.items.extend(accs)
         loop = Loop(self.new(L.LOOPVAR, idx), self.lid, n_groups, AxisType.REDUCE, step=gsize)
         self.stepped.append(SteppedLoop(groups_expr, UOp.const(self.group_size, idx)))   # starts: lid
+        at = loop.var
+        if rows is not None:
+            at = self.new(L.ALU, idx, (first_slot, loop.var), Ops.ADD); at.index_math = True
+            loop.body.append(at)
         for acc, buf, r in zip(accs, scratch, reds):
-            v = self.new(L.LOAD, r.dtype, (buf, loop.var)); v.volatile = True
+            v = self.new(L.LOAD, r.dtype, (buf, at)); v.volatile = True
             cur = self.new(L.ACC_LOAD, r.dtype, (acc,))
             upd = self.new(L.ALU, r.dtype, (cur, v), r.arg); upd.reassoc = True
             loop.body.extend([v, cur, upd, self.new(L.ACC_STORE, None, (acc, upd))])
@@ -103,6 +147,6 @@ class GridReduce:
             scope.items.append(res)
             scope.memo[r] = self.combine_in_group(res, r.arg, chain, len(chain) - 1)
         again = self.new(L.ALU, dtypes.bool, (self.lid, zero), Ops.CMPEQ)
-        reset = self.new(L.STORE, None, (counter, zero, self.new(L.CONST, dtypes.uint32, (), 0)))
+        reset = self.new(L.STORE, None, (counter, row_at, self.new(L.CONST, dtypes.uint32, (), 0)))
         scope.items.extend([again, If(again, [reset])])
         return chain

@@ -227,6 +227,23 @@ class GroupReduce:
         top.items.extend([gid, self.lid])
         self.gpu_ids.append(gid)
         inner = Scope([], None)
+        split = self.schedule.row_split if grid is not None and globals_ else 0
+        if split > 1:
+            # split rows (strategies/grid_reduce.py): group g takes part g % P of row g / P
+            shift = self.new(L.CONST, dtypes.index, (), split.bit_length() - 1)
+            mask = self.new(L.CONST, dtypes.index, (), split - 1)
+            row = self.new(L.ALU, dtypes.index, (gid, shift), Ops.SHR); row.index_math = True
+            part = self.new(L.ALU, dtypes.index, (gid, mask), Ops.AND); part.index_math = True
+            top.items.extend([shift, mask, row, part])
+            self.grid_rows = (row, part, split)
+            self.global_instr[id(globals_[0])] = row
+            dims = [simplify(globals_[0].src[0] * split)]
+            guard = If(self.emit(UOp.const(True, dtypes.bool), chain))
+            top.items.append(guard)
+            top.open_children.append(guard)
+            inner = Scope(guard.body, None, guard)
+            inner.memo[globals_[0]] = row
+            return chain + [inner], dims, (size, 1, 1)
         if globals_:
             self.global_instr[id(globals_[0])] = gid
             dims = [globals_[0].src[0]]

@@ -8,6 +8,9 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
 - few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
   1000^3, or symbolic sizes bounded by 1024) takes half-size blocks; a symbolic extent counts at its
   variable's upper bound.
+- split rows: a reduction over fewer constant rows than FEW_BLOCKS, nothing but its stores after the reductions
+  (8 rows of 128k columns summed), runs each row on several work-groups (Schedule.row_split,
+  strategies/grid_reduce.py), about ROW_SPLIT_GROUPS in all.
 - few rows: a row kernel with fewer rows than FEW_BLOCKS whose rows are long takes full-size work-groups
   (FEW_ROWS_GROUP items), the most loads in flight each of its few SMs can hold.
 """
@@ -25,6 +28,9 @@ DECODE_BK = 128         # k depth of a 16-bit decode tile: 4 cp.async stages of 
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
 FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
 FEW_ROWS_MIN = 16384    # ... "long": at least this many elements per row
+ROW_SPLIT_GROUPS = 512  # split rows: about this many work-groups in all (4 per SM of an H100)
+ROW_SPLIT_ITEMS = 4     # ... each work-item reducing at least this many elements
+ROW_SPLITS = (8, 16, 32, 64, 128)   # the parts per row a search times
 
 
 def _upper(ext: UOp) -> int | None:
@@ -155,3 +161,23 @@ def few_rows_group(ast: UOp, globals_, caps: Capabilities) -> int:
         if n < FEW_ROWS_MIN:
             return 0
     return FEW_ROWS_GROUP
+
+
+def row_split_default(ast: UOp, globals_, caps: Capabilities, group: int) -> int:
+    """Schedule.row_split of a reduction over few long rows (few_rows_group's kernels) that the split-row grid
+    reduction takes: the power of two P with rows x P nearest ROW_SPLIT_GROUPS from below, each item still
+    reducing ROW_SPLIT_ITEMS elements; 0 for any other kernel or target."""
+    from .grid_reduce import row_grid_plan
+    if not caps.grid_reduce or not few_rows_group(ast, globals_, caps):
+        return 0
+    rows = globals_[0].src[0].arg
+    plan = row_grid_plan(ast, globals_, 2)
+    if plan is None:
+        return 0
+    n = 1
+    for r in plan[0][0].src[1:]:
+        n *= r.src[0].arg
+    p = 2
+    while rows * p * 2 <= ROW_SPLIT_GROUPS and n >= p * 2 * group * ROW_SPLIT_ITEMS:
+        p *= 2
+    return p if row_grid_plan(ast, globals_, p) is not None else 0

@@ -1,0 +1,233 @@
+"""Small and skinny shapes on a GPU (codegen/strategies/small_shapes.py, the split rows of
+strategies/grid_reduce.py): decode contractions of 16-64 rows on skinny blocks, half-size tiles for
+contractions that would leave SMs idle (constant or bounded symbolic sizes), few long rows on full-size
+groups, and reductions over few rows split over several work-groups per row.
+
+The schedule tests render with the real CUDA renderers (no GPU needed) and run the split-row reduction
+through the linear-kernel interpreter; the `cuda` tests run each strategy on both CUDA pairs against numpy
+(the `device` fixture also runs them on the CPU pairs, whose schedules the shared layer also picks).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from morok_py import LaunchError, Ops, UOp, dtypes, kernels as K
+from morok_py.codegen.lower import lower
+from morok_py.codegen.scan import scan_kernel
+from morok_py.codegen.schedule import Schedule, candidate_schedules, default_schedule
+from morok_py.codegen.strategies import small_shapes
+from morok_py.codegen.symbolic import simplify
+from morok_py.dtypes import to_numpy
+
+import linear_interp as LI
+from conftest import open_target, random_array
+
+GPU_PAIRS = [
+    pytest.param(("CUDA", "nvrtc"), id="CUDA-nvrtc", marks=pytest.mark.cuda),
+    pytest.param(("CUDA", "llvm-nvptx"), id="CUDA-llvm-nvptx", marks=pytest.mark.cuda),
+]
+TOL = {"float16": (2 ** -9, 2e-3), "bfloat16": (2 ** -6, 1e-2), "float32": (1e-4, 1e-4)}
+
+
+@pytest.fixture(params=GPU_PAIRS)
+def gpu(request):
+    return open_target(*request.param)
+
+
+def cuda_renderer():
+    from backends.cuda.device import compile_only_pairs
+    return compile_only_pairs("sm_90")[0]
+
+
+def default_for(ast, caps):
+    ast = simplify(ast)
+    return default_schedule(ast, caps, scan_kernel(ast))
+
+
+def bounded(n: str, hi: int = 1024) -> UOp:
+    return UOp.variable(n, 1, hi)
+
+
+# ---- the schedules (no GPU) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16])
+def test_decode_contraction_takes_a_skinny_tensor_core_tile(dt):
+    r, c = cuda_renderer()
+    s = default_for(K.matmul(32, 4096, 4096, dtype=dt), r.caps)
+    assert s.tensor_core == "mma_m16n8k16" and s.matmul_tile[:2] == (32, small_shapes.DECODE_COLS), s
+    spec = r.render(K.matmul(32, 4096, 4096, dtype=dt), "decode")
+    assert spec.launch_dims({})[0][0] * spec.launch_dims({})[0][1] == 4096 // small_shapes.DECODE_COLS
+    assert "tensor_core=mma_m16n8k16" in str(spec.linear.schedule) and "matmul_tile=32x32x" in str(spec.linear.schedule)
+    c.compile(spec)
+
+
+def test_decode_rows_are_rounded_to_the_fragment():
+    r, _ = cuda_renderer()
+    assert default_for(K.matmul(17, 4096, 4096, dtype=dtypes.float16), r.caps).matmul_tile[0] == 32
+    assert default_for(K.matmul(64, 4096, 4096, dtype=dtypes.float16), r.caps).matmul_tile[0] == 64
+    # fewer rows than a fragment: the GEMV's split reduction, as before
+    assert default_for(K.matmul(8, 4096, 4096), r.caps).split > 1
+
+
+def test_float32_decode_takes_a_skinny_cuda_core_tile():
+    r, c = cuda_renderer()
+    s = default_for(K.matmul(32, 4096, 4096), r.caps)
+    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile[:2] == (32, small_shapes.DECODE_COLS), s
+    c.compile(r.render(K.matmul(32, 4096, 4096), "decode32"))
+
+
+@pytest.mark.parametrize("ast", [lambda: K.matmul(1000, 1000, 1000),
+                                 lambda: K.matmul(bounded("M"), bounded("N"), bounded("K"))], ids=["static", "bounded"])
+def test_contractions_under_a_wave_of_blocks_take_half_size_tiles(ast):
+    r, c = cuda_renderer()
+    s = default_for(ast(), r.caps)
+    assert s.matmul_tile[:2] == (64, 64), s
+    c.compile(r.render(ast(), "mm"))
+
+
+def test_unbounded_symbolic_and_large_contractions_keep_the_full_tile():
+    r, _ = cuda_renderer()
+    assert default_for(K.matmul(), r.caps).matmul_tile[:2] == (128, 128)
+    assert default_for(K.matmul(4096, 4096, 4096), r.caps).matmul_tile[:2] == (128, 128)
+
+
+def test_few_long_rows_are_split_over_groups_or_take_full_groups():
+    r, c = cuda_renderer()
+    s = default_for(K.reduce_axis("sum", [8, 131072], 1), r.caps)
+    assert s.reduce == "grid" and s.row_split == 64 and "row_split=64" in str(s)
+    spec = r.render(K.reduce_axis("sum", [8, 131072], 1), "sum_rows")
+    assert spec.launch_dims({})[0] == (8 * 64, 1, 1)
+    assert [h.count for h in spec.launch.hidden][-1] >= 8      # a ticket counter per row
+    c.compile(spec)
+    soft = default_for(K.softmax(8, 131072), r.caps)
+    assert soft.group == small_shapes.FEW_ROWS_GROUP and soft.reduce == "group"
+    # many rows, or short ones: as before
+    assert default_for(K.reduce_axis("sum", [4096, 4096], 1), r.caps).row_split == 0
+    assert default_for(K.reduce_axis("sum", [8, 1000], 1), r.caps) == Schedule("group_per_row", reduce="group", group=256)
+
+
+def test_small_shape_schedules_are_searchable_and_stored():
+    r, _ = cuda_renderer()
+    for ast in (K.reduce_axis("sum", [8, 131072], 1), K.matmul(32, 4096, 4096, dtype=dtypes.float16)):
+        ast = simplify(ast)
+        cands = candidate_schedules(ast, r.caps, scan_kernel(ast))
+        assert Schedule.from_json(cands[0].to_json()) == cands[0]
+        assert len(cands) > 3
+    ast = simplify(K.reduce_axis("sum", [8, 131072], 1))
+    splits = {s.row_split for s in candidate_schedules(ast, r.caps, scan_kernel(ast))}
+    assert {8, 16, 32, 64, 128} <= splits
+    with pytest.raises(ValueError):
+        Schedule("group_per_row", reduce="group", group=256, row_split=4)
+    with pytest.raises(ValueError):
+        Schedule("group_per_row", reduce="grid", group=256, row_split=3)
+
+
+def _split_rows_interpreted(ast, x, out_shape, vals, split, group=32):
+    r, _ = cuda_renderer()
+    kernel, info = lower(ast, r.caps, "rows", schedule=Schedule("group_per_row", reduce="grid", group=group,
+                                                                  row_split=split))
+    out = np.zeros(out_shape, np.float32)
+    writes = LI.run(kernel, info, [x.reshape(-1), out], vals)
+    assert (writes[-1] == 1).all(), "every row's output is stored once, by the last of its groups"
+    return out, info
+
+
+@pytest.mark.parametrize("op,cols,split", [("sum", 1001, 4), ("max", 333, 8), ("sum", 37, 2)])
+def test_split_rows_interpreted(rng, op, cols, split):
+    x = random_array(rng, (3, cols), np.float32)
+    out, info = _split_rows_interpreted(K.reduce_axis(op, [3, cols], 1), x, 3, {}, split)
+    np.testing.assert_allclose(out, getattr(x.astype(np.float64), op)(1), rtol=1e-5, atol=1e-5)
+    assert info.launch_dims({})[0] == (3 * split, 1, 1)
+
+
+def test_split_rows_with_symbolic_columns_interpreted(rng):
+    x = random_array(rng, (5, 211), np.float32)
+    ast = K.reduce_axis("sum", [5, None], 1)
+    out, _ = _split_rows_interpreted(ast, x, 5, {"d1": 211}, 4)
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_split_rows_refuse_symbolic_rows_and_other_kernels():
+    r, _ = cuda_renderer()
+    for ast in (K.reduce_axis("sum", [None, 1000], 1), K.softmax(8, 1000), K.sum_all(1000)):
+        with pytest.raises(ValueError):
+            lower(ast, r.caps, "x", schedule=Schedule("group_per_row", reduce="grid", group=256, row_split=4))
+
+
+# ---- on the devices -------------------------------------------------------------------------------
+
+def _matmul_check(target, rng, ast, M, N, Kd, dt, vals=None):
+    a = (random_array(rng, (M, Kd), np.float32)).astype(to_numpy(dt))
+    w = (random_array(rng, (Kd, N), np.float32) / np.sqrt(Kd)).astype(to_numpy(dt))
+    out = target.empty(M * N, dt)
+    target.compile(ast)(target.buf(a), target.buf(w), out, **(vals or {}))
+    want = a.astype(np.float64) @ w.astype(np.float64)
+    rtol, atol = TOL[dt.name]
+    np.testing.assert_allclose(out.numpy().astype(np.float64).reshape(M, N), want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dt", [dtypes.float16, dtypes.bfloat16, dtypes.float32], ids=lambda d: d.name)
+@pytest.mark.parametrize("M,N,Kd", [(32, 4096, 4096), (17, 520, 999), (48, 1000, 333), (64, 136, 72)])
+def test_decode_contractions(device, rng, dt, M, N, Kd):
+    _matmul_check(device, rng, K.matmul(M, N, Kd, dtype=dt), M, N, Kd, dt)
+
+
+@pytest.mark.parametrize("M,N,Kd", [(1000, 1000, 1000), (77, 1001, 999), (1024, 3, 1024)])
+def test_bounded_symbolic_contractions(device, rng, M, N, Kd):
+    ast = K.matmul(bounded("M"), bounded("N"), bounded("K"))
+    _matmul_check(device, rng, ast, M, N, Kd, dtypes.float32, {"M": M, "N": N, "K": Kd})
+
+
+@pytest.mark.parametrize("op,rows,cols", [("sum", 8, 131072), ("max", 5, 40001), ("mean", 3, 65539),
+                                          ("min", 1, 20000)])
+def test_few_long_rows_reduced(device, rng, op, rows, cols):
+    x = random_array(rng, (rows, cols), np.float32)
+    out = device.empty(rows, dtypes.float32)
+    prog = device.compile(K.reduce_axis(op, [rows, cols], 1))
+    for _ in range(3):       # the per-row ticket counters are reset by each row's last group
+        x = random_array(rng, (rows, cols), np.float32)
+        prog(device.buf(x), out)
+        np.testing.assert_allclose(out.numpy(), getattr(x.astype(np.float64), op)(1), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows,cols", [(8, 131072), (3, 50257)])
+def test_few_long_rows_softmax(device, rng, rows, cols):
+    x = random_array(rng, (rows, cols), np.float32)
+    out = device.empty(rows * cols, dtypes.float32)
+    device.compile(K.softmax(rows, cols))(device.buf(x), out)
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(out.numpy().reshape(rows, cols), e / e.sum(1, keepdims=True), rtol=1e-4, atol=1e-8)
+
+
+@pytest.mark.parametrize("split", [2, 16, 128])
+def test_split_rows_with_symbolic_columns(gpu, rng, split):
+    """An explicit row_split over symbolic columns (the search's candidates), odd sizes."""
+    from morok_py import cache
+    r, c = gpu.pair()
+    ast = K.reduce_axis("sum", [6, None], 1)
+    prog = gpu.dev.runtime(cache.compile_ast(r, c, ast, "rows_sym", Schedule("group_per_row", reduce="grid",
+                                                                            group=256, row_split=split)))
+    for cols in (1, 999, 70001):
+        x = random_array(rng, (6, cols), np.float32)
+        out = gpu.empty(6, dtypes.float32)
+        prog(gpu.buf(x), out, d1=cols)
+        np.testing.assert_allclose(out.numpy(), x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
+
+
+def test_launch_check_guards_every_buffer(gpu, rng):
+    """A buffer too small for what the kernel touches is refused before the launch, for each strategy."""
+    cases = [(K.matmul(32, 4096, 4096, dtype=dtypes.float16), [32 * 4096, 4096 * 4096, 32 * 4096], dtypes.float16, {}),
+             (K.matmul(32, 520, 999), [32 * 999, 999 * 520, 32 * 520], dtypes.float32, {}),
+             (K.matmul(bounded("M"), bounded("N"), bounded("K")), [1000 * 1000] * 3, dtypes.float32,
+              {"M": 1000, "N": 1000, "K": 1000}),
+             (K.reduce_axis("sum", [8, 131072], 1), [8 * 131072, 8], dtypes.float32, {})]
+    for ast, sizes, dt, vals in cases:
+        prog = gpu.compile(ast)
+        for short in range(len(sizes)):
+            bufs = [gpu.empty(n - (i == short), dt) for i, n in enumerate(sizes)]
+            with pytest.raises(LaunchError):
+                prog(*bufs, **vals)
+        if vals:
+            with pytest.raises(LaunchError):
+                prog(*[gpu.empty(n, dt) for n in sizes], **dict(vals, M=1025))
