@@ -98,7 +98,89 @@ class _WGMMABuilder(_MMABuilder):
         fast = self.p.fast.get(unit, "k")
         fill = self.fill_passes if t.kmajor else self.fill_passes_along_k
         t.make_passes = lambda out, t=t, width=width, fast=fast: fill(t, width, fast, 1, tid, out)
+        t.prod = self.producer_passes(t, width, top) if t.vpasses else None
         return t
+
+    def producer_passes(self, t: _Tile, width: int, top: list[Item]):
+        """The producer's 16-byte copies of a full tile as one base place and constant offsets that keep the
+        swizzle (whole 8-row groups, whole 64-wide atoms): (lk0, lw0, swizzled base, [(dk, dw, offset)]),
+        or None (a 192-wide MN-major tile: tensor_core.py's passes). One base register instead of one per
+        pass: the producer runs under the consumers' 168-register cap, where 24 hoisted places spilled."""
+        P, BK = WG_PRODUCER, self.BK
+        if t.kmajor:                       # [BK][width] -> [width / 64][BK][64]: C columns x R k rows a pass
+            C = 128 if width % 128 == 0 else 64 if width == 64 else 0
+            if not C:
+                return None
+            per = C // 8
+            R = P // per
+            lw0 = self.op(top, Ops.MUL, self.op(top, Ops.MOD, self.ptid, self.c(per)), self.c(8))
+            lk0 = self.op(top, Ops.IDIV, self.ptid, self.c(per))
+            raw0 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lk0, self.c(t.ld)), lw0)
+            passes = [(rb * R, cb * C, (cb * C // 64) * BK * 64 + rb * R * 64)
+                      for cb in range(width // C) for rb in range(BK // R)]
+        else:                              # [width][64]: 16 rows of 8 chunks a pass
+            per = BK // 8
+            R = P // per
+            lk0 = self.op(top, Ops.MUL, self.op(top, Ops.MOD, self.ptid, self.c(per)), self.c(8))
+            lw0 = self.op(top, Ops.IDIV, self.ptid, self.c(per))
+            raw0 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lw0, self.c(t.ld)), lk0)
+            passes = [(0, rb * R, rb * R * t.ld) for rb in range(width // R)]
+        return lk0, lw0, self.swizzled(t, raw0, top), passes
+
+    def fill_async(self, out: list[Item], k0: Instr, stage: "int | Instr") -> None:
+        """The producer's cp.async of the full tiles at k0 into buffer `stage` (tensor_core.py's passes for a
+        tile without producer_passes). Global places are the first pass's plus constants where the
+        strides are constants and no row or column is clamped, else each pass's own."""
+        from ..gpu_tile import _terms
+        from ..symbolic import simplify
+        p = self.p
+        for t in self.tiles:
+            off = (self.c(stage * t.size) if stage else None) if isinstance(stage, int) else \
+                self.op(out, Ops.MUL, stage, self.c(t.size))
+            if t.prod is None:
+                for ps in t.vpasses:
+                    blk = out
+                    if ps.guard is not None:
+                        g = If(ps.guard)
+                        out.append(g)
+                        blk = g.body
+                    self.copy(blk, t, self.op(blk, Ops.ADD, k0, ps.lk), ps.w,
+                              self.op(blk, Ops.ADD, ps.sidx, off) if off is not None else ps.sidx)
+                continue
+            lk0, lw0, swz0, passes = t.prod
+            base = self.op(out, Ops.ADD, swz0, off) if off is not None else swz0
+            var = p.i if t.kind == "A" else p.j
+            ext = var.src[0]
+            form = _terms(t.unit.src[1]) or {}
+            sk, sw = (simplify(form[v]) if v in form else None for v in (p.k, var))
+            const = (ext.op is Ops.CONST and ext.arg % (p.tile[0] if t.kind == "A" else p.tile[1]) == 0
+                     and sk is not None and sw is not None and sk.op is Ops.CONST and sw.op is Ops.CONST)
+            span = 8 if t.kmajor else 1
+            kc0 = self.op(out, Ops.ADD, k0, lk0)
+            if const:
+                memo: dict[UOp, Instr] = {}
+                env = {**self.bind, p.k: kc0, var: self.clamped(out, t.kind, lw0, span)}
+                g0 = self.expr(t.unit.src[1], env, out, memo)
+                buf = self.expr(t.unit.src[0], env, out, memo)
+            for dk, dw, ds in passes:
+                sidx = self.op(out, Ops.ADD, base, self.c(ds)) if ds else base
+                if const:
+                    d = dk * int(sk.arg) + dw * int(sw.arg)
+                    gidx = self.op(out, Ops.ADD, g0, self.c(d)) if d else g0
+                    out.append(self.new(L.CP_ASYNC, None, (t.smem, sidx, buf, gidx), 16))
+                    continue
+                kc = self.op(out, Ops.ADD, kc0, self.c(dk)) if dk else kc0
+                w = self.clamped(out, t.kind, self.op(out, Ops.ADD, lw0, self.c(dw)) if dw else lw0, span)
+                self.copy(out, t, kc, w, sidx)
+
+    def copy(self, out: list[Item], t: _Tile, kc: Instr, w: Instr, sidx: Instr) -> None:
+        """One 16-byte cp.async of unit t at k = kc, row (column) w into shared place sidx."""
+        p = self.p
+        env = {**self.bind, p.k: kc, (p.i if t.kind == "A" else p.j): w}
+        memo: dict[UOp, Instr] = {}
+        gidx = self.expr(t.unit.src[1], env, out, memo)
+        buf = self.expr(t.unit.src[0], env, out, memo)
+        out.append(self.new(L.CP_ASYNC, None, (t.smem, sidx, buf, gidx), 16))
 
     def clamped(self, out: list[Item], kind: str, local: Instr, span: int = 1) -> Instr:
         """gpu_tile's clamped row (column), unclamped where the extent is a constant multiple of the block:
