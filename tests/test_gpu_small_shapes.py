@@ -95,13 +95,14 @@ def test_unbounded_symbolic_and_large_contractions_keep_the_full_tile():
 def test_few_long_rows_are_split_over_groups_or_take_full_groups():
     r, c = cuda_renderer()
     s = default_for(K.reduce_axis("sum", [8, 131072], 1), r.caps)
-    assert s.reduce == "grid" and s.row_split == 64 and "row_split=64" in str(s)
+    assert s.reduce == "grid" and s.row_split == 64 and "row_split=64" in str(s) and s.vector_width == 4
     spec = r.render(K.reduce_axis("sum", [8, 131072], 1), "sum_rows")
     assert spec.launch_dims({})[0] == (8 * 64, 1, 1)
     assert [h.count for h in spec.launch.hidden][-1] >= 8      # a ticket counter per row
     c.compile(spec)
     soft = default_for(K.softmax(8, 131072), r.caps)
-    assert soft.group == small_shapes.FEW_ROWS_GROUP and soft.reduce == "group"
+    assert soft.group == small_shapes.FEW_ROWS_GROUP and soft.reduce == "group" and soft.vector_width == 4
+    assert "float4" in r.render(K.softmax(8, 131072), "softmax").src
     # many rows, or short ones: as before
     assert default_for(K.reduce_axis("sum", [4096, 4096], 1), r.caps).row_split == 0
     assert default_for(K.reduce_axis("sum", [8, 1000], 1), r.caps) == Schedule("group_per_row", reduce="group", group=256)
@@ -123,20 +124,21 @@ def test_small_shape_schedules_are_searchable_and_stored():
         Schedule("group_per_row", reduce="grid", group=256, row_split=3)
 
 
-def _split_rows_interpreted(ast, x, out_shape, vals, split, group=32):
+def _split_rows_interpreted(ast, x, out_shape, vals, split, group=32, width=1):
     r, _ = cuda_renderer()
     kernel, info = lower(ast, r.caps, "rows", schedule=Schedule("group_per_row", reduce="grid", group=group,
-                                                                  row_split=split))
+                                                                  row_split=split, vector_width=width))
     out = np.zeros(out_shape, np.float32)
     writes = LI.run(kernel, info, [x.reshape(-1), out], vals)
     assert (writes[-1] == 1).all(), "every row's output is stored once, by the last of its groups"
     return out, info
 
 
-@pytest.mark.parametrize("op,cols,split", [("sum", 1001, 4), ("max", 333, 8), ("sum", 37, 2)])
-def test_split_rows_interpreted(rng, op, cols, split):
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("op,cols,split", [("sum", 1001, 4), ("max", 333, 8), ("sum", 37, 2), ("min", 1024, 4)])
+def test_split_rows_interpreted(rng, op, cols, split, width):
     x = random_array(rng, (3, cols), np.float32)
-    out, info = _split_rows_interpreted(K.reduce_axis(op, [3, cols], 1), x, 3, {}, split)
+    out, info = _split_rows_interpreted(K.reduce_axis(op, [3, cols], 1), x, 3, {}, split, width=width)
     np.testing.assert_allclose(out, getattr(x.astype(np.float64), op)(1), rtol=1e-5, atol=1e-5)
     assert info.launch_dims({})[0] == (3 * split, 1, 1)
 
@@ -146,6 +148,26 @@ def test_split_rows_with_symbolic_columns_interpreted(rng):
     ast = K.reduce_axis("sum", [5, None], 1)
     out, _ = _split_rows_interpreted(ast, x, 5, {"d1": 211}, 4)
     np.testing.assert_allclose(out, x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cols", [1000, 999])      # aligned rows (4-wide loads) and misaligned ones (scalar)
+def test_wide_rows_softmax_interpreted(rng, cols):
+    r, _ = cuda_renderer()
+    x = random_array(rng, (2, cols), np.float32)
+    kernel, info = lower(K.softmax(2, cols), r.caps, "softmax",
+                         schedule=Schedule("group_per_row", reduce="group", group=64, vector_width=4))
+    out = np.zeros(2 * cols, np.float32)
+    writes = LI.run(kernel, info, [x.reshape(-1), out], {})
+    assert (writes[-1] == 1).all()
+    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    np.testing.assert_allclose(out.reshape(2, cols), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8)
+
+
+def test_wide_rows_need_32_bit_row_loads():
+    r, _ = cuda_renderer()
+    with pytest.raises(ValueError):
+        lower(K.reduce_axis("sum", [8, 1000], 1, dtype=dtypes.float16), r.caps, "x",
+              schedule=Schedule("group_per_row", reduce="group", group=256, vector_width=4))
 
 
 def test_split_rows_refuse_symbolic_rows_and_other_kernels():

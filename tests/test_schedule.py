@@ -41,7 +41,7 @@ def default_for(ast, caps) -> Schedule:
     # vocabulary rows (201 KB, three passes): 128 rows in flight, each walked by 1024 items (row_groups)
     (lambda: K.softmax(1000, 50257), True, "Schedule(group_per_row, reduce=group, group=1024, row_groups=128)"),
     # <= 128 rows, fewer than an H100's SMs: full-size groups (strategies/small_shapes.py)
-    (lambda: K.softmax(100, 50257), True, "Schedule(group_per_row, reduce=group, group=1024)"),
+    (lambda: K.softmax(100, 50257), True, "Schedule(group_per_row, reduce=group, group=1024, vector_width=4)"),
     (lambda: K.row_max(1000, 50257), True, "Schedule(group_per_row, reduce=group, group=256)"),   # one pass
     ("row_max", True, "Schedule(group_per_row, reduce=group, group=256)"),
     ("matmul", True, "Schedule(tiled, group=256, matmul_tile=128x128x16x8x8)"),   # BK doubled: fits

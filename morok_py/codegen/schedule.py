@@ -46,7 +46,8 @@ class Schedule:
                    column reduction accumulated into the output row by row, `stream_block` columns
                    per thread-split unit (opt.stream_columns).
     group          work-items per work-group (GPU; 0 on the CPU).
-    vector_width   elementwise GPU kernels: contiguous elements per work-item (w-wide loads/stores).
+    vector_width   elementwise GPU kernels: contiguous elements per work-item (w-wide loads/stores). group_per_row:
+                   a cooperative reduction's contiguous 32-bit row loads as w-wide vectors (strategies/small_shapes.py).
     unroll         GPU: unroll count of a work-item's serial reduction loops (loads in flight).
     split          "groups" with a serial reduce: work-items per output sharing its reduction (the
                    group is group/split outputs x split; strategies/split_reduce.py). 1: one.
@@ -380,10 +381,12 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
             return Schedule("group_per_row", reduce="group", group=min(1024, caps.max_threads_per_group,
                             caps.local_max[0]), row_cache=row_cache, row_groups=row_groups)
         split = small_shapes.row_split_default(ast, shape.globals_, caps, group)
+        wide = small_shapes.wide_rows_default(ast, shape.globals_, caps)
         if split:               # few long rows, reduced only: each row on several work-groups
-            return Schedule("group_per_row", reduce="grid", group=group, row_split=split)
+            return Schedule("group_per_row", reduce="grid", group=group, row_split=split, vector_width=wide)
         few = small_shapes.few_rows_group(ast, shape.globals_, caps)   # few long rows: full-size groups
-        return Schedule("group_per_row", reduce="group", group=few or group, row_cache=row_cache)
+        return Schedule("group_per_row", reduce="group", group=few or group, row_cache=row_cache,
+                        vector_width=wide if few and not row_cache else 1)
     if caps.vector_width > 1:
         from .strategies.vectorize import vector_plan, widened
         if vector_plan(ast, shape.globals_, scan, caps.vector_width) is not None:
@@ -475,7 +478,11 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .strategies.split_reduce import lowering_unroll_applies
         if not lowering_unroll_applies(ast, schedule.split, schedule.unroll):
             raise ArgumentError(f"{schedule}: the split loop's trip count is no constant multiple of split x unroll")
-    if schedule.vector_width > 1:
+    if schedule.vector_width > 1 and schedule.mapping == "group_per_row":
+        from .strategies.small_shapes import wide_rows_apply
+        if schedule.row_cache or not wide_rows_apply(ast, schedule.vector_width):
+            raise ArgumentError(f"{schedule}: no contiguous 32-bit row loads in the kernel's reductions")
+    elif schedule.vector_width > 1:
         from .strategies.vectorize import vector_plan
         if schedule.mapping != "groups" or vector_plan(ast, shape.globals_, scan, schedule.vector_width) is None:
             raise ArgumentError(f"{schedule}: the kernel has no vectorizable elementwise access")
@@ -517,6 +524,12 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             out += [Schedule("groups", group=g) for g in groups]
         elif base.tensor_core is not None:
             from .strategies.tensor_core import TC_PIPELINES, TC_TILE_CANDIDATES, WGMMA, tc_pipeline, tc_threads
+            # decode tiles first (a search times the first few); then their pipelines
+            decs = small_shapes.decode_tc(ast, caps, scan, every=True)
+            out += [Schedule("tiled", group=tc_threads(t, m), matmul_tile=t, tensor_core=m, tc_stages=st,
+                             tc_swizzle=sw) for m, t, st, sw in decs]
+            out += [replace(base, tc_stages=st, tc_swizzle=sw) for _, t, _, _ in decs[:1] for st, sw in TC_PIPELINES
+                    if base.matmul_tile == t]
             if WGMMA in caps.tensor_cores:
                 from .strategies.wgmma import WG_CANDIDATES
                 out += [Schedule("tiled", group=tc_threads(t, WGMMA), matmul_tile=t, tensor_core=WGMMA, tc_stages=st,
@@ -530,6 +543,10 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                                     tc_stages=st, tc_swizzle=sw))
             out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
         elif base.mapping == "tiled":
+            out += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill)
+                    for t in small_shapes.decode_core(ast, caps, scan, every=True)]
+            if small_shapes.contraction_rows(ast, caps, scan) is not None and caps.split_upcast >= 0:
+                out.append(Schedule("groups", group=256, unroll=8, split=8))       # the GEMV's split
             BM, BN, BK, TM, TN = base.matmul_tile
             for t in [(BM, BN, BK // 2, TM, TN), (BM // 2, BN // 2, BK, TM // 2, TN // 2), (BM // 2, BN, BK, TM // 2, TN),
                       (BM, BN // 2, BK, TM, TN // 2), (32, 32, 16, 2, 2), (64, 64, 16, 4, 4), (128, 64, 16, 8, 4),
@@ -561,6 +578,12 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 if base.row_split or base.group == small_shapes.FEW_ROWS_GROUP:
                     out += [Schedule("group_per_row", reduce="grid", group=g, row_split=p)
                             for p in small_shapes.ROW_SPLITS]
+                    out += [replace(s, vector_width=w) for s in out[-len(small_shapes.ROW_SPLITS):] + [
+                            Schedule("group_per_row", reduce="group", group=g)] for w in (2, 4)]
+            if base.row_split or base.group == small_shapes.FEW_ROWS_GROUP:
+                # the few-rows forms first after the default (a search times the first few)
+                few = [s for s in out[1:] if s.mapping == "group_per_row" and s.group >= 256]
+                out = [out[0]] + few + [s for s in out[1:] if s not in few]
         else:
             from .strategies.split_reduce import upcast_plan
             up = upcast_plan(ast, scan) if base.split > 1 else None

@@ -22,6 +22,7 @@ ROW_GROUPS_MIN_BYTES = 48 * 1024    # rows shorter than this are left one work-g
 
 
 _HALF_DTYPES = ("float16", "bfloat16")
+_WIDE_DTYPES = ("float32", "int32", "uint32")    # Schedule.vector_width on group_per_row: w-wide row loads
 
 
 class GroupReduce:
@@ -33,10 +34,17 @@ class GroupReduce:
         16 bytes: as many bytes per load as a float4) in one vector load per buffer (benchmarks/half_bandwidth.py: scalar half
         loads moved 2 bytes where float32 moves 4, at 0.8x its bytes/s). (r, w, loads, their row bases
         with r = 0); None for any other reduction, which keeps the scalar group-strided loop."""
+        wide = self.schedule.vector_width if self.group_mode else 1     # 32-bit rows as vectors (small_shapes)
         if (self.split_mode or self.lane_axes or len(ranges) != 1 or self.caps.vector_width < 2
                 or self.unroll_copy is not None):
             return None
         r, w = ranges[0], 2 * self.caps.vector_width
+        if wide > 1 and any(n.op is Ops.LOAD and n.dtype is not None and n.dtype.name in _WIDE_DTYPES
+                            and r in n.free_ranges for node in nodes for n in node.src[0].toposort()):
+            w = wide
+            allowed = _WIDE_DTYPES
+        else:
+            allowed = _HALF_DTYPES
         loads = []
         for node in nodes:
             for n in node.src[0].toposort():
@@ -45,7 +53,7 @@ class GroupReduce:
                 if n.op is Ops.REDUCE:
                     return None
                 if n.op is Ops.LOAD:
-                    if (n.dtype is None or n.dtype.name not in _HALF_DTYPES or n.src[0].op is not Ops.PARAM
+                    if (n.dtype is None or n.dtype.name not in allowed or n.src[0].op is not Ops.PARAM
                             or x_coefficient(n.src[1], r) != 1 or n in self.row_cache):
                         return None
                     if n not in loads:

@@ -11,6 +11,8 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
 - split rows: a reduction over fewer constant rows than FEW_BLOCKS, nothing but its stores after the reductions
   (8 rows of 128k columns summed), runs each row on several work-groups (Schedule.row_split,
   strategies/grid_reduce.py), about ROW_SPLIT_GROUPS in all.
+- wide rows: the few-rows and split-row kernels load their 32-bit rows as WIDE_ROWS-wide vectors (16 bytes per
+  load, as the 16-bit rows already are: strategies/group_reduce.py), where the row's start is aligned.
 - few rows: a row kernel with fewer rows than FEW_BLOCKS whose rows are long takes full-size work-groups
   (FEW_ROWS_GROUP items), the most loads in flight each of its few SMs can hold.
 """
@@ -31,6 +33,7 @@ FEW_ROWS_MIN = 16384    # ... "long": at least this many elements per row
 ROW_SPLIT_GROUPS = 512  # split rows: about this many work-groups in all (4 per SM of an H100)
 ROW_SPLIT_ITEMS = 4     # ... each work-item reducing at least this many elements
 ROW_SPLITS = (8, 16, 32, 64, 128)   # the parts per row a search times
+WIDE_ROWS = 4           # 32-bit row loads of few-rows kernels: 4-wide (16 bytes)
 
 
 def _upper(ext: UOp) -> int | None:
@@ -181,3 +184,27 @@ def row_split_default(ast: UOp, globals_, caps: Capabilities, group: int) -> int
     while rows * p * 2 <= ROW_SPLIT_GROUPS and n >= p * 2 * group * ROW_SPLIT_ITEMS:
         p *= 2
     return p if row_grid_plan(ast, globals_, p) is not None else 0
+
+
+def wide_rows_apply(ast: UOp, width: int) -> bool:
+    """Some top REDUCE over one range loads a 32-bit row contiguously from a buffer (what the group reduction
+    loads as `width`-wide vectors)."""
+    from ..scan import top_reduces, x_coefficient
+    if width < 2 or width & (width - 1):
+        return False
+    for red in top_reduces(list(ast.src)):
+        if len(red.src) != 2:
+            continue
+        r = red.src[1]
+        for n in red.src[0].toposort():
+            if (n.op is Ops.LOAD and n.dtype is not None and n.dtype.name in ("float32", "int32", "uint32")
+                    and n.src[0].op is Ops.PARAM and r in n.free_ranges and x_coefficient(n.src[1], r) == 1):
+                return True
+    return False
+
+
+def wide_rows_default(ast: UOp, globals_, caps: Capabilities) -> int:
+    """WIDE_ROWS for a few-rows kernel (few_rows_group) with 32-bit row loads on a target with vector loads; else 1."""
+    if caps.vector_width < WIDE_ROWS or not few_rows_group(ast, globals_, caps) or not wide_rows_apply(ast, WIDE_ROWS):
+        return 1
+    return WIDE_ROWS
