@@ -39,6 +39,7 @@ peer before it is timed.
 | `compile.py`, `compile_time.py` | compile and disk-cache-hit times; compile time per kernel and pair | targets |
 | `half_bandwidth.py` | float16/bfloat16 elementwise and reductions as bytes/s, over float32's | torch |
 | `tensor_cores.py` | float16/bfloat16 contractions on tensor cores (`--sweep`: the pipeline forms) | torch.matmul (cuBLAS) |
+| `decode.py` | small and skinny shapes: decoding-step contractions (32-64 rows), a batch-8 GEMV through the checked call, a bounded symbolic 1000^3 matmul, softmax and sums over 8 long rows | torch, CuPy |
 | `conv.py` | 2-D convolutions (implicit GEMM) | torch |
 | `schedule_variants.py` | named schedules of one kernel side by side | torch |
 | `search_context.py` | a search's timings against the benchmark's, for one kernel | - |

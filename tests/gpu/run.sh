@@ -8,8 +8,9 @@
 #              then the tests that take the default pair run again with llvm-nvptx as the default
 #   onnx       every tests/test_onnx_*.py (node cases, models, session, backend, ops, PyTorch exports where
 #              torch is installed) on CUDA, the two pairs side by side
-#   bench      the GPU benchmarks (kernels, suite, copies, launch, compile, half precision, tensor cores, conv,
-#              ONNX models), most important first, each skipped once the budget cannot hold it
+#   bench      the GPU benchmarks (kernels, suite, copies, launch, compile, half precision, tensor cores, small
+#              shapes (decode), conv, ONNX models), most important first, each skipped once the budget cannot
+#              hold it
 #   search     MOROK_BEAM searches: the general suite searched on nvrtc, the matmuls on llvm-nvptx, and
 #              the search-against-benchmark check of the 4096^3 matmul
 #   cpu        the CPU test suite on this host's CPU
@@ -148,6 +149,9 @@ suite_bench() {
   TAILN=24 step "$log" 60 python3 $B/half_bandwidth.py --device CUDA
   for pair in nvrtc llvm-nvptx; do
     MOROK_CUDA_COMPILER=$pair TAILN=8 step "$log" 120 python3 $B/tensor_cores.py
+  done
+  for pair in nvrtc llvm-nvptx; do
+    TAILN=14 step "$log" 90 python3 $B/decode.py --device CUDA --compiler $pair
   done
   TAILN=12 step "$log" 60 python3 $B/conv.py --device CUDA
   TAILN=12 step "$log" 90 python3 $B/copies.py --device CUDA
