@@ -370,8 +370,62 @@ class _WGMMABuilder(_MMABuilder):
         raise ValueError("the warpgroup form has no register-staged loop")
 
     def epilogue(self, top: list[Item]) -> None:
-        """gpu_tile's epilogue, for the consumers (the producer holds no results)."""
-        super().epilogue(self.role(top, producer=False).body)
+        """gpu_tile's epilogue, for the consumers (the producer holds no results); a work-item's two adjacent
+        columns 8 j + 2 (l % 4) + {0, 1} stored as one 4-byte vector where `paired_columns` holds."""
+        body = self.role(top, producer=False).body
+        if not self.paired_columns():
+            return super().epilogue(body)
+        p = self.p
+        buf, out_idx, val = p.store.src
+        row0, rem_m = self.side["A"][:2]
+        col0, rem_n = self.side["B"][:2]
+        cols = []
+        for cc in range(0, len(self.offs["B"]), 2):
+            off = self.offs["B"][cc]
+            lc = self.op(body, Ops.ADD, self.first["B"], self.c(off)) if off else self.first["B"]
+            cols.append((cc, lc, self.op(body, Ops.CMPLT, lc, rem_n)))
+        for r, off in enumerate(self.offs["A"]):
+            lr = self.op(body, Ops.ADD, self.first["A"], self.c(off)) if off else self.first["A"]
+            row_if = If(self.op(body, Ops.CMPLT, lr, rem_m))
+            body.append(row_if)
+            i_val = self.op(row_if.body, Ops.ADD, row0, lr)
+            for cc, lc, ok in cols:
+                col_if = If(ok)                  # lc even and N even: lc + 1 < N too
+                row_if.body.append(col_if)
+                blk = col_if.body
+                j0 = self.op(blk, Ops.ADD, col0, lc)
+                vals, ix = [], None
+                for e in (0, 1):
+                    j = self.op(blk, Ops.ADD, j0, self.c(1)) if e else j0
+                    acc_v = self.new(L.ACC_LOAD, self.accs[r][cc + e].dtype, (self.accs[r][cc + e],))
+                    blk.append(acc_v)
+                    env = {**self.bind, p.i: i_val, p.j: j, p.red: acc_v}
+                    memo: dict[UOp, Instr] = {}
+                    vals.append(self.expr(val, env, blk, memo))
+                    if not e:
+                        ix = self.expr(out_idx, env, blk, memo)
+                        dst = self.expr(buf, env, blk, memo)
+                vec = self.new(L.VECTOR, vals[0].dtype, tuple(vals))
+                blk += [vec, self.new(L.STORE, None, (dst, ix, vec), 2)]
+
+    def paired_columns(self) -> bool:
+        """Whether outputs j and j + 1 (j even) are adjacent 16-bit elements of a 4-byte aligned pair: the
+        output index is 1 x j plus terms of even constant coefficients, and N is an even constant."""
+        from ..gpu_tile import _terms
+        from ..symbolic import simplify
+        p = self.p
+        buf, out_idx, val = p.store.src
+        ext = p.j.src[0]
+        if val.dtype.itemsize != 2 or ext.op is not Ops.CONST or ext.arg % 2:
+            return False
+        form = _terms(out_idx)
+        if form is None or p.j not in form:
+            return False
+        for k, v in form.items():
+            v = simplify(v)
+            if v.op is not Ops.CONST or (int(v.arg) != 1 if k is p.j else int(v.arg) % 2):
+                return False
+        return True
 
 
 __all__ = ["WG_CANDIDATES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "choose_wg_tile"]
