@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .codegen.capabilities import Capabilities
-from .codegen.strategies.conv import ConvGeometry, ConvPlan, check_plan, conv_plan
+from .codegen.strategies.conv import ConvGeometry, ConvPlan, check_plan, conv_plan, flat_spans
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, Ops, UOp
@@ -416,14 +416,15 @@ def im2col(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tupl
 
 def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
                      dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
-                     dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+                     dtype=dtypes.float32, epilogue: Epilogue | None = None, flat: bool = False) -> UOp:
     """out[n, c, oh, ow] = sum over (kh, kw) of w[c, kh, kw] * x[n, c, oh*sh + kh*dh - top,
     ow*sw + kw*dw - left] (zero padding), then `epilogue`: a convolution with one input channel per
-    group and one output channel per input channel. The taps are unrolled (no reduction loop) and the
-    (n, c) planes split over threads. At stride 1 with the width kept (a 'same' convolution) a plane's
-    rows whose every vertical tap is inside run as one flat loop (`_depthwise_flat`); otherwise the rows
-    run along ow with masked taps, which LLVM vectorizes. N None is the variable `N`. Params: x, w,
-    the epilogue's operands, out."""
+    group and one output channel per input channel. The taps are unrolled (no reduction loop); every
+    (n, c, oh, ow) is a GLOBAL range (a GPU's work-items; the CPU splits the (n, c) planes over threads
+    and LLVM vectorizes the rows along ow, masked taps at the borders). `flat` (the CPU's
+    depthwise_flat plan; stride 1, the width kept: strategies/conv.flat_spans) runs each plane's inner
+    rows as one flat loop instead (`_depthwise_flat`). N None is the variable `N`. Params: x, w, the
+    epilogue's operands, out."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
@@ -431,10 +432,12 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
     q = ax(_batch(N) * C if N is None else N * C)
     c = q % C if N is None or N > 1 else q
     epi = epilogue or Epilogue()
-    if (sh, sw) == (1, 1) and OW == W:
-        rows, cols = _inner_span(H, OH, KH, dh, pt), _inner_span(W, W, KW, dw, pl)
-        if rows is not None and cols is not None and max(rows[0], OH - 1 - rows[1], cols[0], W - 1 - cols[1]) <= MAX_PEEL:
-            return _depthwise_flat(q, c, H, W, OH, KH, KW, (dh, dw), (pt, pl), rows, cols, dt, epi, ax)
+    if flat:
+        spans = flat_spans(H, W, OH, OW, KH, KW, stride, dilation, pt, pl)
+        if spans is None:
+            raise ArgumentError(f"depthwise_conv2d: no flat loop for a {KH}x{KW} kernel at stride {stride}, "
+                                f"pads {pads} over {H}x{W}")
+        return _depthwise_flat(q, c, H, W, OH, KH, KW, (dh, dw), (pt, pl), spans[0], spans[1], dt, epi, ax)
     oh, ow = ax(OH), ax(OW)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
@@ -447,17 +450,6 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
     at = q * (OH * OW) + oh * OW + ow
     v, nxt = epi.apply(acc, 2, dt, c, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
-
-
-# the most border rows (or columns) on one side a flat depthwise plane peels into stores of their own
-MAX_PEEL = 4
-
-
-def _inner_span(n_in: int, n_out: int, k: int, dilation: int, lo: int) -> tuple[int, int] | None:
-    """(first, last) output position (stride 1) whose every tap lies inside the input, or None."""
-    first, last = lo, n_in - 1 + lo - (k - 1) * dilation
-    first, last = max(first, 0), min(last, n_out - 1)
-    return (first, last) if first <= last else None
 
 
 def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, dilation: tuple[int, int],
@@ -662,9 +654,10 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
         return [KernelStep("pad", pad2d(N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad", g.N * g.C * HP * WP),
                 KernelStep("depthwise", depthwise_conv2d(N, g.C, HP, WP, g.KH, g.KW, g.stride, g.dilation,
                                                          (0, 0, 0, 0), dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
-    if plan.family == "depthwise":
+    if plan.family in ("depthwise", "depthwise_flat"):
         return [KernelStep("depthwise", depthwise_conv2d(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
-                                                         g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
+                                                         g.pads, dtype, epi, plan.family == "depthwise_flat"),
+                           ("x", "w", "epilogue"), "out", out_n)]
     if plan.family == "im2col_gemm":
         return [KernelStep("im2col", im2col(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),

@@ -151,8 +151,9 @@ def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
     assert conv_plan(GEOMETRIES[0], caps).family == "pointwise"
     assert conv_plan(GEOMETRIES[2], caps).family == "im2col_gemm"
     assert conv_plan(GEOMETRIES[5], caps).family == "im2col_gemm"
-    assert conv_plan(GEOMETRIES[6], caps).family == "depthwise"
-    assert ConvPlan("depthwise_padded") in candidate_plans(GEOMETRIES[6], caps)
+    assert conv_plan(GEOMETRIES[6], caps).family == "depthwise_flat"
+    assert conv_plan(GEOMETRIES[7], caps).family == "depthwise"
+    assert {ConvPlan("depthwise"), ConvPlan("depthwise_padded")} <= set(candidate_plans(GEOMETRIES[6], caps))
     plan = conv_plan(GEOMETRIES[0], caps)
     assert plan.register_tile == caps.register_tile and str(plan).startswith("ConvPlan(pointwise")
 
@@ -178,6 +179,18 @@ def test_pixel_blocks_split_each_image_and_match_numpy_at_every_level(cpu_level,
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=f"{plan} {symbolic}")
 
 
+@pytest.mark.parametrize("geo,plan", [(GEOMETRIES[10], ConvPlan("depthwise_flat")),
+                                      (ConvGeometry(2, 5, 23, 29, 7, 1, 1), ConvPlan("pointwise", (6, 64), 16, 23))],
+                         ids=["depthwise_flat", "pointwise_blocks"])
+def test_the_cpu_forms_match_numpy_on_the_mlir_pair(rng, geo, plan):
+    from conftest import open_target
+    target = open_target("CPU", "mlir")
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    got = run_steps(target, K.conv2d_kernels(geo, plan), {"x": x, "w": w})
+    np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)
+
+
 def test_the_contraction_cuts_a_small_batch_into_pixel_blocks_for_the_thread_split():
     from morok_py.codegen.strategies.conv import MIN_BLOCK_PIXELS, SPLIT_UNITS, pixel_blocks
     assert pixel_blocks(8, 56 * 56, 64) == 7                      # 56 units of 448 pixels (7 tiles of 64)
@@ -192,12 +205,18 @@ def test_the_contraction_cuts_a_small_batch_into_pixel_blocks_for_the_thread_spl
         ConvPlan("depthwise", pixel_blocks=2)
 
 
-def test_a_stride_1_depthwise_keeping_the_width_runs_as_a_flat_loop_with_peeled_borders():
-    def stores(geo):
-        (st,) = K.conv2d_kernels(geo, ConvPlan("depthwise"))
-        return len(st.ast.src)
-    assert all(stores(g) > 1 for g in (GEOMETRIES[6], GEOMETRIES[9], GEOMETRIES[10], GEOMETRIES[11], GEOMETRIES[13]))
-    assert stores(GEOMETRIES[7]) == stores(GEOMETRIES[12]) == 1      # strided; no row with every tap inside
+def test_a_stride_1_depthwise_keeping_the_width_runs_as_a_flat_loop_with_peeled_borders(cpu):
+    from morok_py.codegen.strategies.conv import flat_depthwise
+    caps = cpu.dev.renderer.caps
+    flat = (GEOMETRIES[6], GEOMETRIES[9], GEOMETRIES[10], GEOMETRIES[11], GEOMETRIES[13])
+    for g in flat:
+        assert flat_depthwise(g) and conv_plan(g, caps) == ConvPlan("depthwise_flat")
+        (st,) = K.conv2d_kernels(g, ConvPlan("depthwise_flat"))
+        assert len(st.ast.src) > 1          # the flat loop and the peeled borders, each a store
+    for g in (GEOMETRIES[7], GEOMETRIES[12]):       # strided; no row with every tap inside
+        assert not flat_depthwise(g) and conv_plan(g, caps) == ConvPlan("depthwise")
+        with pytest.raises(ArgumentError):
+            check_plan(ConvPlan("depthwise_flat"), g)
 
 
 def test_a_plan_the_geometry_cannot_take_is_refused():
@@ -248,7 +267,8 @@ def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     from morok_py.codegen.capabilities import Capabilities
     gpu = Capabilities(has_local=True, has_shared=True)
     assert conv_plan(GEOMETRIES[2], gpu) == ConvPlan("direct")
-    assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("depthwise")
+    assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("depthwise")       # every position a work-item
+    assert ConvPlan("depthwise_flat") not in candidate_plans(GEOMETRIES[6], gpu)
     assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped
 
 

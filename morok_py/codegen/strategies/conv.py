@@ -11,9 +11,10 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                dilations and zero padding applied there, once), then the same contraction; groups
                are a GLOBAL range of it.
   depthwise    one input channel per group and one output channel per input channel: the taps
-               unrolled in one elementwise kernel, (n, c) planes split over threads. At stride 1 with
-               the width kept, a plane's inner rows are one flat vectorized loop with peeled borders
-               (`kernels._depthwise_flat`); otherwise rows along ow with masked taps.
+               unrolled in one elementwise kernel over (n, c, oh, ow), masked at the borders; on the
+               CPU the (n, c) planes split over threads and the rows along ow vectorized.
+  depthwise_flat  (CPU) the same at stride 1 with the width kept (`flat_depthwise`): each plane's
+               inner rows as one flat vectorized loop, borders peeled (`kernels.depthwise_conv2d`).
   depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
                the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
@@ -33,7 +34,7 @@ from typing import Callable
 from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
-FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_padded", "direct")
+FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "direct")
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,33 @@ def pixel_blocks(images: int, pixels: int, tile_width: int = 0) -> int:
     return min(enough) if enough else max(aligned)
 
 
+# the most border rows (or columns) on one side a flat depthwise plane peels into stores of their own
+MAX_PEEL = 4
+
+
+def inner_span(n_in: int, n_out: int, k: int, dilation: int, lo: int) -> tuple[int, int] | None:
+    """(first, last) output position at stride 1 whose every tap lies inside the input, or None."""
+    first, last = max(lo, 0), min(n_in - 1 + lo - (k - 1) * dilation, n_out - 1)
+    return (first, last) if first <= last else None
+
+
+def flat_spans(H: int, W: int, OH: int, OW: int, KH: int, KW: int, stride: tuple[int, int],
+               dilation: tuple[int, int], top: int, left: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The (rows, columns) whose every tap is inside, where a depthwise plane can run as one flat loop:
+    stride 1, output rows as wide as the input's, a few border rows and columns a side; else None."""
+    if stride != (1, 1) or OW != W:
+        return None
+    rows, cols = inner_span(H, OH, KH, dilation[0], top), inner_span(W, W, KW, dilation[1], left)
+    if rows is None or cols is None or max(rows[0], OH - 1 - rows[1], cols[0], W - 1 - cols[1]) > MAX_PEEL:
+        return None
+    return rows, cols
+
+
+def flat_depthwise(geo: "ConvGeometry") -> bool:
+    return geo.depthwise and flat_spans(geo.H, geo.W, geo.OH, geo.OW, geo.KH, geo.KW, geo.stride, geo.dilation,
+                                        geo.pads[0], geo.pads[1]) is not None
+
+
 def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None) -> ConvPlan:
     tile = caps.register_tile if not caps.has_local else None
     blocks = 1
@@ -150,11 +178,12 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
     pointwise layer 30.8 ms as the generic loop nest, 0.88 ms as a contraction (99 GFLOP/s); a
     stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
     if geo.depthwise:
-        # no padded copy by default: at stride 1 the flat loop with peeled borders beats pad + taps (8x96x28x28
-        # 0.14 against 0.42 ms, 8x16x56x56 0.07 against 0.20 ms, alone on a 2-core AVX-512 EPYC), and at stride 2
-        # the masked taps do (8x72x56x56 0.15 against 0.81 ms: the pad kernel's own masked loads gather);
-        # MOROK_BEAM times both
-        return ConvPlan("depthwise")
+        # the flat loop where it applies (its planes are loops inside one thread: a CPU form); no padded
+        # copy by default: at stride 1 the flat loop beats pad + taps and masked taps (8x96x28x28 0.14 against
+        # 0.42 and 0.55 ms, 8x16x56x56 0.07 against 0.20 and 0.34 ms, alone on a 2-core AVX-512 EPYC), and at
+        # stride 2 the masked taps beat pad + taps (8x72x56x56 0.15 against 0.81 ms: the pad kernel's own
+        # masked loads gather); MOROK_BEAM times them all
+        return ConvPlan("depthwise_flat" if not caps.has_local and flat_depthwise(geo) else "depthwise")
     if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
         return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
@@ -168,6 +197,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
         out.append(_contraction(family, caps))          # whole images
     if geo.depthwise:
         out.append(ConvPlan("depthwise"))
+        if not caps.has_local and flat_depthwise(geo):
+            out.append(ConvPlan("depthwise_flat"))
         if any(geo.pads):
             out.append(ConvPlan("depthwise_padded"))
     out.append(ConvPlan("direct"))
@@ -186,8 +217,11 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     """ArgumentError when the convolution cannot run as `plan`."""
     if plan.family == "pointwise" and not geo.pointwise:
         raise ArgumentError(f"{plan}: the convolution is not 1x1, stride 1 and unpadded")
-    if plan.family in ("depthwise", "depthwise_padded") and not geo.depthwise:
+    if plan.family in ("depthwise", "depthwise_flat", "depthwise_padded") and not geo.depthwise:
         raise ArgumentError(f"{plan}: the convolution is not depthwise")
+    if plan.family == "depthwise_flat" and not flat_depthwise(geo):
+        raise ArgumentError(f"{plan}: the flat loop takes stride 1, output rows as wide as the input's, a row "
+                            f"and a column with every tap inside, at most {MAX_PEEL} border rows or columns a side")
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
