@@ -403,14 +403,14 @@ def im2col(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tupl
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    # (n, c, kh) as one outermost range, which the CPU splits over threads (n alone: 8 units at batch 8)
-    q = ax(_batch(N) * (C * KH) if N is None else N * C * KH)
-    kw, oh, ow = ax(KW), ax(OH), ax(OW)
-    plane, kh = (q // KH, q % KH) if KH > 1 else (q, UOp.const(0, dtypes.index))
+    # the batch alone is the outermost range (the CPU's thread split): with (n, c, kh) there, columns larger
+    # than the last-level cache took the runtime's streaming variant, whose non-temporal stores came out
+    # 8-byte and misaligned (8x64x56x56 3x3 columns, 58 MB: 7.2 -> 105 ms on a 2-core AVX-512 EPYC)
+    n, c, kh, kw, oh, ow = ax(_batch(N)), ax(C), ax(KH), ax(KW), ax(OH), ax(OW)
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
-    v = _tap(x, plane * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-    at = (q * KW + kw) * (OH * OW) + oh * OW + ow
+    v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+    at = (((n * C + c) * KH + kh) * KW + kw) * (OH * OW) + oh * OW + ow
     return UOp.sink(col.store(at, v))
 
 
@@ -423,7 +423,7 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
     (n, c, oh, ow) is a GLOBAL range (a GPU's work-items; the CPU splits the (n, c) planes over threads
     and LLVM vectorizes the rows along ow, masked taps at the borders). `flat` (the CPU's
     depthwise_flat plan; stride 1, the width kept: strategies/conv.flat_spans) runs each plane's inner
-    rows as one flat loop instead (`_depthwise_flat`). N None is the variable `N`. Params: x, w, the
+    rows as one flat loop instead (`_flat_planes`). N None is the variable `N`. Params: x, w, the
     epilogue's operands, out."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
@@ -437,7 +437,10 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
         if spans is None:
             raise ArgumentError(f"depthwise_conv2d: no flat loop for a {KH}x{KW} kernel at stride {stride}, "
                                 f"pads {pads} over {H}x{W}")
-        return _depthwise_flat(q, c, H, W, OH, KH, KW, (dh, dw), (pt, pl), spans[0], spans[1], dt, epi, ax)
+        w = UOp.param(1, dt)
+        wts = [[[w.load(c * (KH * KW) + kh * KW + kw) for kw in range(KW)] for kh in range(KH)]]
+        return _flat_planes(q, c, [q * (H * W)], wts, H, W, OH, KH, KW, (dh, dw), (pt, pl), spans[0], spans[1],
+                            dt, epi, ax)
     oh, ow = ax(OH), ax(OW)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
@@ -452,10 +455,11 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
-def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, dilation: tuple[int, int],
-                    lo: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int], dt: DType, epi: Epilogue,
-                    ax: "_Axes") -> UOp:
-    """A stride-1 depthwise plane whose output rows are as wide as its input rows (OW == W): output
+def _flat_planes(q: UOp, c: UOp, bases: list[UOp], wts: list, H: int, W: int, OH: int, KH: int, KW: int,
+                 dilation: tuple[int, int], lo: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
+                 dt: DType, epi: Epilogue, ax: "_Axes") -> UOp:
+    """Output plane q (channel c) of a stride-1 convolution whose output rows are as wide as its input
+    rows (OW == W), summed over input planes at `bases` with weights wts[plane][kh][kw]: output
     f = oh*W + ow reads input f + (kh*dh - top)*W + kw*dw - left for tap (kh, kw). The rows `rows`
     (whose every vertical tap is inside) run as one flat loop over f: unit-stride loads at KH*KW
     constant offsets, one long vectorized loop however short a row is. A column of taps that would wrap
@@ -466,9 +470,8 @@ def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, d
     Measured on a 2-core AVX-512 EPYC, depthwise 3x3 alone: 8x96x28x28 0.55 -> 0.14 ms, 8x16x56x56
     0.34 -> 0.07 ms against the masked loop over ow."""
     (dh, dw), (pt, pl) = dilation, lo
-    x, w = UOp.param(0, dt), UOp.param(1, dt)
-    wts = [[w.load(c * (KH * KW) + kh * KW + kw) for kw in range(KW)] for kh in range(KH)]
-    base_in, base_out = q * (H * W), q * (OH * W)
+    x = UOp.param(0, dt)
+    base_out = q * (OH * W)
     zero = UOp.const(0.0, dt)
     stores: list[UOp] = []
 
@@ -481,10 +484,11 @@ def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, d
 
     def taps(oh, ow, khs, kws) -> UOp | None:
         acc = None
-        for kh in khs:
-            for kw in kws:
-                t = x.load(base_in + (oh + kh * dh - pt) * W + ow + kw * dw - pl) * wts[kh][kw]
-                acc = t if acc is None else acc + t
+        for base, wp in zip(bases, wts):
+            for kh in khs:
+                for kw in kws:
+                    t = x.load(base + (oh + kh * dh - pt) * W + ow + kw * dw - pl) * wp[kh][kw]
+                    acc = t if acc is None else acc + t
         return acc
 
     def point(oh: int, ow: int) -> None:
@@ -513,23 +517,53 @@ def _depthwise_flat(q: UOp, c: UOp, H: int, W: int, OH: int, KH: int, KW: int, d
         acc = None
         for kw in range(KW):
             col = None
-            for kh in range(KH):
-                t = x.load(base_in + f + ((kh * dh - pt) * W + kw * dw - pl)) * wts[kh][kw]
-                col = t if col is None else col + t
+            for base, wp in zip(bases, wts):
+                for kh in range(KH):
+                    t = x.load(base + f + ((kh * dh - pt) * W + kw * dw - pl)) * wp[kh][kw]
+                    col = t if col is None else col + t
             first, last = max(0, pl - kw * dw), min(W - 1, W - 1 + pl - kw * dw)    # ow this column reads inside
             ok = None
             if first > 0:
                 ok = ow >= first
             if last < W - 1:
                 ok = (ow <= last) if ok is None else ok & (ow <= last)
-            acc = (col if ok is None else ok.where(col, zero)) if acc is None else \
-                acc + (col if ok is None else ok.where(col, zero))
+            col = col if ok is None else ok.where(col, zero)
+            acc = col if acc is None else acc + col
         emit(acc, base_out + f)
     for f in range(max(f1, f0), (rows[1] + 1) * W):
         point(*divmod(f, W))
     for oh in range(rows[1] + 1, OH):
         edge_row(oh)
     return UOp.sink(*stores)
+
+
+def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int, groups: int,
+                        dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+                        dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """A stride-1 grouped convolution that keeps the width (strategies/conv.flat_spans) with few input
+    channels per group: each output plane (n, co) sums its group's C/groups input planes as one flat
+    loop (`_flat_planes`), the planes split over threads; no im2col columns (a ResNeXt layer's are 9x
+    its input). N None is the variable `N`. Params: x, w [CO, C/groups, KH, KW], the epilogue's
+    operands, out."""
+    dt = as_dtype(dtype)
+    pt, pl, pb, pr = pads
+    OH, OW = _out_size(H, KH, 1, dilation[0], pt, pb), _out_size(W, KW, 1, dilation[1], pl, pr)
+    spans = flat_spans(H, W, OH, OW, KH, KW, (1, 1), dilation, pt, pl)
+    if spans is None or C % groups or CO % groups:
+        raise ArgumentError(f"grouped_conv2d_flat: no flat loop for a {KH}x{KW} kernel, {groups} groups of "
+                            f"{C} -> {CO} channels, pads {pads} over {H}x{W}")
+    Cg, COg = C // groups, CO // groups
+    ax = _Axes()
+    q = ax(_batch(N) * CO if N is None else N * CO)
+    c = q % CO if N is None or N > 1 else q
+    n = q // CO if N is None or N > 1 else UOp.const(0, dtypes.index)
+    first = n * C + (c // COg) * Cg if COg > 1 else n * C + c * Cg
+    w = UOp.param(1, dt)
+    bases = [(first + ci) * (H * W) for ci in range(Cg)]
+    wts = [[[w.load(c * (Cg * KH * KW) + (ci * KH + kh) * KW + kw) for kw in range(KW)] for kh in range(KH)]
+           for ci in range(Cg)]
+    return _flat_planes(q, c, bases, wts, H, W, OH, KH, KW, dilation, (pt, pl), spans[0], spans[1], dt,
+                        epilogue or Epilogue(), ax)
 
 
 def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
