@@ -73,7 +73,7 @@ def test_decode_rows_are_rounded_to_the_fragment():
 def test_float32_decode_takes_a_skinny_cuda_core_tile():
     r, c = cuda_renderer()
     s = default_for(K.matmul(32, 4096, 4096), r.caps)
-    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile[:2] == (32, small_shapes.DECODE_COLS), s
+    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2), s
     c.compile(r.render(K.matmul(32, 4096, 4096), "decode32"))
 
 
@@ -82,8 +82,10 @@ def test_float32_decode_takes_a_skinny_cuda_core_tile():
 def test_contractions_under_a_wave_of_blocks_take_half_size_tiles(ast):
     r, c = cuda_renderer()
     s = default_for(ast(), r.caps)
-    assert s.matmul_tile[:2] == (64, 64), s
+    assert s.matmul_tile[:2] == (64, 128), s        # 16 x 8 = 128 blocks over 1000 x 1000
     c.compile(r.render(ast(), "mm"))
+    # too few blocks of half the rows: half the rows and columns
+    assert default_for(K.matmul(400, 400, 1000), r.caps).matmul_tile[:2] == (64, 64)
 
 
 def test_unbounded_symbolic_and_large_contractions_keep_the_full_tile():
@@ -193,6 +195,19 @@ def _matmul_check(target, rng, ast, M, N, Kd, dt, vals=None):
 @pytest.mark.parametrize("M,N,Kd", [(32, 4096, 4096), (17, 520, 999), (48, 1000, 333), (64, 136, 72)])
 def test_decode_contractions(device, rng, dt, M, N, Kd):
     _matmul_check(device, rng, K.matmul(M, N, Kd, dtype=dt), M, N, Kd, dt)
+
+
+@pytest.mark.parametrize("B,N,Kd", [(8, 4096, 4096), (5, 333, 1000), (16, 97, 640)])
+def test_small_batch_gemv_through_the_checked_call(device, rng, B, N, Kd):
+    """The GEMV's split with the whole batch per work-item (NVRTC: GEMV_UPCAST_WIDE; llvm-nvptx:
+    GEMV_UPCAST_SPLIT), called twice on the same buffers (the checked call's remembered launch)."""
+    a = random_array(rng, (B, Kd), np.float32)
+    w = (random_array(rng, (Kd, N), np.float32) / np.sqrt(Kd)).astype(np.float32)
+    prog = device.compile(K.matmul(B, N, Kd))
+    bufs = [device.buf(a), device.buf(w), device.empty(B * N, dtypes.float32)]
+    for _ in range(2):
+        prog(*bufs)
+        np.testing.assert_allclose(bufs[2].numpy().reshape(B, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("M,N,Kd", [(1000, 1000, 1000), (77, 1001, 999), (1024, 3, 1024)])

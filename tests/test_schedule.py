@@ -50,7 +50,8 @@ def default_for(ast, caps) -> Schedule:
     ("sum_cols", True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),     # a column reduction
     (lambda: K.reduce_axis("sum", [8192, 8192], 0), True,
      "Schedule(groups, group=256, unroll=8, split=8, min_groups=8, unrolled=True)"),       # static: unrolled here
-    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=256, unroll=8, split=8)"),   # batch-8 GEMV
+    # batch-8 GEMV on a CUDA printer without split_upcast (NVRTC): every item computes the whole batch
+    (lambda: K.matmul(8, 4096, 4096), True, "Schedule(groups, group=1024, unroll=4, split=32, upcast=8)"),
     (lambda: K.reduce_axis("sum", [5, 7, 9], 1), True, "Schedule(groups, group=256, unroll=8, split=8, min_groups=8)"),
     (lambda: K.reduce_axis("max", [5, 7, 9], 2), True, "Schedule(groups, group=256)"),   # rows, two GLOBAL ranges
     ("add", False, "Schedule(threads)"),
@@ -238,16 +239,16 @@ def test_upcast_is_a_gemv_candidate_and_refused_elsewhere():
 @pytest.mark.parametrize("B,Kd,N", [(8, 4096, 4096), (5, 1000, 333), (2, 640, 97)])
 def test_nvptx_gemv_default_is_the_upcast_split_and_correct(rng, B, Kd, N):
     """The llvm-nvptx printer's capabilities ask for the upcast split of a small batch (GEMV_UPCAST_SPLIT,
-    the lowering's unroll where K is a multiple of 64); NVRTC's keep the plain split. Both interpreted on odd
-    sizes against numpy, every output stored once."""
+    the lowering's unroll where K is a multiple of 64); NVRTC's the wide upcast split (GEMV_UPCAST_WIDE). Both
+    interpreted on odd sizes against numpy, every output stored once."""
     from backends.cuda.renderer import NVPTXRenderer, CUDARenderer
-    from morok_py.codegen.schedule import GEMV_UPCAST_SPLIT
+    from morok_py.codegen.schedule import GEMV_UPCAST_SPLIT, GEMV_UPCAST_WIDE
     assert NVPTXRenderer.caps.split_upcast == 8 and CUDARenderer.caps.split_upcast == 0
     nvptx = dataclasses.replace(GPU, split_upcast=8)
     ast = K.matmul(B, N, Kd)
     got = default_for(ast, nvptx)
     assert got == Schedule("groups", **GEMV_UPCAST_SPLIT, upcast=B, unrolled=Kd % 64 == 0)
-    assert default_for(ast, GPU).upcast == 0 and default_for(ast, GPU).split > 1
+    assert default_for(ast, GPU) == Schedule("groups", **GEMV_UPCAST_WIDE, upcast=B)
     for caps in (nvptx, GPU):
         check_gemv(*lower(ast, caps, "gemv"), rng, B, Kd, N, tol=1e-4)
 

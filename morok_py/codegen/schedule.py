@@ -274,6 +274,10 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 # 49 us (benchmarks/schedule_variants.py) and 53 us (as search's winner) against the plain split's 87-95 us. The same
 # shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
 GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
+# The upcast default of the other CUDA printer (NVRTC, no split_upcast): group 1024, split 32, unroll 4 as a hint.
+# Batch-8 GEMV 8x4096x4096: 60 us against the plain split's 64-66 on an H100 (benchmarks/schedule_variants.py),
+# 58.6 against 64 us on an H200 (benchmarks/decode.py --variants); its NVPTX twin spills (856-byte frame).
+GEMV_UPCAST_WIDE = dict(group=1024, unroll=4, split=32)
 # tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. benchmarks/kernels.py
 # on an H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
 # ptxas issued the register-staged loads of the next tile ~200 instructions before their shared stores (SASS),
@@ -308,6 +312,9 @@ def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, spl
             sh = GEMV_UPCAST_SPLIT
             return Schedule("groups", **sh, upcast=up.src[0].arg,
                             unrolled=lowering_unroll_applies(upcast(ast, up), sh["split"], sh["unroll"]))
+        up = upcast_plan(ast, scan) if cuda and not split_upcast and GEMV_UPCAST_WIDE["group"] <= max_group else None
+        if up is not None:
+            return Schedule("groups", **GEMV_UPCAST_WIDE, upcast=up.src[0].arg)
         return base
     return replace(base, min_groups=split_min_groups(group),
                    unrolled=cuda and lowering_unroll_applies(ast, SPLIT, SPLIT_UNROLL))
@@ -604,6 +611,9 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 first = [Schedule("groups", group=512, unroll=4, split=16, upcast=up.src[0].arg, unrolled=True),
                          Schedule("groups", group=1024, unroll=4, split=32, upcast=up.src[0].arg),
                          Schedule("groups", group=1024, unroll=4, split=32, upcast=up.src[0].arg, unrolled=True)]
+                # a skinny CUDA-core tile streaming W through shared memory (strategies/small_shapes.py)
+                first += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=caps.async_copy)
+                          for t in small_shapes.gemv_core_tiles(ast, caps, scan)]
                 out[1:1] = first
             if base.vector_width > 1:
                 out += [replace(base, vector_width=1), replace(base, vector_width=2)]

@@ -6,8 +6,8 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
   weight matrix is streamed by about one block per SM with a deep k step in flight; 16-bit operands on the
   warp-level tensor cores (strategies/tensor_core.py), float32 on the CUDA-core tiles (gpu_tile.py).
 - few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
-  1000^3, or symbolic sizes bounded by 1024) takes half-size blocks; a symbolic extent counts at its
-  variable's upper bound.
+  1000^3, or symbolic sizes bounded by 1024) takes blocks of half the rows (or half the rows and columns); a
+  symbolic extent counts at its variable's upper bound.
 - split rows: a reduction over fewer constant rows than FEW_BLOCKS, nothing but its stores after the reductions
   (8 rows of 128k columns summed), runs each row on several work-groups (Schedule.row_split,
   strategies/grid_reduce.py), about ROW_SPLIT_GROUPS in all.
@@ -98,11 +98,15 @@ def decode_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool
 
 
 def decode_core_tiles(M: int) -> list[tuple[int, int, int, int, int]]:
-    """CUDA-core decode tiles (BM, BN, BK, TM, TN), the default first."""
+    """CUDA-core decode tiles (BM, BN, BK, TM, TN), the default first: 8 work-items along the rows, each
+    BM / 8 x 2 outputs (4 warps a block): per k step one 4-wide and one 2-wide shared read for 8 FMAs where
+    BM = 32. On an H200 (benchmarks/decode.py) 32 x 4096 x 4096 float32 ran 84-91 us with 2 x 2 outputs per
+    item (256 items), the shared reads 3 per 4 FMAs."""
     BM = _pow2_at_least(M, 8)
-    TM = max(1, BM // 16)
-    return [(BM, DECODE_COLS, 32, TM, 2), (BM, DECODE_COLS, 16, TM, 2), (BM, 16, 32, TM, 1),
-            (BM, 64, 16, TM, 4), (BM, DECODE_COLS, 64, TM, 2)]
+    TM = max(1, BM // 8)
+    half = max(1, TM // 2)
+    return [(BM, DECODE_COLS, 64, TM, 2), (BM, DECODE_COLS, 32, TM, 2), (BM, DECODE_COLS, 64, TM, 4),
+            (BM, DECODE_COLS, 64, half, 2), (BM, DECODE_COLS, 32, half, 2), (BM, 16, 64, TM, 2)]
 
 
 def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool = False):
@@ -121,9 +125,11 @@ def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bo
 
 def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
                    tile: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
-    """`tile` halved in BM and BN (per-item outputs halved too) when its blocks over the contraction's
-    largest extents would number fewer than FEW_BLOCKS and the halved blocks still number at least 16
-    (symbolic extents count at their variables' bounds; unbounded ones keep `tile`)."""
+    """`tile` with fewer rows when its blocks over the contraction's largest extents would number fewer than
+    FEW_BLOCKS: BM halved (TM too) where that gives at least 3/4 of FEW_BLOCKS blocks, else BM and BN halved
+    where that gives at least 16 (symbolic extents count at their variables' bounds; unbounded ones keep
+    `tile`). On an H200, float32 1000^3 with sizes bounded by 1024 (benchmarks/decode.py): 128 x 128 blocks
+    106 us, 64 x 64 75 us, 64 x 128 66-67 us (128 x 64: 67-70 us)."""
     from ..gpu_tile import _plan
     BM, BN, BK, TM, TN = tile
     if BM < 128 or BN < 128 or TM % 2 or TN % 2:     # the full-size tile only (gpu_tile halves it below 16 blocks)
@@ -134,12 +140,15 @@ def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     M, N = _upper(plan.i.src[0]), _upper(plan.j.src[0])
     if M is None or N is None or M >= 1 << 20 or N >= 1 << 20:
         return tile
-    blocks = -(-M // BM) * -(-N // BN)
-    half = (BM // 2, BN // 2, BK, TM // 2, TN // 2)
-    if blocks >= FEW_BLOCKS or -(-M // half[0]) * -(-N // half[1]) < 16:
+    if -(-M // BM) * -(-N // BN) >= FEW_BLOCKS:
         return tile
-    got = _plan(ast, caps, scan, half)
-    return half if got is not None and got.tile == half else tile
+    for smaller, least in (((BM // 2, BN, BK, TM // 2, TN), 3 * FEW_BLOCKS // 4),
+                           ((BM // 2, BN // 2, BK, TM // 2, TN // 2), 16)):
+        if -(-M // smaller[0]) * -(-N // smaller[1]) >= least:
+            got = _plan(ast, caps, scan, smaller)
+            if got is not None and got.tile == smaller:
+                return smaller
+    return tile
 
 
 def few_rows_group(ast: UOp, globals_, caps: Capabilities) -> int:
@@ -208,3 +217,17 @@ def wide_rows_default(ast: UOp, globals_, caps: Capabilities) -> int:
     if caps.vector_width < WIDE_ROWS or not few_rows_group(ast, globals_, caps) or not wide_rows_apply(ast, WIDE_ROWS):
         return 1
     return WIDE_ROWS
+
+
+def gemv_core_tiles(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> list[tuple[int, int, int, int, int]]:
+    """Skinny CUDA-core tiles a small-batch GEMV (fewer than DECODE_MIN_ROWS constant rows) can take, for the
+    search: the batch rounded up to a power of two, DECODE_COLS columns, 64 deep."""
+    from ..gpu_tile import _plan, plan_tile
+    if caps.matmul_tile is None or not caps.has_shared:
+        return []
+    plan = _plan(ast, caps, scan, (16, 16, 16, 1, 1))
+    if plan is None or plan.i.src[0].op is not Ops.CONST or plan.i.src[0].arg >= DECODE_MIN_ROWS:
+        return []
+    BM = _pow2_at_least(int(plan.i.src[0].arg), 2)
+    return [t for t in ((BM, DECODE_COLS, 64, 1, 2), (BM, DECODE_COLS, 64, 2, 2), (BM, 64, 64, 1, 4))
+            if BM % t[3] == 0 and plan_tile(ast, caps, scan, t) == t]
