@@ -288,7 +288,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows: list[list] = []
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:
-        run_case(dev, make_case(name, rng, args.quick), args, res, libs, rows)
+        case = make_case(name, rng, args.quick)
+        try:
+            run_case(dev, case, args, res, libs, rows)
+        except SystemExit as e:       # a wrong result: recorded, the other cases still run
+            H.note(str(e))
+            res.add(name, case.nbytes, "s", None, None, None, label=case.label, error=str(e)[:300])
+            rows.append([name, case.label, "error", "", "", "", str(e)[:80]])
     H.table(rows, ["kernel", "shape", "ours", "peer", "peer's", "ratio", "schedule"],
             f"\nsmall shapes on {mach['model']} ({dev.compiler.cache_key}); ratio: higher is better for us")
     for r in res.records:
