@@ -14,6 +14,7 @@ import pytest
 
 from morok_py import dtypes, kernels as K
 from morok_py.codegen.linear import L
+from morok_py.ir import Ops
 from morok_py.codegen.lower import lower, scan_kernel
 from morok_py.codegen.schedule import Schedule, candidate_schedules, check_schedule, default_schedule
 from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, WGMMA, tc_threads
@@ -140,11 +141,23 @@ def _drop(items, pred):
     return out
 
 
-@pytest.mark.parametrize("what", ["proxy", "wait0", "wait1"])
+def _insert_before(items, at, new):
+    out = []
+    for it in items:
+        if hasattr(it, "body"):
+            it.body[:] = _insert_before(it.body, at, new)
+        if it is at:
+            out.append(new)
+        out.append(it)
+    return out
+
+
+@pytest.mark.parametrize("what", ["proxy", "wait0", "wait1", "parity", "release"])
 def test_interpreter_catches_missing_synchronization(rng, what):
     """The model is strict enough to fail a kernel without its proxy fences, without the final wait (the
-    epilogue would read accumulators in flight), or waiting for no group in the loop (a buffer refilled
-    while a wgmma may still read it)."""
+    epilogue would read accumulators in flight), waiting for no group in the loop (a buffer refilled while
+    a wgmma may still read it), waiting on the other parity of an mbarrier phase, or without the
+    consumers' release of a buffer (the producer's wait would never end)."""
     dt, M, N, Kd = dtypes.float16, 64, 128, 512
     a, b = operands(rng, dt, (M, Kd), (Kd, N))
     kernel, info = lower(simplify(K.matmul(M, N, Kd, dtype=dt)), CAPS, "mm", schedule=wg(WG_TILE_SMALL, 3))
@@ -152,6 +165,15 @@ def test_interpreter_catches_missing_synchronization(rng, what):
         kernel.body[:] = _drop(kernel.body, lambda i: i.kind is L.WG_SYNC and i.arg == "proxy")
     elif what == "wait0":
         kernel.body[:] = _drop(kernel.body, lambda i: i.kind is L.WG_SYNC and i.arg == 0)
+    elif what == "parity":
+        waits = [i for i in kernel.walk() if i.kind is L.MBAR and i.arg[0] == "wait"]
+        assert len(waits) == 2
+        one = LI.Instr(L.CONST, waits[0].src[2].dtype, (), 1, -2)
+        waits[0].src = (*waits[0].src[:2], LI.Instr(L.ALU, waits[0].src[2].dtype, (one, waits[0].src[2]), Ops.SUB,
+                                                    -1))
+        kernel.body[:] = _insert_before(kernel.body, waits[0], waits[0].src[2])
+    elif what == "release":
+        kernel.body[:] = _drop(kernel.body, lambda i: i.kind is L.MBAR and i.arg[0] == "arrive")
     else:
         for i in kernel.walk():
             if i.kind is L.WG_SYNC and i.arg == 1:
@@ -174,6 +196,7 @@ def test_both_pairs_compile_wgmma(key, which):
     spec = r.render(ast, f"wg_{which}")
     assert spec.linear.schedule.tensor_core == WGMMA
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32" in spec.src and "fence.proxy.async" in spec.src
+    assert "mbarrier.try_wait.parity" in spec.src and "cp.async.mbarrier.arrive.noinc" in spec.src
     compiled = c.compile(spec)
     assert compiled.arch == "sm_90a" and compiled.bytes[:4] == b"\x7fELF"
     res = cubin_resources(compiled.payload)

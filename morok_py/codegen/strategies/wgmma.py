@@ -370,32 +370,30 @@ class _WGMMABuilder(_MMABuilder):
         raise ValueError("the warpgroup form has no register-staged loop")
 
     def epilogue(self, top: list[Item]) -> None:
-        """gpu_tile's epilogue, for the consumers (the producer holds no results); a work-item's two adjacent
-        columns 8 j + 2 (l % 4) + {0, 1} stored as one 4-byte vector where `paired_columns` holds."""
+        """gpu_tile's epilogue, for the consumers (the producer holds no results), each column's place
+        computed under its row (not 128 places live at once: they spilled under the 168-register cap); a
+        work-item's two adjacent columns 8 j + 2 (l % 4) + {0, 1} stored as one 4-byte vector where
+        `paired_columns` holds."""
         body = self.role(top, producer=False).body
-        if not self.paired_columns():
-            return super().epilogue(body)
         p = self.p
         buf, out_idx, val = p.store.src
         row0, rem_m = self.side["A"][:2]
         col0, rem_n = self.side["B"][:2]
-        cols = []
-        for cc in range(0, len(self.offs["B"]), 2):
-            off = self.offs["B"][cc]
-            lc = self.op(body, Ops.ADD, self.first["B"], self.c(off)) if off else self.first["B"]
-            cols.append((cc, lc, self.op(body, Ops.CMPLT, lc, rem_n)))
+        width = 2 if self.paired_columns() else 1
         for r, off in enumerate(self.offs["A"]):
             lr = self.op(body, Ops.ADD, self.first["A"], self.c(off)) if off else self.first["A"]
             row_if = If(self.op(body, Ops.CMPLT, lr, rem_m))
             body.append(row_if)
             i_val = self.op(row_if.body, Ops.ADD, row0, lr)
-            for cc, lc, ok in cols:
-                col_if = If(ok)                  # lc even and N even: lc + 1 < N too
+            for cc in range(0, len(self.offs["B"]), width):
+                off = self.offs["B"][cc]
+                lc = self.op(row_if.body, Ops.ADD, self.first["B"], self.c(off)) if off else self.first["B"]
+                col_if = If(self.op(row_if.body, Ops.CMPLT, lc, rem_n))   # paired: lc even, N even: lc + 1 < N
                 row_if.body.append(col_if)
                 blk = col_if.body
                 j0 = self.op(blk, Ops.ADD, col0, lc)
-                vals, ix = [], None
-                for e in (0, 1):
+                vals = []
+                for e in range(width):
                     j = self.op(blk, Ops.ADD, j0, self.c(1)) if e else j0
                     acc_v = self.new(L.ACC_LOAD, self.accs[r][cc + e].dtype, (self.accs[r][cc + e],))
                     blk.append(acc_v)
@@ -405,6 +403,9 @@ class _WGMMABuilder(_MMABuilder):
                     if not e:
                         ix = self.expr(out_idx, env, blk, memo)
                         dst = self.expr(buf, env, blk, memo)
+                if width == 1:
+                    blk.append(self.new(L.STORE, None, (dst, ix, vals[0])))
+                    continue
                 vec = self.new(L.VECTOR, vals[0].dtype, tuple(vals))
                 blk += [vec, self.new(L.STORE, None, (dst, ix, vec), 2)]
 
