@@ -439,8 +439,8 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
                                 f"pads {pads} over {H}x{W}")
         w = UOp.param(1, dt)
         wts = [[[w.load(c * (KH * KW) + kh * KW + kw) for kw in range(KW)] for kh in range(KH)]]
-        return _flat_planes(q, c, [q * (H * W)], wts, H, W, OH, KH, KW, (dh, dw), (pt, pl), spans[0], spans[1],
-                            dt, epi, ax)
+        return _flat_planes([q * (H * W)], [(c, q * (OH * OW), wts)], H, W, OH, KH, KW, (dh, dw), (pt, pl),
+                            spans[0], spans[1], dt, epi, ax)
     oh, ow = ax(OH), ax(OW)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
@@ -455,53 +455,53 @@ def depthwise_conv2d(N: int | None, C: int, H: int, W: int, KH: int, KW: int, st
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
-def _flat_planes(q: UOp, c: UOp, bases: list[UOp], wts: list, H: int, W: int, OH: int, KH: int, KW: int,
+def _flat_planes(bases: list[UOp], outs: list[tuple[UOp, UOp, list]], H: int, W: int, OH: int, KH: int, KW: int,
                  dilation: tuple[int, int], lo: tuple[int, int], rows: tuple[int, int], cols: tuple[int, int],
                  dt: DType, epi: Epilogue, ax: "_Axes") -> UOp:
-    """Output plane q (channel c) of a stride-1 convolution whose output rows are as wide as its input
-    rows (OW == W), summed over input planes at `bases` with weights wts[plane][kh][kw]: output
-    f = oh*W + ow reads input f + (kh*dh - top)*W + kw*dw - left for tap (kh, kw). The rows `rows`
-    (whose every vertical tap is inside) run as one flat loop over f: unit-stride loads at KH*KW
-    constant offsets, one long vectorized loop however short a row is. A column of taps that would wrap
-    into the neighbouring row near the border (outside `cols`) is summed first and zeroed by one select
-    on ow = f % W; its loads stay inside the plane. The few positions at the loop's two ends whose taps
-    would leave the plane, and the rows above and below `rows`, are stores of their own with the taps
-    that fall outside dropped at build time (a border row: a loop over `cols` between peeled corners).
-    Measured on a 2-core AVX-512 EPYC, depthwise 3x3 alone: 8x96x28x28 0.55 -> 0.14 ms, 8x16x56x56
-    0.34 -> 0.07 ms against the masked loop over ow."""
+    """Output planes of a stride-1 convolution whose output rows are as wide as its input rows (OW == W):
+    each of `outs` (its channel, its plane's offset, weights[input plane][kh][kw]) sums the input planes
+    at `bases`; output f = oh*W + ow reads input f + (kh*dh - top)*W + kw*dw - left for tap (kh, kw).
+    The rows `rows` (whose every vertical tap is inside) run as one flat loop over f that computes every
+    output plane from the same loads: unit-stride loads at KH*KW constant offsets per input plane, one
+    long vectorized loop however short a row is. A column of taps that would wrap into the neighbouring
+    row near the border (outside `cols`) is summed first and zeroed by one select on ow = f % W; its
+    loads stay inside the plane. The few positions at the loop's two ends whose taps would leave the
+    plane, and the rows above and below `rows`, are stores of their own with the taps that fall outside
+    dropped at build time (a border row: a loop over `cols` between peeled corners). Measured on a 2-core
+    AVX-512 EPYC, depthwise 3x3 alone: 8x96x28x28 0.55 -> 0.14 ms, 8x16x56x56 0.34 -> 0.07 ms against
+    the masked loop over ow."""
     (dh, dw), (pt, pl) = dilation, lo
     x = UOp.param(0, dt)
-    base_out = q * (OH * W)
     zero = UOp.const(0.0, dt)
     stores: list[UOp] = []
 
-    def emit(acc: UOp | None, at: UOp) -> None:
+    def emit(c: UOp, acc: UOp | None, at: UOp) -> None:
         v, nxt = epi.apply(acc if acc is not None else zero, 2, dt, c, at)
         stores.append(UOp.param(nxt, dt).store(at, v))
 
     def tap_ok(o: int, k: int, d: int, p: int, n: int) -> bool:
         return 0 <= o + k * d - p < n
 
-    def taps(oh, ow, khs, kws) -> UOp | None:
-        acc = None
-        for base, wp in zip(bases, wts):
-            for kh in khs:
-                for kw in kws:
-                    t = x.load(base + (oh + kh * dh - pt) * W + ow + kw * dw - pl) * wp[kh][kw]
-                    acc = t if acc is None else acc + t
-        return acc
+    def region(oh, ow, khs, kws) -> None:
+        loads = {(b, kh, kw): x.load(base + (oh + kh * dh - pt) * W + ow + kw * dw - pl)
+                 for b, base in enumerate(bases) for kh in khs for kw in kws}
+        for c, base_out, wts in outs:
+            acc = None
+            for (b, kh, kw), v in loads.items():
+                t = v * wts[b][kh][kw]
+                acc = t if acc is None else acc + t
+            emit(c, acc, base_out + oh * W + ow)
 
     def point(oh: int, ow: int) -> None:
-        khs = [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)]
-        emit(taps(oh, ow, khs, [kw for kw in range(KW) if tap_ok(ow, kw, dw, pl, W)]), base_out + (oh * W + ow))
+        region(oh, ow, [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)],
+               [kw for kw in range(KW) if tap_ok(ow, kw, dw, pl, W)])
 
     def edge_row(oh: int) -> None:
-        khs = [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)]
         for ow in range(cols[0]):
             point(oh, ow)
         n = cols[1] - cols[0] + 1
         ow = ax(n, AxisType.LOOP) + cols[0] if n > 1 else UOp.const(cols[0], dtypes.index)
-        emit(taps(oh, ow, khs, range(KW)), base_out + oh * W + ow)
+        region(oh, ow, [kh for kh in range(KH) if tap_ok(oh, kh, dh, pt, H)], range(KW))
         for ow in range(cols[1] + 1, W):
             point(oh, ow)
 
@@ -514,22 +514,25 @@ def _flat_planes(q: UOp, c: UOp, bases: list[UOp], wts: list, H: int, W: int, OH
     if f1 > f0:
         f = ax(f1 - f0, AxisType.LOOP) + f0 if f1 - f0 > 1 else UOp.const(f0, dtypes.index)
         ow = f % W
-        acc = None
-        for kw in range(KW):
-            col = None
-            for base, wp in zip(bases, wts):
-                for kh in range(KH):
-                    t = x.load(base + f + ((kh * dh - pt) * W + kw * dw - pl)) * wp[kh][kw]
-                    col = t if col is None else col + t
-            first, last = max(0, pl - kw * dw), min(W - 1, W - 1 + pl - kw * dw)    # ow this column reads inside
-            ok = None
-            if first > 0:
-                ok = ow >= first
-            if last < W - 1:
-                ok = (ow <= last) if ok is None else ok & (ow <= last)
-            col = col if ok is None else ok.where(col, zero)
-            acc = col if acc is None else acc + col
-        emit(acc, base_out + f)
+        loads = {(b, kh, kw): x.load(base + f + ((kh * dh - pt) * W + kw * dw - pl))
+                 for b, base in enumerate(bases) for kh in range(KH) for kw in range(KW)}
+        for c, base_out, wts in outs:
+            acc = None
+            for kw in range(KW):
+                col = None
+                for b in range(len(bases)):
+                    for kh in range(KH):
+                        t = loads[(b, kh, kw)] * wts[b][kh][kw]
+                        col = t if col is None else col + t
+                first, last = max(0, pl - kw * dw), min(W - 1, W - 1 + pl - kw * dw)    # ow this column reads inside
+                ok = None
+                if first > 0:
+                    ok = ow >= first
+                if last < W - 1:
+                    ok = (ow <= last) if ok is None else ok & (ow <= last)
+                col = col if ok is None else ok.where(col, zero)
+                acc = col if acc is None else acc + col
+            emit(c, acc, base_out + f)
     for f in range(max(f1, f0), (rows[1] + 1) * W):
         point(*divmod(f, W))
     for oh in range(rows[1] + 1, OH):
@@ -540,11 +543,11 @@ def _flat_planes(q: UOp, c: UOp, bases: list[UOp], wts: list, H: int, W: int, OH
 def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int, groups: int,
                         dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
                         dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
-    """A stride-1 grouped convolution that keeps the width (strategies/conv.flat_spans) with few input
-    channels per group: each output plane (n, co) sums its group's C/groups input planes as one flat
-    loop (`_flat_planes`), the planes split over threads; no im2col columns (a ResNeXt layer's are 9x
-    its input). N None is the variable `N`. Params: x, w [CO, C/groups, KH, KW], the epilogue's
-    operands, out."""
+    """A stride-1 grouped convolution that keeps the width (strategies/conv.flat_spans) with few
+    channels per group: each (image, group) sums its C/groups input planes into its CO/groups output
+    planes in one flat loop (`_flat_planes`: every input vector loaded once for all of them), the
+    (image, group) units split over threads; no im2col columns (a ResNeXt layer's are 9x its input).
+    N None is the variable `N`. Params: x, w [CO, C/groups, KH, KW], the epilogue's operands, out."""
     dt = as_dtype(dtype)
     pt, pl, pb, pr = pads
     OH, OW = _out_size(H, KH, 1, dilation[0], pt, pb), _out_size(W, KW, 1, dilation[1], pl, pr)
@@ -554,15 +557,17 @@ def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int,
                             f"{C} -> {CO} channels, pads {pads} over {H}x{W}")
     Cg, COg = C // groups, CO // groups
     ax = _Axes()
-    q = ax(_batch(N) * CO if N is None else N * CO)
-    c = q % CO if N is None or N > 1 else q
-    n = q // CO if N is None or N > 1 else UOp.const(0, dtypes.index)
-    first = n * C + (c // COg) * Cg if COg > 1 else n * C + c * Cg
+    u = ax(_batch(N) * groups if N is None else N * groups)        # (n, g)
     w = UOp.param(1, dt)
-    bases = [(first + ci) * (H * W) for ci in range(Cg)]
-    wts = [[[w.load(c * (Cg * KH * KW) + (ci * KH + kh) * KW + kw) for kw in range(KW)] for kh in range(KH)]
-           for ci in range(Cg)]
-    return _flat_planes(q, c, bases, wts, H, W, OH, KH, KW, dilation, (pt, pl), spans[0], spans[1], dt,
+    bases = [(u * Cg + ci) * (H * W) for ci in range(Cg)]
+    g = u % groups if N is None or N > 1 else u
+    outs = []
+    for co in range(COg):
+        c = g * COg + co
+        outs.append((c, (u * COg + co) * (OH * OW),
+                     [[[w.load(c * (Cg * KH * KW) + (ci * KH + kh) * KW + kw) for kw in range(KW)] for kh in range(KH)]
+                      for ci in range(Cg)]))
+    return _flat_planes(bases, outs, H, W, OH, KH, KW, dilation, (pt, pl), spans[0], spans[1], dt,
                         epilogue or Epilogue(), ax)
 
 
@@ -688,6 +693,9 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
         return [KernelStep("pad", pad2d(N, g.C, g.H, g.W, g.pads, 0.0, dtype), ("x",), "pad", g.N * g.C * HP * WP),
                 KernelStep("depthwise", depthwise_conv2d(N, g.C, HP, WP, g.KH, g.KW, g.stride, g.dilation,
                                                          (0, 0, 0, 0), dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
+    if plan.family == "grouped_flat":
+        return [KernelStep("grouped", grouped_conv2d_flat(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.dilation,
+                                                          g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family in ("depthwise", "depthwise_flat"):
         return [KernelStep("depthwise", depthwise_conv2d(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
                                                          g.pads, dtype, epi, plan.family == "depthwise_flat"),

@@ -60,6 +60,9 @@ GEOMETRIES = [
     ConvGeometry(1, 4, 6, 5, 4, 3, 3, (1, 1), (1, 1), (2, 0, 0, 2), groups=4),    # padded on one side
     ConvGeometry(2, 3, 2, 7, 3, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=3),    # no inner row: masked taps
     ConvGeometry(1, 2, 19, 23, 2, 5, 5, (1, 1), (1, 1), (2, 2, 2, 2), groups=2),  # 5x5
+    # grouped, stride 1, the width kept: one flat loop per (image, group) over its output planes
+    ConvGeometry(2, 8, 29, 31, 12, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=4),  # 2 in, 3 out per group
+    ConvGeometry(1, 6, 13, 12, 9, 3, 3, (1, 1), (2, 2), (2, 2, 2, 2), groups=3),  # dilated
 ]
 
 
@@ -90,7 +93,7 @@ EPILOGUES = [
 ]
 
 
-@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[6], GEOMETRIES[10]], ids=_gid)
+@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[6], GEOMETRIES[10], GEOMETRIES[14]], ids=_gid)
 @pytest.mark.parametrize("case", range(len(EPILOGUES)))
 def test_the_epilogue_runs_in_the_kernel_that_writes_the_output(cpu, rng, geo, case):
     epi, ref = EPILOGUES[case]
@@ -219,6 +222,21 @@ def test_a_stride_1_depthwise_keeping_the_width_runs_as_a_flat_loop_with_peeled_
             check_plan(ConvPlan("depthwise_flat"), g)
 
 
+def test_a_grouped_convolution_with_few_channels_per_group_runs_as_flat_loops_on_the_cpu(cpu):
+    from morok_py.codegen.capabilities import Capabilities
+    from morok_py.codegen.strategies.conv import grouped_flat_applies
+    caps = cpu.dev.renderer.caps
+    assert conv_plan(GEOMETRIES[14], caps) == ConvPlan("grouped_flat")           # 29x31 outputs
+    assert conv_plan(GEOMETRIES[4], caps).family == "im2col_gemm"                 # 9x9: the contraction
+    assert ConvPlan("grouped_flat") in candidate_plans(GEOMETRIES[4], caps)
+    assert not grouped_flat_applies(GEOMETRIES[2]) and not grouped_flat_applies(GEOMETRIES[6])   # dense; depthwise
+    assert not grouped_flat_applies(ConvGeometry(1, 64, 30, 30, 64, 3, 3, pads=(1, 1, 1, 1), groups=2))  # 288 taps
+    gpu = Capabilities(has_local=True, has_shared=True)
+    assert ConvPlan("grouped_flat") not in candidate_plans(GEOMETRIES[14], gpu)
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("grouped_flat"), GEOMETRIES[3])                       # strided
+
+
 def test_a_plan_the_geometry_cannot_take_is_refused():
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("pointwise"), GEOMETRIES[2])
@@ -272,7 +290,7 @@ def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped
 
 
-@pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[9]], ids=_gid)
+@pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[9], GEOMETRIES[14]], ids=_gid)
 def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng, geo):
     from dataclasses import replace
     plan = conv_plan(geo, cpu.dev.renderer.caps)
