@@ -103,10 +103,13 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
 
 def records_table(doc: dict) -> str:
     """The harness's flat records (kernels, copies, launch, compile, half_bandwidth, conv, cpu_launch)."""
-    rows, sweep = [], 0
+    rows, sweep, variants = [], 0, 0
     for r in doc["results"]:
         if r["name"].endswith("_sweep") or r.get("sweep"):
             sweep += 1
+            continue
+        if r["name"].endswith("_variant"):      # a search candidate timed beside the default (--variants)
+            variants += 1
             continue
         tgt, rt = r.get("target"), r.get("ratio")
         mark = "" if tgt is None or rt is None else f"{'met' if rt >= tgt else 'missed'} (>= {tgt:g}x)"
@@ -115,6 +118,8 @@ def records_table(doc: dict) -> str:
     text = md_table(["kernel", "size", "ours", "peer", "peer's", "ratio", "target"], rows)
     if sweep:
         text += f"\n\nPlus a size sweep of {sweep} points (in the file and the chart)."
+    if variants:
+        text += f"\n\nPlus {variants} other candidate schedules timed beside the defaults (in the file)."
     return text
 
 
