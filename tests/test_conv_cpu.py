@@ -230,7 +230,7 @@ def test_a_grouped_convolution_with_few_channels_per_group_runs_as_flat_loops_on
     assert conv_plan(GEOMETRIES[4], caps).family == "im2col_gemm"                 # 9x9: the contraction
     assert ConvPlan("grouped_flat") in candidate_plans(GEOMETRIES[4], caps)
     assert not grouped_flat_applies(GEOMETRIES[2]) and not grouped_flat_applies(GEOMETRIES[6])   # dense; depthwise
-    assert not grouped_flat_applies(ConvGeometry(1, 64, 30, 30, 64, 3, 3, pads=(1, 1, 1, 1), groups=2))  # 288 taps
+    assert not grouped_flat_applies(ConvGeometry(1, 64, 30, 30, 64, 3, 3, pads=(1, 1, 1, 1), groups=2))  # 32 x 9 x 32 terms
     gpu = Capabilities(has_local=True, has_shared=True)
     assert ConvPlan("grouped_flat") not in candidate_plans(GEOMETRIES[14], gpu)
     with pytest.raises(ArgumentError):

@@ -167,18 +167,19 @@ def flat_depthwise(geo: "ConvGeometry") -> bool:
                                         geo.pads[0], geo.pads[1]) is not None
 
 
-# grouped_flat: each output sums (C/groups) * KH * KW taps from vectors loaded once per (image, group);
-# past this many the im2col contraction's register tile wins; below GROUPED_FLAT_MIN_PIXELS output pixels the
-# contraction wins too. Measured on a 2-core AVX-512 EPYC, batch 8, 3x3, interleaved: 128 channels in 32
-# groups at 28x28 1.1 against 3.4-3.6 ms (im2col + gemm), 64 in 8 at 56x56 5.2-6.9 against 8.4 ms; 256 in
-# 32 at 14x14 2.3-2.9 against 1.3-1.8 ms
-GROUPED_FLAT_MAX_TAPS = 72
+# grouped_flat: each output sums (C/groups) * KH * KW taps from vectors loaded once per (image, group), and
+# the flat loop's IR (unrolled, once per peeled border too) grows with those taps times the group's outputs:
+# past GROUPED_FLAT_MAX_TERMS its compile time runs to seconds (3x3: 8 in / 8 out per group 4.5 s, 8 / 16
+# 12.5 s; 4 / 4 0.9 s). Below GROUPED_FLAT_MIN_PIXELS output pixels the im2col contraction wins. Measured
+# on a 2-core AVX-512 EPYC, batch 8, 3x3, interleaved, loaded host: 128 channels in 32 groups at 28x28 1.1
+# against 3.4-3.6 ms (im2col + gemm); 256 in 32 at 14x14 2.3-2.9 against 1.3-1.8 ms
+GROUPED_FLAT_MAX_TERMS = 160
 GROUPED_FLAT_MIN_PIXELS = 28 * 28
 
 
 def grouped_flat_applies(geo: "ConvGeometry") -> bool:
-    return (1 < geo.groups and not geo.depthwise and (geo.C // geo.groups) * geo.KH * geo.KW <= GROUPED_FLAT_MAX_TAPS
-            and geo.CO // geo.groups <= 16
+    terms = (geo.C // geo.groups) * geo.KH * geo.KW * (geo.CO // geo.groups)
+    return (1 < geo.groups and not geo.depthwise and terms <= GROUPED_FLAT_MAX_TERMS
             and flat_spans(geo.H, geo.W, geo.OH, geo.OW, geo.KH, geo.KW, geo.stride, geo.dilation,
                            geo.pads[0], geo.pads[1]) is not None)
 
@@ -249,8 +250,8 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
-        raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TAPS} taps per output "
-                            f"(channels per group x kernel), stride 1 and the width kept")
+        raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
+                            f"channels x taps x output channels per group), stride 1 and the width kept")
     if (geo.OH * geo.OW) % plan.pixel_blocks:
         raise ArgumentError(f"{plan}: {plan.pixel_blocks} blocks do not divide {geo.OH * geo.OW} output pixels")
 
