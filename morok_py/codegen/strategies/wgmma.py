@@ -16,7 +16,8 @@ strategies/tensor_core.py with the inner product issued by whole warpgroups from
   fills the tiles by cp.async 16-byte copies into S = the schedule's `tc_stages` >= 3 buffers (up to 227
   KiB of dynamic shared memory) while the consumer warpgroups multiply; they meet at mbarriers, not at
   block barriers: full[s] completes when the copies into buffer s landed (cp.async.mbarrier.arrive.noinc,
-  one arrival per producer work-item), empty[s] when every consumer's wgmmas on it finished. The
+  one arrival per producer work-item), empty[s] when every consumer's wgmmas on it finished (one arrival
+  per consumer warp). The
   consumers keep one group of wgmmas in flight while they wait for the next tile; the producer refills a
   buffer as soon as it is released, S - 1 tiles ahead (see `staged_loop`). Both roles branch inside one
   k loop (ptxas then keeps the wgmmas unserialized where their final wait is outside the branch), so
@@ -239,7 +240,7 @@ class _WGMMABuilder(_MMABuilder):
         self.wg_base = {t.kind: (self.op(top, Ops.MUL, wm0, self.c(self.BK)) if t.kind == "A" else None)
                         for t in self.tiles}
         # the pipeline's mbarriers: full[s] (s < S: the producer's copies of buffer s landed, WG_PRODUCER
-        # arrivals) and empty[S + s] (every consumer finished reading buffer s), set up by work-item 0
+        # arrivals) and empty[S + s] (every consumer warp finished reading buffer s), set up by work-item 0
         S = self.stages
         self.bars = self.new(L.LOCAL, dtypes.uint64, (), 2 * S)
         top.append(self.bars)
@@ -247,7 +248,7 @@ class _WGMMABuilder(_MMABuilder):
         top.append(first)
         for s in range(S):
             self.mbar(first.body, "init", self.c(s), count=WG_PRODUCER)
-            self.mbar(first.body, "init", self.c(S + s), count=self.consumers)
+            self.mbar(first.body, "init", self.c(S + s), count=self.consumers // 32)
         top.append(self.new(L.BARRIER, None))
 
     def descs(self, out: list[Item], rd: dict[str, Instr | None], step: int) -> list[Instr]:
@@ -333,9 +334,13 @@ class _WGMMABuilder(_MMABuilder):
         cb.append(self.new(L.WG_SYNC, None, (), "proxy"))
         rd = {t.kind: self.op(cb, Ops.MUL, stage, self.c(t.size)) for t in self.tiles}
         self.wg_steps(cb, rd, steps, 1)
+        # lane 0 of each consumer warp releases the buffer of tile t-1 (its warpgroup's wgmmas on it finished:
+        # wgmma groups complete for the whole warpgroup): 8 arrivals a tile instead of 256 on one word
         released = If(self.op(cb, Ops.CMPLT, zero, t_now))
         cb.append(released)
-        rb = released.body
+        lead = If(self.op(released.body, Ops.CMPLT, self.op(released.body, Ops.MOD, self.tid, self.c(32)), self.c(1)))
+        released.body.append(lead)
+        rb = lead.body
         prev = self.op(rb, Ops.SUB, t_now, self.c(1))
         self.mbar(rb, "arrive", self.op(rb, Ops.ADD, self.op(rb, Ops.MOD, prev, self.c(S)), self.c(S)))
         pro = self.role(lb, producer=True)
