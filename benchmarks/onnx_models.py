@@ -203,11 +203,10 @@ def morok_worker(args) -> dict:
     import onnx
     from morok_py.registry import get_device
     from morok_py.onnx import OnnxExecutor
-    model = onnx.load(str(args.model))
     feeds = dict(np.load(args.feeds))
     want = np.load(args.want) if args.want else None
     t0 = time.perf_counter()
-    ex = OnnxExecutor(model, get_device(args.device))
+    ex = OnnxExecutor(str(args.model), get_device(args.device))     # a path, as onnxruntime's session gets
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     got = ex.run(feeds)[0]

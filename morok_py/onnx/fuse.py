@@ -444,7 +444,10 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
     out.graph.input.extend(vi for vi in model.graph.input if vi.name not in dropped)   # old IR lists initializers
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(t for t in model.graph.initializer if t.name in used and t.name not in g.new)
-    out.graph.initializer.extend(numpy_helper.from_array(a, name) for name, a in g.new.items() if name in used)
+    for name in list(g.new):        # each folded array goes once serialized: one extra copy at a time
+        a = g.new.pop(name)
+        if name in used:
+            out.graph.initializer.append(numpy_helper.from_array(a, name))
     return out
 
 
