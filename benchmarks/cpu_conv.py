@@ -13,7 +13,10 @@ the default options. The two are timed in interleaved rounds (harness.interleave
 block of `--repeats` of one, then of the other, after a pause while the other's worker threads stop
 spinning; a record keeps the median over rounds of each side's round median (value, peer_value, in
 seconds), the ratio onnxruntime / morok_py (higher is better), every round and the plan morok_py's
-heuristic chose (codegen/strategies/conv.py). Outputs are checked against onnxruntime's first.
+heuristic chose (codegen/strategies/conv.py). `kernels_s` times, in the same rounds, the plan the
+executor recorded replayed alone: the kernels without the session's copy of the input in and the output
+out (for one node those copies are a large share: 2.4 MB each way at 8x96x28x28). Outputs are checked
+against onnxruntime's first.
 """
 from __future__ import annotations
 
@@ -113,6 +116,17 @@ def plan_of(case: Case, caps) -> str:
     return str(conv_plan(geo, caps))
 
 
+def _recorded_plan(session):
+    """The ExecutionPlan morok_py's executor recorded at the first run (its kernels alone, without the
+    session's input and output copies), or None where the executor keeps none."""
+    plans = getattr(session.executor, "plans", None) or {}
+    for entry in plans.values():
+        plan = entry[0] if isinstance(entry, tuple) else entry
+        if hasattr(plan, "run"):
+            return plan
+    return None
+
+
 def main() -> None:
     p = H.parser(__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="", help="comma-separated substrings of case names (default: all)")
@@ -149,21 +163,26 @@ def main() -> None:
         err = float(np.abs(got.astype(np.float64) - ref).max())
         ok = bool(np.allclose(got, ref, rtol=RTOL, atol=ATOL))
         feeds = {"x": x}
-        out = H.interleaved([("onnxruntime", lambda: theirs.run(None, feeds)),
-                             ("morok_py", lambda: ours.run(None, feeds))],
-                            rounds=rounds, repeats=repeats, warmup=args.warmup, before=pause)
+        fns = [("onnxruntime", lambda: theirs.run(None, feeds)), ("morok_py", lambda: ours.run(None, feeds))]
+        recorded = _recorded_plan(ours)
+        if recorded is not None:
+            fns.append(("morok_py kernels", recorded.run))
+        out = H.interleaved(fns, rounds=rounds, repeats=repeats, warmup=args.warmup, before=pause)
         mine, peer = statistics.median(out["morok_py"]), statistics.median(out["onnxruntime"])
+        kernels_s = statistics.median(out["morok_py kernels"]) if recorded is not None else None
         plan = plan_of(case, caps)
         rec = res.add(case.name, case.flops, "s", mine, "onnxruntime", peer, flops=case.flops,
                       gflops=case.flops / mine / 1e9, peer_gflops=case.flops / peer / 1e9, plan=plan,
+                      kernels_s=kernels_s, kernels_rounds=out.get("morok_py kernels"),
                       geometry={"N": case.batch, "C": case.C, "H": case.H, "W": case.H, "CO": case.CO,
                                 "kernel": case.k, "stride": case.stride, "pad": case.k // 2, "group": case.group},
                       first_run_s=first_s, max_abs_diff_vs_onnxruntime=err, matches_onnxruntime=ok,
                       **H.round_summary(out["morok_py"], out["onnxruntime"]))
-        rows.append([case.name, H.fmt_time(mine), H.fmt_time(peer), f"{rec['ratio']:.2f}x",
+        rows.append([case.name, H.fmt_time(mine), "-" if kernels_s is None else H.fmt_time(kernels_s),
+                     H.fmt_time(peer), f"{rec['ratio']:.2f}x",
                      f"{rec['gflops']:.0f}", plan.replace("ConvPlan(", "").rstrip(")"), "ok" if ok else f"DIFF {err:.1e}"])
         del ours, theirs
-    H.table(rows, ["case (batch 8, NCHW float32)", "morok_py", "onnxruntime", "ratio", "GFLOP/s", "plan", "check"],
+    H.table(rows, ["case (batch 8, NCHW float32)", "morok_py", "its kernels", "onnxruntime", "ratio", "GFLOP/s", "plan", "check"],
             title=f"CPU convolutions, interleaved ({rounds} rounds of {repeats}; ratio = onnxruntime / morok_py, higher is better)")
     doc_extra = {"threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0))
                  if hasattr(os, "sched_getaffinity") else os.cpu_count(), "onnxruntime": ort.__version__,
