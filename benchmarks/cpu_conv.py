@@ -15,8 +15,8 @@ spinning; a record keeps the median over rounds of each side's round median (val
 seconds), the ratio onnxruntime / morok_py (higher is better), every round and the plan morok_py's
 heuristic chose (codegen/strategies/conv.py). `kernels_s` times, in the same rounds, the plan the
 executor recorded replayed alone: the kernels without the session's copy of the input in and the output
-out (for one node those copies are a large share: 2.4 MB each way at 8x96x28x28). Outputs are checked
-against onnxruntime's first.
+out (for one node those copies are a large share: 2.4 MB each way at 8x96x28x28), and `kernels_ratio`
+is onnxruntime's whole run over that. Outputs are checked against onnxruntime's first.
 """
 from __future__ import annotations
 
@@ -174,15 +174,17 @@ def main() -> None:
         rec = res.add(case.name, case.flops, "s", mine, "onnxruntime", peer, flops=case.flops,
                       gflops=case.flops / mine / 1e9, peer_gflops=case.flops / peer / 1e9, plan=plan,
                       kernels_s=kernels_s, kernels_rounds=out.get("morok_py kernels"),
+                      kernels_ratio=peer / kernels_s if kernels_s else None,
                       geometry={"N": case.batch, "C": case.C, "H": case.H, "W": case.H, "CO": case.CO,
                                 "kernel": case.k, "stride": case.stride, "pad": case.k // 2, "group": case.group},
                       first_run_s=first_s, max_abs_diff_vs_onnxruntime=err, matches_onnxruntime=ok,
                       **H.round_summary(out["morok_py"], out["onnxruntime"]))
         rows.append([case.name, H.fmt_time(mine), "-" if kernels_s is None else H.fmt_time(kernels_s),
                      H.fmt_time(peer), f"{rec['ratio']:.2f}x",
+                     "-" if kernels_s is None else f"{rec['kernels_ratio']:.2f}x",
                      f"{rec['gflops']:.0f}", plan.replace("ConvPlan(", "").rstrip(")"), "ok" if ok else f"DIFF {err:.1e}"])
         del ours, theirs
-    H.table(rows, ["case (batch 8, NCHW float32)", "morok_py", "its kernels", "onnxruntime", "ratio", "GFLOP/s", "plan", "check"],
+    H.table(rows, ["case (batch 8, NCHW float32)", "morok_py", "its kernels", "onnxruntime", "ratio", "kernels' ratio", "GFLOP/s", "plan", "check"],
             title=f"CPU convolutions, interleaved ({rounds} rounds of {repeats}; ratio = onnxruntime / morok_py, higher is better)")
     doc_extra = {"threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0))
                  if hasattr(os, "sched_getaffinity") else os.cpu_count(), "onnxruntime": ort.__version__,
