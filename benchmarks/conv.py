@@ -1,79 +1,209 @@
-"""2-D convolutions as implicit GEMMs (`kernels.conv2d`) on a GPU: float16 and bfloat16 on the tensor cores,
-beside PyTorch's convolution (cuDNN) on the same data, in TFLOP/s.
+"""2-D convolutions on a GPU as ONNX gives them (NCHW, pads, strides, groups), through the kernel sequence
+`kernels.conv2d_kernels` plans for the device (codegen/strategies/conv.py), beside PyTorch's convolution
+(cuDNN) on the same data, in TFLOP/s.
 
-    python benchmarks/conv.py --device CUDA [--quick]
+    python benchmarks/conv.py --device CUDA [--compiler nvrtc|llvm-nvptx] [--dtypes float32,float16]
+                              [--only conv3x3,conv_grouped] [--variants N] [--quick]
 
-Shapes are ResNet-like 3x3 and 1x1 layers, batch 32, NCHW, unpadded (the input arrives padded, as
-`kernels.conv2d` expects; PyTorch gets the same input with padding=0). Ours is the program's own
-`wait=True` time on the raw launch path; PyTorch's is timed with its CUDA events. Each result is checked
-against PyTorch's first (float32 accumulation on both sides).
+Cases (batch 32): ResNet 3x3 stages (pad 1), 3x3 stride 2, 1x1 projections, depthwise 3x3 and grouped 3x3
+(32 groups, ResNeXt). float32 on both sides runs without TF32 (torch.backends.cudnn.allow_tf32 = False);
+float16 and bfloat16 accumulate in float32 on both sides. cuDNN picks its algorithm by its heuristics
+(torch.backends.cudnn.benchmark off). Ours is the sum of the plan's kernels' own `wait=True` times on the
+raw launch path (a pad kernel included where the plan has one); PyTorch's is timed with its CUDA events.
+Each result is checked against PyTorch's float32 convolution first. Records are named after the case
+(conv3x3, conv3x3_s2, conv1x1, conv_depthwise, conv_grouped) with a target of 0.9 of cuDNN. --variants N
+also times the first N candidate schedules of the plan's main kernel (records `<name>_variant`, no target)
+and the other candidate plans (records `<name>_plan`).
 """
 from __future__ import annotations
+
+import os
+import time
 
 import numpy as np
 
 import harness as H
 
-SHAPES = [  # N, C, H, W, CO, KH, KW (input already padded: 3x3 layers of 56, 28, 14, 7 and a 1x1)
-    (32, 64, 58, 58, 64, 3, 3),
-    (32, 128, 30, 30, 128, 3, 3),
-    (32, 256, 16, 16, 256, 3, 3),
-    (32, 512, 9, 9, 512, 3, 3),
-    (32, 256, 56, 56, 64, 1, 1),
+TARGET = 0.9
+
+# name, N, C, H, W, CO, KH, KW, stride, pad, groups (the input unpadded: pads go to the plan, as ONNX's Conv)
+CASES = [
+    ("conv3x3", 32, 64, 56, 56, 64, 3, 3, 1, 1, 1),
+    ("conv3x3", 32, 128, 28, 28, 128, 3, 3, 1, 1, 1),
+    ("conv3x3", 32, 256, 14, 14, 256, 3, 3, 1, 1, 1),
+    ("conv3x3", 32, 512, 7, 7, 512, 3, 3, 1, 1, 1),
+    ("conv3x3_s2", 32, 128, 56, 56, 128, 3, 3, 2, 1, 1),
+    ("conv3x3_s2", 32, 256, 28, 28, 256, 3, 3, 2, 1, 1),
+    ("conv1x1", 32, 256, 56, 56, 64, 1, 1, 1, 0, 1),
+    ("conv1x1", 32, 1024, 14, 14, 256, 1, 1, 1, 0, 1),
+    ("conv_depthwise", 32, 128, 56, 56, 128, 3, 3, 1, 1, 128),
+    ("conv_depthwise", 32, 256, 28, 28, 256, 3, 3, 2, 1, 256),
+    ("conv_grouped", 32, 128, 56, 56, 128, 3, 3, 1, 1, 32),
+    ("conv_grouped", 32, 256, 28, 28, 256, 3, 3, 1, 1, 32),
 ]
+TOL = {"float32": 1e-4, "float16": 3e-3, "bfloat16": 2e-2}
+
+
+class Sequence:
+    """A plan's kernels compiled for `dev` on device buffers: x and w given, the rest allocated; `main` the
+    contraction (or only) kernel, replaced by `schedule` where given."""
+
+    def __init__(self, dev, steps, x, w, dt, schedule=None, tag=""):
+        from morok_py import cache
+        self.bufs = {"x": x, "w": w}
+        self.calls = []
+        self.main = None
+        for i, st in enumerate(steps):
+            main = i == len(steps) - 1
+            if main and schedule is not None:
+                prog = dev.runtime(cache.compile_ast(dev.renderer, dev.compiler, st.ast, f"conv_{st.name}{tag}",
+                                                     schedule))
+            else:
+                prog = dev.compile(st.ast, name=f"conv_{st.name}{tag}")
+            if st.output not in self.bufs:
+                self.bufs[st.output] = dev.buffer(st.elements, dt)
+            names = [n for n in st.inputs if n != "epilogue"] + [st.output]
+            info = prog.launch
+            vals = dict(st.vars)
+            mine = {k: vals[k] for k in info.var_names}
+            gs, ls = info.launch_dims(mine)
+            ptrs = [self.bufs[n].ptr for n in names]
+            self.calls.append((prog, ptrs, [mine[k] for k in info.var_names], gs, ls))
+            if main:
+                self.main = prog
+        self.checked = [(st, [self.bufs[n] for n in [n for n in st.inputs if n != "epilogue"] + [st.output]])
+                        for st in steps]
+
+    def run_checked(self) -> None:
+        for (prog, *_), (st, bufs) in zip(self.calls, self.checked):
+            prog(*bufs, **dict(st.vars))
+
+    def __call__(self) -> float:
+        return sum(prog.execute(ptrs, vals, gs, ls, wait=True) for prog, ptrs, vals, gs, ls in self.calls)
+
+    @property
+    def out(self):
+        return self.bufs["out"]
 
 
 def main() -> None:
     p = H.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--compiler", default=None, help="the CUDA pair (nvrtc, llvm-nvptx; default: MOROK_CUDA_COMPILER)")
+    p.add_argument("--dtypes", default="float32,float16", help="comma-separated: float32, float16, bfloat16")
+    p.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    p.add_argument("--variants", type=int, default=0, help="also time the main kernel's first N candidate schedules")
     args = p.parse_args()
+    if args.compiler:
+        os.environ["MOROK_CUDA_COMPILER"] = args.compiler
     from morok_py import Buffer, dtypes
     from morok_py import kernels as K
-    from morok_py.dtypes import to_numpy
+    from morok_py.codegen.scan import scan_kernel
+    from morok_py.codegen.schedule import candidate_schedules
+    from morok_py.codegen.strategies.conv import ConvGeometry, candidate_plans, conv_plan
 
-    dev = H.open_device(args.device)
-    libs = H.gpu_peer_libs(dev)
-    torch = libs.get("torch")
-    if torch is None:
-        raise SystemExit("conv.py compares with PyTorch on a GPU: none here")
-    timer = H.event_timer("torch", torch)
-    device = f"cuda:{dev.spec.ordinal}"
+    dev = H.open_device(args.device, args.wait_quiet)
+    if H.is_gpu(dev):
+        torch = H.gpu_peer_libs(dev).get("torch")
+        if torch is None:
+            raise SystemExit("conv.py compares with PyTorch on a GPU: none here")
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        timer = H.event_timer("torch", torch)
+        device = f"cuda:{dev.spec.ordinal}"
+    else:       # a smoke run of the script itself (--quick): PyTorch on the CPU, timed by the wall clock
+        torch = H.optional("torch")
+        if torch is None:
+            raise SystemExit("conv.py compares with PyTorch: not installed")
+        timer, device = (lambda fn: (lambda t0: (fn(), time.perf_counter() - t0)[1])(time.perf_counter())), "cpu"
     mach = H.machine(dev)
+    caps = dev.renderer.caps
     res = H.Results("conv", dev, args)
-    rng = np.random.default_rng(0)
     rows = []
-    shapes = [(4, c, h, w, co, kh, kw) for (_, c, h, w, co, kh, kw) in SHAPES[:2]] if args.quick else SHAPES
-    for dname in ("float16", "bfloat16"):
+    only = {s for s in args.only.split(",") if s}
+    cases = [c for c in CASES if not only or c[0] in only]
+    if args.quick:
+        cases = [(c[0], 2) + c[2:] for c in cases]
+    reps = dict(warmup=args.warmup + 1, repeats=max(args.repeats, 10))
+    for dname in [d for d in args.dtypes.split(",") if d]:
         dt = getattr(dtypes, dname)
         tdt = getattr(torch, dname)
-        for N, C, Hh, Ww, CO, KH, KW in shapes:
-            OH, OW = Hh - KH + 1, Ww - KW + 1
-            flop = 2.0 * N * OH * OW * CO * C * KH * KW
-            tx = torch.randn(N, C, Hh, Ww, device=device).to(tdt)
-            tw = (torch.randn(CO, C, KH, KW, device=device) / (C * KH * KW) ** 0.5).to(tdt)
-            prog = dev.compile(K.conv2d(N, C, Hh, Ww, CO, KH, KW, dtype=dt), name=f"conv_{dname}")
-            x = Buffer.from_dlpack(tx.contiguous())
-            w = Buffer.from_dlpack(tw.contiguous())
-            out = dev.buffer(N * CO * OH * OW, dt)
-            prog(x, w, out)
-            want = torch.nn.functional.conv2d(tx.float(), tw.float())
-            got = torch.from_dlpack(out).view(N, CO, OH, OW).float()
-            err = float((got - want).abs().max() / want.abs().max())
-            if err > (2e-3 if dname == "float16" else 1.6e-2):
-                raise SystemExit(f"conv {dname} {N}x{C}x{Hh}x{Ww} -> {CO}x{KH}x{KW}: relative error {err:.2e}")
-            info = prog.launch
-            gs, ls = info.launch_dims({})
-            ptrs = [x.ptr, w.ptr, out.ptr]
-            t = H.measure(lambda: prog.execute(ptrs, [], gs, ls, wait=True), warmup=3, repeats=10)
-            t_peer = H.measure(lambda: timer(lambda: torch.nn.functional.conv2d(tx, tw)), warmup=3, repeats=10)
-            label = f"{N}x{C}x{Hh}x{Ww} * {CO}x{C}x{KH}x{KW}"
-            rec = res.add("conv2d", int(flop), "FLOP/s", flop / t, "torch", flop / t_peer, higher_is_better=True,
-                          dtype=dname, label=f"{dname} {label}", max_rel_err=err,
-                          schedule=str(getattr(prog.compiled, "schedule", "")) or None)
-            rows.append([dname, label, f"{flop / t / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}", f"{rec['ratio']:.2f}x",
-                         f"{err:.1e}"])
-            del x, w, out
-    H.table(rows, ["dtype", "conv (input padded)", "ours TFLOP/s", "torch TFLOP/s", "vs torch", "max rel err"],
-            f"\nImplicit-GEMM convolutions on {mach['model']}")
+        for name, N, C, Hh, Ww, CO, KH, KW, s, pad, groups in cases:
+            geo = ConvGeometry(N, C, Hh, Ww, CO, KH, KW, (s, s), (1, 1), (pad,) * 4, groups)
+            flop = float(geo.flops)
+            label = f"{dname} {N}x{C}x{Hh}x{Ww} * {CO}x{C // groups}x{KH}x{KW} s{s} p{pad}" + (
+                f" g{groups}" if groups > 1 else "")
+            tx = torch.randn(N, C, Hh, Ww, device=device).to(tdt).contiguous()
+            tw = (torch.randn(CO, C // groups, KH, KW, device=device) / (C // groups * KH * KW) ** 0.5).to(tdt).contiguous()
+            x, w = Buffer.from_dlpack(tx), Buffer.from_dlpack(tw)
+            want = torch.nn.functional.conv2d(tx.float(), tw.float(), stride=s, padding=pad, groups=groups)
+
+            def check(seq: Sequence) -> float:
+                seq.run_checked()
+                got = torch.from_dlpack(seq.out).view(want.shape).float()
+                return float((got - want).abs().max() / want.abs().max())
+
+            plan = conv_plan(geo, caps)
+            try:
+                steps = K.conv2d_kernels(geo, plan, dt, caps=caps)
+                seq = Sequence(dev, steps, x, w, dt)
+                err = check(seq)
+            except Exception as e:      # a case that fails is recorded as an error; the others still run
+                res.add(name, int(flop), "FLOP/s", 0.0, "torch", None, higher_is_better=True, dtype=dname,
+                        label=label, error=f"{type(e).__name__}: {e}"[:400], target=TARGET, plan=str(plan))
+                rows.append([label, str(plan), "error", "", "", str(e)[:60]])
+                continue
+            if not err <= TOL[dname]:
+                res.add(name, int(flop), "FLOP/s", 0.0, "torch", None, higher_is_better=True, dtype=dname,
+                        label=label, error=f"relative error {err:.2e}", target=TARGET, plan=str(plan))
+                rows.append([label, str(plan), "wrong", "", "", f"{err:.1e}"])
+                continue
+            t = H.measure(seq, **reps)
+            t_peer = H.measure(lambda: timer(lambda: torch.nn.functional.conv2d(tx, tw, stride=s, padding=pad,
+                                                                                 groups=groups)), **reps)
+            sched = getattr(getattr(seq.main, "compiled", None), "schedule", None)
+            rec = res.add(name, int(flop), "FLOP/s", flop / t, "torch", flop / t_peer, higher_is_better=True,
+                          dtype=dname, label=label, max_rel_err=err, target=TARGET, plan=str(plan),
+                          kernels=[st.name for st in steps], schedule=str(sched) if sched else None)
+            rows.append([label, str(plan), f"{flop / t / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
+                         f"{rec['ratio']:.2f}x", f"{err:.1e}"])
+            H.note(" | ".join(rows[-1] + [str(sched)]))
+            if args.variants:
+                for alt in candidate_plans(geo, caps)[1:]:
+                    try:
+                        aseq = Sequence(dev, K.conv2d_kernels(geo, alt, dt, caps=caps), x, w, dt, tag="_alt")
+                        aerr = check(aseq)
+                        ta = H.measure(aseq, **reps) if aerr <= TOL[dname] else None
+                    except Exception as e:
+                        H.note(f"{label} {alt}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    if ta is None:
+                        H.note(f"{label} {alt}: relative error {aerr:.2e}")
+                        continue
+                    res.add(f"{name}_plan", int(flop), "FLOP/s", flop / ta, "torch", flop / t_peer,
+                            higher_is_better=True, dtype=dname, label=f"{label} {alt}", plan=str(alt))
+                    rows.append([label, str(alt), f"{flop / ta / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
+                                 f"{flop / ta / (flop / t_peer):.2f}x", f"{aerr:.1e}"])
+                    H.note(" | ".join(rows[-1]))
+                spec = dev.renderer.render(steps[-1].ast, "variants")
+                for sc in candidate_schedules(spec.ast, caps, scan_kernel(spec.ast))[1:1 + args.variants]:
+                    try:
+                        vseq = Sequence(dev, steps, x, w, dt, schedule=sc, tag="_v")
+                        verr = check(vseq)
+                        tv = H.measure(vseq, **reps) if verr <= TOL[dname] else None
+                    except Exception as e:
+                        H.note(f"{label} {sc}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    if tv is None:
+                        H.note(f"{label} {sc}: relative error {verr:.2e}")
+                        continue
+                    res.add(f"{name}_variant", int(flop), "FLOP/s", flop / tv, "torch", flop / t_peer,
+                            higher_is_better=True, dtype=dname, label=f"{label} {sc}", schedule=str(sc))
+                    rows.append([label, str(sc), f"{flop / tv / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
+                                 f"{flop / tv / (flop / t_peer):.2f}x", f"{verr:.1e}"])
+                    H.note(" | ".join(rows[-1]))
+            del seq
+    H.table(rows, ["convolution", "plan / schedule", "ours TFLOP/s", "cuDNN TFLOP/s", "vs cuDNN", "max rel err"],
+            f"\nConvolutions on {mach['model']} ({dev.compiler.cache_key}); target {TARGET}x cuDNN")
     res.save()
 
 

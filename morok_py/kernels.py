@@ -571,6 +571,115 @@ def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int,
                         epilogue or Epilogue(), ax)
 
 
+def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+                dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+                dtype=dtypes.float32) -> UOp:
+    """col[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
+    padding: `im2col`'s columns with every image's pixels side by side in one row per tap (the GPU form,
+    ConvPlan family im2col_flat), so that `flat_gemm` is one contraction over all the batch's pixels whose
+    rows are contiguous. N None is the variable `N`. Params: x, col."""
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
+    OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
+    ax = _Axes()
+    c, kh, kw, n, oh, ow = ax(C), ax(KH), ax(KW), ax(_batch(N)), ax(OH), ax(OW)
+    x, col = UOp.param(0, dt), UOp.param(1, dt)
+    masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
+    v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+    at = ((c * KH + kh) * KW + kw) * (_end(_batch(N)) * (OH * OW)) + (n * OH + oh) * OW + ow
+    return UOp.sink(col.store(at, v))
+
+
+def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, p] = sum over k of w[co, k] * col[k, n*P + p], then `epilogue`: the contraction of
+    `im2col_flat`'s columns [K, N*P] with the weights [CO, K], the batch's pixels as one range of rows (a
+    GPU's tiles see N*P rows whose loads are contiguous, however few pixels one image has). N None is
+    the variable `N`. Params: col, w, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    NP = _end(_batch(N)) * P
+    i = UOp.range(NP, 0)                           # (n, p)
+    j = UOp.range(CO, 1)                           # co
+    k = UOp.range(K, 2, AxisType.REDUCE)
+    col, w = UOp.param(0, dt), UOp.param(1, dt)
+    at = (i // P) * (CO * P) + j * P + i % P
+    v, nxt = (epilogue or Epilogue()).apply((col.load(k * NP + i) * w.load(j * K + k)).reduce(k), 2, dt, j, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+# grouped_conv2d: the input channels of a group summed unrolled (all taps loaded once per work-item for the
+# outputs it computes) up to this many taps per output; past it the channels are a REDUCE range
+GROUPED_UNROLL_MAX_TAPS = 288
+# the outputs of a group one work-item computes: the most whose products (taps x outputs) stay within this
+GROUPED_MAX_TERMS = 1152
+
+
+def grouped_outputs(Cg: int, COg: int, KH: int, KW: int) -> int:
+    """Output channels per work-item of `grouped_conv2d`: the largest divisor of COg whose products stay
+    within GROUPED_MAX_TERMS (1 where the channels are a REDUCE range)."""
+    taps = Cg * KH * KW
+    if taps > GROUPED_UNROLL_MAX_TAPS:
+        return 1
+    return max(d for d in range(1, COg + 1) if COg % d == 0 and d * taps <= GROUPED_MAX_TERMS or d == 1)
+
+
+def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int, groups: int,
+                   stride: tuple[int, int] = (1, 1), dilation: tuple[int, int] = (1, 1),
+                   pads: tuple[int, int, int, int] = (0, 0, 0, 0), dtype=dtypes.float32,
+                   epilogue: Epilogue | None = None, per: int | None = None) -> UOp:
+    """A grouped convolution (GPU form, ConvPlan family grouped_direct): every (n, group, output block,
+    oh, ow) is a GLOBAL range (a work-item); a work-item loads its group's input taps once (masked at the
+    borders, zero padding) and sums them into `per` output channels (default `grouped_outputs`), in the
+    accumulation dtype (float32 for 16-bit floats). The channels of a group are unrolled up to
+    GROUPED_UNROLL_MAX_TAPS taps, else a REDUCE range (one output per work-item). N None is the variable
+    `N`. Params: x, w [CO, C/groups, KH, KW], the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    if C % groups or CO % groups:
+        raise ArgumentError(f"grouped_conv2d: {groups} groups do not divide {C} -> {CO} channels")
+    (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
+    OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
+    Cg, COg = C // groups, CO // groups
+    unrolled = Cg * KH * KW <= GROUPED_UNROLL_MAX_TAPS
+    per = per if per is not None else grouped_outputs(Cg, COg, KH, KW)
+    if per < 1 or COg % per or (per > 1 and not unrolled):
+        raise ArgumentError(f"grouped_conv2d: {per} outputs per work-item for {COg} per group"
+                            + ("" if unrolled else " (channels as a REDUCE range: 1)"))
+    blocks = COg // per
+    acc_dt = accumulation_dtype(dt)
+    ax = _Axes()
+    u = ax(_batch(N) * (groups * blocks) if N is None else N * groups * blocks)      # (n, g, output block)
+    oh, ow = ax(OH), ax(OW)
+    n, gb = u // (groups * blocks), u % (groups * blocks)
+    g, b = gb // blocks, gb % blocks
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
+    ci_r = None if unrolled else ax(Cg, AxisType.REDUCE)
+    chans = range(Cg) if unrolled else [ci_r]
+    taps = []
+    for ci in chans:
+        base = (n * C + g * Cg + ci) * (H * W)
+        for kh in range(KH):
+            for kw in range(KW):
+                t = _tap(x, base, H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
+                taps.append((ci, kh, kw, t if acc_dt == dt else t.cast(acc_dt)))
+    epi = epilogue or Epilogue()
+    stores = []
+    for o in range(per):
+        co = g * COg + b * per + o
+        acc = None
+        for ci, kh, kw, t in taps:
+            wv = w.load(co * (Cg * KH * KW) + (ci * KH + kh) * KW + kw)
+            term = t * (wv if acc_dt == dt else wv.cast(acc_dt))
+            acc = term if acc is None else acc + term
+        if ci_r is not None:
+            acc = acc.reduce(ci_r)
+        if acc_dt != dt:
+            acc = acc.cast(dt)
+        at = ((n * CO + co) * OH + oh) * OW + ow
+        v, nxt = epi.apply(acc, 2, dt, co, at)
+        stores.append(UOp.param(nxt, dt).store(at, v))
+    return UOp.sink(*stores)
+
+
 def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
           dtype=dtypes.float32) -> UOp:
     """out[n, c, y, x] = x[n, c, y - top, x - left] inside, `value` in the border. Params: x, out."""
@@ -696,6 +805,14 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     if plan.family == "grouped_flat":
         return [KernelStep("grouped", grouped_conv2d_flat(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.dilation,
                                                           g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
+    if plan.family == "im2col_flat":
+        K_ = g.C * g.KH * g.KW
+        return [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
+                           ("x",), "col", g.N * K_ * P),
+                KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi), ("col", "w", "epilogue"), "out", out_n)]
+    if plan.family == "grouped_direct":
+        return [KernelStep("grouped", grouped_conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.stride,
+                                                     g.dilation, g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family in ("depthwise", "depthwise_flat"):
         return [KernelStep("depthwise", depthwise_conv2d(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation,
                                                          g.pads, dtype, epi, plan.family == "depthwise_flat"),

@@ -287,7 +287,7 @@ def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     assert conv_plan(GEOMETRIES[2], gpu) == ConvPlan("direct")
     assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("depthwise")       # every position a work-item
     assert ConvPlan("depthwise_flat") not in candidate_plans(GEOMETRIES[6], gpu)
-    assert conv_plan(GEOMETRIES[4], gpu).family == "im2col_gemm"        # grouped
+    assert conv_plan(GEOMETRIES[4], gpu).family == "grouped_direct"      # grouped: kernels.grouped_conv2d
 
 
 @pytest.mark.parametrize("geo", [GEOMETRIES[2], GEOMETRIES[4], GEOMETRIES[6], GEOMETRIES[9], GEOMETRIES[14]], ids=_gid)

@@ -18,6 +18,14 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
   grouped_flat  (CPU) a grouped convolution with few channels per group, stride 1 and the width kept:
                each (image, group) sums its input planes into its output planes in one flat loop
                (`kernels.grouped_conv2d_flat`), no im2col columns.
+  grouped_direct  (GPU) a grouped convolution as one kernel over (n, group, output block, oh, ow), a
+               work-item summing its group's masked taps, loaded once, into a few output channels
+               (`kernels.grouped_conv2d`); no im2col columns, no contraction over a group's few channels.
+  im2col_flat  (GPU) `kernels.im2col_flat` writes the columns [C*KH*KW, N*OH*OW] (every image's pixels of
+               a tap side by side), then `kernels.flat_gemm` contracts them with the weights as one matrix
+               product whose tiles fill by contiguous (16-byte, asynchronous) copies; the direct implicit
+               GEMM gathers its taps element by element. The columns cost KH*KW times the output's bytes
+               per CO output channels' work: the default from IM2COL_FLAT_MIN_CO output channels.
   depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
                the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
@@ -37,7 +45,8 @@ from typing import Callable
 from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
-FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat", "direct")
+FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
+            "grouped_direct", "im2col_flat", "direct")
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,11 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
     return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0, blocks)
 
 
+# im2col_flat (GPU): the columns are KH*KW times the input's bytes and the contraction does 2*CO flops per
+# column element, so their cost relative to the work falls as 1/CO; from this many output channels
+IM2COL_FLAT_MIN_CO = 256
+
+
 def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
     """The heuristic family: depthwise where it applies, a 1x1 as a contraction of the input itself,
     the rest through columns. Measured on a 2-core AVX-512 EPYC (batch 8, MobileNet sizes): a 24->72
@@ -206,6 +220,10 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
         return ConvPlan("depthwise_flat" if not caps.has_local and flat_depthwise(geo) else "depthwise")
     if grouped_flat_applies(geo) and not caps.has_local and geo.OH * geo.OW >= GROUPED_FLAT_MIN_PIXELS:
         return ConvPlan("grouped_flat")
+    if caps.has_local and geo.groups > 1:
+        return ConvPlan("grouped_direct")   # GPU: a group's few channels make no contraction worth tiles
+    if caps.has_local and geo.groups == 1 and not geo.pointwise and geo.CO >= IM2COL_FLAT_MIN_CO:
+        return ConvPlan("im2col_flat")
     if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
         return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
@@ -225,6 +243,10 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
             out.append(ConvPlan("depthwise_padded"))
     if not caps.has_local and grouped_flat_applies(geo):
         out.append(ConvPlan("grouped_flat"))
+    if caps.has_local and geo.groups > 1:
+        out.append(ConvPlan("grouped_direct"))
+    if caps.has_local and geo.groups == 1:
+        out.append(ConvPlan("im2col_flat"))
     out.append(ConvPlan("direct"))
     seen: list[ConvPlan] = []
     for p in out:
@@ -249,6 +271,10 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
+    if plan.family == "im2col_flat" and geo.groups != 1:
+        raise ArgumentError(f"{plan}: the flat columns take one group")
+    if plan.family == "grouped_direct" and geo.groups == 1:
+        raise ArgumentError(f"{plan}: the convolution has one group")
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
                             f"channels x taps x output channels per group), stride 1 and the width kept")

@@ -1,0 +1,208 @@
+"""The GPU convolution families of codegen/strategies/conv.py: grouped_direct (`kernels.grouped_conv2d`),
+im2col_flat (`kernels.im2col_flat` + `kernels.flat_gemm`), beside direct and depthwise. Which plan a GPU
+target takes; the kernels rendered for both CUDA pairs and run by the test interpreter (no GPU needed);
+then on the device (marker `cuda`, both CUDA pairs) against a float64 numpy convolution: odd channel counts
+and sizes, strides, padding, groups, epilogues, a symbolic batch, and the launch check refusing a short
+buffer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import linear_interp as LI
+from conftest import PAIRS, open_target, random_array
+from morok_py import dtypes
+from morok_py import kernels as K
+from morok_py.codegen.capabilities import Capabilities
+from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan, candidate_plans, check_plan, conv_plan
+from morok_py.dtypes import to_numpy
+from morok_py.errors import ArgumentError
+
+GPU = Capabilities(has_local=True, has_shared=True)
+
+
+def conv_ref(x, w, b, geo: ConvGeometry) -> np.ndarray:
+    """NCHW convolution in float64 by explicit taps."""
+    pt, pl, pb, pr = geo.pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    (sh, sw), (dh, dw), G = geo.stride, geo.dilation, geo.groups
+    Cg, COg = geo.C // G, geo.CO // G
+    out = np.zeros((geo.N, geo.CO, geo.OH, geo.OW))
+    for kh in range(geo.KH):
+        for kw in range(geo.KW):
+            win = xp[:, :, kh * dh: kh * dh + (geo.OH - 1) * sh + 1: sh, kw * dw: kw * dw + (geo.OW - 1) * sw + 1: sw]
+            for g in range(G):
+                out[:, g * COg:(g + 1) * COg] += np.einsum("nchw,oc->nohw", win[:, g * Cg:(g + 1) * Cg],
+                                                           w[g * COg:(g + 1) * COg, :, kh, kw].astype(np.float64))
+    if b is not None:
+        out += b.astype(np.float64)[None, :, None, None]
+    return out
+
+
+GROUPED = [
+    ConvGeometry(2, 12, 7, 9, 18, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=3),       # strided, 4 -> 6 a group
+    ConvGeometry(1, 10, 6, 5, 15, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3), groups=5),       # dilated, asymmetric
+    ConvGeometry(2, 66, 5, 6, 6, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=2),        # 33 x 9 taps: a REDUCE range
+    ConvGeometry(3, 6, 9, 7, 12, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), groups=3),        # grouped 1x1
+]
+DENSE = [
+    ConvGeometry(2, 5, 9, 11, 7, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),
+    ConvGeometry(1, 16, 13, 13, 24, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),                # stride 2
+    ConvGeometry(3, 8, 12, 10, 17, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)),                # dilated, asymmetric
+    ConvGeometry(2, 7, 5, 5, 9, 1, 1, (2, 2)),                                         # 1x1 stride 2
+]
+
+
+def _gid(g: ConvGeometry) -> str:
+    return f"{g.N}x{g.C}x{g.H}x{g.W}-{g.CO}x{g.KH}x{g.KW}-s{g.stride[0]}{g.stride[1]}-g{g.groups}"
+
+
+# ---- plans --------------------------------------------------------------------------------------------
+
+def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers():
+    assert conv_plan(GROUPED[0], GPU) == ConvPlan("grouped_direct")
+    assert conv_plan(ConvGeometry(2, 8, 9, 9, 8, 3, 3, pads=(1, 1, 1, 1), groups=8), GPU).family == "depthwise"
+    assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 3, 3, pads=(1, 1, 1, 1)), GPU) == ConvPlan("im2col_flat")
+    assert conv_plan(ConvGeometry(2, 64, 9, 9, 64, 3, 3, pads=(1, 1, 1, 1)), GPU) == ConvPlan("direct")
+    assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 1, 1), GPU) == ConvPlan("direct")    # 1x1: no columns
+    assert ConvPlan("im2col_flat") in candidate_plans(DENSE[0], GPU)
+    assert ConvPlan("grouped_direct") in candidate_plans(GROUPED[0], GPU)
+    cpu = Capabilities()
+    assert ConvPlan("grouped_direct") not in candidate_plans(GROUPED[0], cpu)
+    assert ConvPlan("im2col_flat") not in candidate_plans(DENSE[0], cpu)
+    with pytest.raises(ArgumentError, match="one group"):
+        check_plan(ConvPlan("grouped_direct"), DENSE[0])
+    with pytest.raises(ArgumentError, match="one group"):
+        check_plan(ConvPlan("im2col_flat"), GROUPED[0])
+
+
+def test_grouped_outputs_per_work_item():
+    assert K.grouped_outputs(8, 8, 3, 3) == 8           # ResNeXt 32x8d: 72 taps x 8 outputs
+    assert K.grouped_outputs(4, 6, 3, 3) == 6
+    assert K.grouped_outputs(16, 64, 3, 3) == 8          # 144 taps: 8 x 144 = 1152
+    assert K.grouped_outputs(33, 3, 3, 3) == 1           # 297 taps: the channels are a REDUCE range
+    with pytest.raises(ArgumentError):
+        K.grouped_conv2d(1, 66, 5, 5, 6, 3, 3, 2, per=3)
+
+
+# ---- the test interpreter, both CUDA pairs ------------------------------------------------------------
+
+def _interpret(steps, arrays: dict, pair: int, npdt, N: int) -> np.ndarray:
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90")[pair]
+    bufs = dict(arrays)
+    for st in steps:
+        spec = r.render(st.ast, f"conv_{st.name}")
+        out = np.zeros(st.elements, npdt)
+        ins = [bufs[n].ravel() for n in st.inputs if n != "epilogue"]
+        vals = {k: v for k, v in st.vars}
+        writes = LI.run(spec.linear, spec.launch, ins + [out], vals)
+        assert (writes[len(ins)] == 1).all(), f"{st.name}: not every output written once"
+        bufs[st.output] = out
+    return bufs["out"]
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("geo", GROUPED[:3], ids=_gid)
+def test_grouped_direct_in_the_interpreter(rng, pair, geo):
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    steps = K.conv2d_kernels(geo, ConvPlan("grouped_direct"), symbolic_batch=True)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N)
+    np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("geo", DENSE[:2], ids=_gid)
+def test_im2col_flat_in_the_interpreter(rng, pair, dt, geo):
+    d_t = getattr(dtypes, dt)
+    npdt = to_numpy(d_t)
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
+    w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
+    steps = K.conv2d_kernels(geo, ConvPlan("im2col_flat"), d_t, symbolic_batch=True)
+    got = _interpret(steps, {"x": x, "w": w}, pair, npdt, geo.N)
+    ref = conv_ref(x, w, None, geo)
+    tol = 1e-4 if dt == "float32" else 2e-3
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+# ---- on the device ------------------------------------------------------------------------------------
+
+CUDA_PAIRS = [p for p in PAIRS if p.values[0][0] == "CUDA" and p.values[0][1] != "mlir"]
+
+
+@pytest.fixture(params=CUDA_PAIRS)
+def gpu(request):
+    return open_target(*request.param)
+
+
+def _run(target, steps, arrays: dict, dt, epilogue_arrays=()):
+    bufs = {k: target.buf(v) for k, v in arrays.items()}
+    for st in steps:
+        ins = []
+        for role in st.inputs:
+            ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
+        bufs[st.output] = target.empty(st.elements, dt)
+        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
+    return bufs["out"].numpy()
+
+
+FAMILY_CASES = ([("grouped_direct", g) for g in GROUPED] + [("im2col_flat", g) for g in DENSE]
+                + [("direct", g) for g in DENSE if g.stride[0] == g.stride[1] and g.dilation[0] == g.dilation[1]]
+                + [("depthwise", ConvGeometry(2, 7, 11, 9, 7, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=7))])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("case", FAMILY_CASES, ids=lambda c: f"{c[0]}-{_gid(c[1])}")
+def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
+    family, geo = case
+    d_t = getattr(dtypes, dt)
+    npdt = to_numpy(d_t)
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
+    w = (random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
+    steps = K.conv2d_kernels(geo, ConvPlan(family), d_t, symbolic_batch=True)
+    got = _run(gpu, steps, {"x": x, "w": w}, d_t)
+    ref = conv_ref(x, w, None, geo)
+    tol = 1e-4 if dt == "float32" else 3e-3
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("geo", [GROUPED[0], ConvGeometry(3, 9, 10, 11, 260, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))],
+                         ids=_gid)
+def test_the_default_plan_with_an_epilogue_and_every_batch(gpu, rng, geo):
+    """The plan the device picks (grouped_direct; im2col_flat from 256 output channels), bias + relu in the
+    kernel that writes the output, one set of kernels for batches 1, 3 and 2."""
+    from dataclasses import replace
+    plan = conv_plan(geo, gpu.dev.renderer.caps)
+    assert plan.family in ("grouped_direct", "im2col_flat")
+    epi = K.Epilogue.of("bias", "relu")
+    for N in (1, 3, 2):
+        g = replace(geo, N=N)
+        steps = K.conv2d_kernels(g, plan, dtypes.float32, epi, symbolic_batch=True)
+        x = random_array(rng, (N, g.C, g.H, g.W), np.float32)
+        w = random_array(rng, (g.CO, g.C // g.groups, g.KH, g.KW), np.float32)
+        b = random_array(rng, (g.CO,), np.float32)
+        got = _run(gpu, steps, {"x": x, "w": w}, dtypes.float32, [b])
+        np.testing.assert_allclose(got.reshape(N, g.CO, g.OH, g.OW), np.maximum(conv_ref(x, w, b, g), 0),
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family,geo", [("grouped_direct", GROUPED[0]), ("im2col_flat", DENSE[0])])
+def test_the_launch_check_guards_every_buffer(gpu, rng, family, geo):
+    from morok_py.errors import LaunchError
+    steps = K.conv2d_kernels(geo, ConvPlan(family), dtypes.float32, symbolic_batch=True)
+    st = steps[-1]
+    prog = gpu.compile(st.ast, f"conv_{st.name}")
+    ins = {"x": geo.N * geo.C * geo.H * geo.W, "w": geo.CO * (geo.C // geo.groups) * geo.KH * geo.KW,
+           "col": geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW}
+    names = [n for n in st.inputs if n != "epilogue"] + [st.output]
+    sizes = [ins.get(n, st.elements) for n in names]
+    for short in range(len(names)):
+        bufs = [gpu.empty(n - (1 if i == short else 0), dtypes.float32) for i, n in enumerate(sizes)]
+        with pytest.raises(LaunchError):
+            prog(*bufs, **dict(st.vars))
