@@ -200,9 +200,9 @@ def test_both_pairs_compile_wgmma(key, which):
     compiled = c.compile(spec)
     assert compiled.arch == "sm_90a" and compiled.bytes[:4] == b"\x7fELF"
     res = cubin_resources(compiled.payload)
-    # 128 accumulators and the producer's hoisted addresses under the 168-register cap of 384 work-items:
-    # some spilled words (a 16-byte frame on nvrtc static, 144 bytes on llvm-nvptx and nvrtc symbolic)
-    assert res["regs"] <= 168 and res.get("frame", 0) <= 160, res
+    # 128 accumulators under the 168-register cap of 384 work-items: constant sizes spill nothing; symbolic
+    # ones spill the producer's per-copy places (a 144-byte frame on nvrtc, 48 on llvm-nvptx)
+    assert res["regs"] <= 168 and res.get("frame", 0) <= (160 if which == "symbolic" else 0), res
 
 
 # ---- on an sm_90 GPU ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ strategies/tensor_core.py with the inner product issued by whole warpgroups from
   (benchmarks/results/nvidia-h200/tensor_cores-nvrtc.json, each row beside the same run's pipeline without
   the producer warpgroup): 4096^3 float16 628 TFLOP/s, 0.93x torch.matmul (before: 520, 0.80x), bfloat16
   644, 0.93x (529, 0.78x); symbolic 4096^3 0.70-0.75x (before 0.78x): the producer's clamped per-copy
-  places and the symbolic strides spill (a 136-byte frame under the 168-register cap).
+  places and the symbolic strides spill (a 144-byte frame on nvrtc under the 168-register cap).
   Symbolic strides whose alignment is only known at launch keep the uniform branch of tensor_core.py:
   the pipeline when every size is a multiple of 8, else scalar fills tile by tile.
 - Sizes stay arbitrary: rows and columns past the end are clamped, the k tail is zero-filled, and the
