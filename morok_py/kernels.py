@@ -610,7 +610,9 @@ def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epil
 # outputs it computes) up to this many taps per output; past it the channels are a REDUCE range
 GROUPED_UNROLL_MAX_TAPS = 288
 # the outputs of a group one work-item computes: the most whose products (taps x outputs) stay within this
-GROUPED_MAX_TERMS = 1152
+# (a GPU schedule computes 4-8 neighbouring pixels per work-item on top: 8 outputs x 72 taps x 8 pixels of
+# float16 took NVRTC 10 s to compile)
+GROUPED_MAX_TERMS = 288
 
 
 def grouped_outputs(Cg: int, COg: int, KH: int, KW: int) -> int:
