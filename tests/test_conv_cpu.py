@@ -195,12 +195,14 @@ def test_the_cpu_forms_match_numpy_on_the_mlir_pair(rng, geo, plan):
 
 
 def test_the_contraction_cuts_a_small_batch_into_pixel_blocks_for_the_thread_split():
-    from morok_py.codegen.strategies.conv import MIN_BLOCK_PIXELS, SPLIT_UNITS, pixel_blocks
-    assert pixel_blocks(8, 56 * 56, 64) == 7                      # 56 units of 448 pixels (7 tiles of 64)
-    assert pixel_blocks(8, 28 * 28, 64) == 2                      # no 64-aligned divisor: the most blocks there are
-    assert pixel_blocks(8, 14 * 14, 64) == pixel_blocks(SPLIT_UNITS, 56 * 56, 64) == 1
-    for n, p in ((1, 12544), (3, 3136), (8, 784), (2, 1000)):
-        d = pixel_blocks(n, p, 16)
+    from morok_py.codegen.strategies.conv import MIN_BLOCK_PIXELS, pixel_blocks
+    assert pixel_blocks(8, 56 * 56, 64, threads=16) == 2          # 16 units of 25 column tiles, not 8 images
+    assert pixel_blocks(8, 28 * 28, 64, threads=16) == 2
+    assert pixel_blocks(8, 56 * 56, 64, threads=2) == pixel_blocks(8, 28 * 28, 64, threads=4) == 1
+    assert pixel_blocks(1, 56 * 56, 64, threads=16) == 16
+    assert pixel_blocks(8, 56 * 56, 64) == 7                      # workers unknown: 56 units of 448 pixels
+    for n, p, t in ((1, 12544, 12), (3, 3136, 16), (8, 784, 6), (2, 1000, 3), (5, 49, 8), (8, 3136, 0)):
+        d = pixel_blocks(n, p, 16, t)
         assert p % d == 0 and (d == 1 or p // d >= MIN_BLOCK_PIXELS)
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("pointwise", pixel_blocks=4), GEOMETRIES[0])       # 63 pixels

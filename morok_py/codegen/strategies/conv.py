@@ -127,22 +127,34 @@ class ConvPlan:
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
-# the contraction's outermost range, (image, pixel block), should have at least this many units so that
-# any worker count up to 16 gets a balanced share (as codegen/opt.py's SPLIT_UNITS); a block keeps at
-# least MIN_BLOCK_PIXELS pixels (4 column tiles of AVX-512's 64)
+# the contraction's outermost range, (image, pixel block), is what the CPU splits over its workers; a
+# block keeps at least MIN_BLOCK_PIXELS pixels (one column tile of AVX-512's 64). With the worker count
+# unknown, the blocks aim at SPLIT_UNITS units (as codegen/opt.py's), balanced for any count up to 16.
 SPLIT_UNITS = 48
-MIN_BLOCK_PIXELS = 256
+MIN_BLOCK_PIXELS = 64
 
 
-def pixel_blocks(images: int, pixels: int, tile_width: int = 0) -> int:
-    """Blocks per image of the contraction's pixels: 1 when the images alone give SPLIT_UNITS units;
-    else a divisor of `pixels` leaving blocks of >= MIN_BLOCK_PIXELS, preferring blocks a multiple of
-    `tile_width` (no partial register tile per block), the fewest that reach SPLIT_UNITS units, else
-    the most there are. At batch 8 a 56x56 layer takes 7 blocks of 448 pixels (56 units), 28x28 2."""
+def _tiles(pixels: int, tile_width: int) -> float:
+    """Column tiles of a block, as opt.tile_with_lanes walks them: full tiles, and for a remainder a
+    narrow region (up to a quarter tile, counted half a tile) or an overlapping last tile."""
+    if not tile_width:
+        return pixels / 64
+    full, rem = divmod(pixels, tile_width)
+    return full + (0 if not rem else 0.5 if 4 * rem <= tile_width else 1)
+
+
+def pixel_blocks(images: int, pixels: int, tile_width: int = 0, threads: int = 0) -> int:
+    """Blocks per image of the contraction's pixels (a divisor of `pixels`, blocks of at least
+    MIN_BLOCK_PIXELS). For `threads` workers: the count whose busiest worker walks the fewest column
+    tiles (its units times each unit's tiles), the fewest blocks among equals, so a batch that already
+    divides among the workers stays whole. At batch 8 on 16 workers a 56x56 layer takes 2 blocks (16
+    units of 25 tiles; whole images left 8 workers idle), 28x28 2, 14x14 2; on 2 workers all stay whole.
+    With `threads` 0 (unknown): the fewest blocks, a multiple of `tile_width` where one exists, that
+    reach SPLIT_UNITS units, else the most there are."""
+    cands = [d for d in range(1, pixels // MIN_BLOCK_PIXELS + 1) if pixels % d == 0] or [1]
+    if threads > 0:
+        return min(cands, key=lambda d: (-(-images * d // threads) * _tiles(pixels // d, tile_width), d))
     if images >= SPLIT_UNITS:
-        return 1
-    cands = [d for d in range(1, pixels // MIN_BLOCK_PIXELS + 1) if pixels % d == 0]
-    if not cands:
         return 1
     aligned = [d for d in cands if tile_width and (pixels // d) % tile_width == 0] or cands
     enough = [d for d in aligned if images * d >= SPLIT_UNITS]
@@ -197,7 +209,7 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
     tile = caps.register_tile if not caps.has_local else None
     blocks = 1
     if geo is not None and tile is not None:
-        blocks = pixel_blocks(geo.N, geo.OH * geo.OW, caps.tile_lanes and tile[1])
+        blocks = pixel_blocks(geo.N, geo.OH * geo.OW, caps.tile_lanes and tile[1], caps.threads)
     return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0, blocks)
 
 
