@@ -12,7 +12,7 @@ float16 and bfloat16 accumulate in float32 on both sides. cuDNN picks its algori
 raw launch path (a pad kernel included where the plan has one); PyTorch's is timed with its CUDA events.
 Each result is checked against PyTorch's float32 convolution first. Records are named after the case
 (conv3x3, conv3x3_s2, conv1x1, conv_depthwise, conv_grouped) with a target of 0.9 of cuDNN. --variants N
-also times the first N candidate schedules of the plan's main kernel (records `<name>_variant`, no target)
+also times the plan's main kernel under the first N candidate schedules with other tiles (records `<name>_variant`, no target)
 and the other candidate plans (records `<name>_plan`).
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> None:
                 got = torch.from_dlpack(seq.out).view(want.shape).float()
                 return float((got - want).abs().max() / want.abs().max())
 
-            plan = conv_plan(geo, caps)
+            plan = conv_plan(geo, caps, dt.itemsize)
             try:
                 steps = K.conv2d_kernels(geo, plan, dt, caps=caps)
                 seq = Sequence(dev, steps, x, w, dt)
@@ -160,7 +160,7 @@ def main() -> None:
             t = H.measure(seq, **reps)
             t_peer = H.measure(lambda: timer(lambda: torch.nn.functional.conv2d(tx, tw, stride=s, padding=pad,
                                                                                  groups=groups)), **reps)
-            sched = getattr(getattr(seq.main, "compiled", None), "schedule", None)
+            sched = dev.renderer.render(steps[-1].ast, "schedule").linear.schedule
             rec = res.add(name, int(flop), "FLOP/s", flop / t, "torch", flop / t_peer, higher_is_better=True,
                           dtype=dname, label=label, max_rel_err=err, target=TARGET, plan=str(plan),
                           kernels=[st.name for st in steps], schedule=str(sched) if sched else None)
@@ -168,7 +168,7 @@ def main() -> None:
                          f"{rec['ratio']:.2f}x", f"{err:.1e}"])
             H.note(" | ".join(rows[-1] + [str(sched)]))
             if args.variants:
-                for alt in candidate_plans(geo, caps)[1:]:
+                for alt in candidate_plans(geo, caps, dt.itemsize)[1:]:
                     try:
                         aseq = Sequence(dev, K.conv2d_kernels(geo, alt, dt, caps=caps), x, w, dt, tag="_alt")
                         aerr = check(aseq)
@@ -185,7 +185,14 @@ def main() -> None:
                                  f"{flop / ta / (flop / t_peer):.2f}x", f"{aerr:.1e}"])
                     H.note(" | ".join(rows[-1]))
                 spec = dev.renderer.render(steps[-1].ast, "variants")
-                for sc in candidate_schedules(spec.ast, caps, scan_kernel(spec.ast))[1:1 + args.variants]:
+                cands = candidate_schedules(spec.ast, caps, scan_kernel(spec.ast))
+                tiles = {(cands[0].matmul_tile, cands[0].tensor_core)}
+                picked = []
+                for sc in cands[1:]:        # the first of each other tile (the pipelines of one tile are alike)
+                    if (sc.matmul_tile, sc.tensor_core) not in tiles and len(picked) < args.variants:
+                        tiles.add((sc.matmul_tile, sc.tensor_core))
+                        picked.append(sc)
+                for sc in picked:
                     try:
                         vseq = Sequence(dev, steps, x, w, dt, schedule=sc, tag="_v")
                         verr = check(vseq)

@@ -606,21 +606,20 @@ def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epil
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
-# grouped_conv2d: the input channels of a group summed unrolled (all taps loaded once per work-item for the
-# outputs it computes) up to this many taps per output; past it the channels are a REDUCE range
-GROUPED_UNROLL_MAX_TAPS = 288
-# the outputs of a group one work-item computes: the most whose products (taps x outputs) stay within this
-# (a GPU schedule computes 4-8 neighbouring pixels per work-item on top: 8 outputs x 72 taps x 8 pixels of
-# float16 took NVRTC 10 s to compile)
+# grouped_conv2d: a group's input channels unrolled (every tap loaded once per work-item for all its outputs)
+# up to this many taps; past it the channels are a REDUCE range and each step loads one channel's KH*KW taps.
+# A GPU schedule computes 4-8 neighbouring pixels per work-item on top, each with its own taps: 72 unrolled
+# float16 taps x 8 pixels spilled (32x256x28x28, 32 groups of 8: 0.7 TFLOP/s on an H200, conv-variants-nvrtc.json)
+GROUPED_UNROLL_MAX_TAPS = 36
+# the outputs of a group one work-item computes: the most whose products per step (taps x outputs) stay
+# within this (8 outputs x 72 taps x 8 pixels of float16 took NVRTC 10 s to compile)
 GROUPED_MAX_TERMS = 288
 
 
 def grouped_outputs(Cg: int, COg: int, KH: int, KW: int) -> int:
-    """Output channels per work-item of `grouped_conv2d`: the largest divisor of COg whose products stay
-    within GROUPED_MAX_TERMS (1 where the channels are a REDUCE range)."""
-    taps = Cg * KH * KW
-    if taps > GROUPED_UNROLL_MAX_TAPS:
-        return 1
+    """Output channels per work-item of `grouped_conv2d`: the largest divisor of COg whose products per
+    step (taps unrolled at once x outputs) stay within GROUPED_MAX_TERMS."""
+    taps = Cg * KH * KW if Cg * KH * KW <= GROUPED_UNROLL_MAX_TAPS else KH * KW
     return max(d for d in range(1, COg + 1) if COg % d == 0 and d * taps <= GROUPED_MAX_TERMS or d == 1)
 
 
@@ -628,12 +627,12 @@ def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: 
                    stride: tuple[int, int] = (1, 1), dilation: tuple[int, int] = (1, 1),
                    pads: tuple[int, int, int, int] = (0, 0, 0, 0), dtype=dtypes.float32,
                    epilogue: Epilogue | None = None, per: int | None = None) -> UOp:
-    """A grouped convolution (GPU form, ConvPlan family grouped_direct): every (n, group, output block,
-    oh, ow) is a GLOBAL range (a work-item); a work-item loads its group's input taps once (masked at the
-    borders, zero padding) and sums them into `per` output channels (default `grouped_outputs`), in the
-    accumulation dtype (float32 for 16-bit floats). The channels of a group are unrolled up to
-    GROUPED_UNROLL_MAX_TAPS taps, else a REDUCE range (one output per work-item). N None is the variable
-    `N`. Params: x, w [CO, C/groups, KH, KW], the epilogue's operands, out."""
+    """A grouped convolution (GPU form, ConvPlan family grouped_direct; depthwise too): every (n, group,
+    output block, oh, ow) is a GLOBAL range (a work-item); a work-item loads its group's input taps
+    (masked at the borders, zero padding) once for the `per` output channels it sums them into (default
+    `grouped_outputs`), in the accumulation dtype (float32 for 16-bit floats). A group's channels are
+    unrolled up to GROUPED_UNROLL_MAX_TAPS taps, else a REDUCE range. N None is the variable `N`.
+    Params: x, w [CO, C/groups, KH, KW], the epilogue's operands, out."""
     dt = as_dtype(dtype)
     if C % groups or CO % groups:
         raise ArgumentError(f"grouped_conv2d: {groups} groups do not divide {C} -> {CO} channels")
@@ -642,9 +641,8 @@ def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: 
     Cg, COg = C // groups, CO // groups
     unrolled = Cg * KH * KW <= GROUPED_UNROLL_MAX_TAPS
     per = per if per is not None else grouped_outputs(Cg, COg, KH, KW)
-    if per < 1 or COg % per or (per > 1 and not unrolled):
-        raise ArgumentError(f"grouped_conv2d: {per} outputs per work-item for {COg} per group"
-                            + ("" if unrolled else " (channels as a REDUCE range: 1)"))
+    if per < 1 or COg % per:
+        raise ArgumentError(f"grouped_conv2d: {per} outputs per work-item for {COg} per group")
     blocks = COg // per
     acc_dt = accumulation_dtype(dt)
     ax = _Axes()
@@ -781,7 +779,7 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     """The kernels of a 2-D convolution (NCHW, weights [CO, C/groups, KH, KW]) as `plan` says (default:
     `conv_plan` for `caps`), `epilogue` applied in the kernel that writes the output. With
     `symbolic_batch` the batch is the variable `N` in every kernel (a new batch size compiles nothing)."""
-    plan = plan if plan is not None else conv_plan(geo, caps or Capabilities())
+    plan = plan if plan is not None else conv_plan(geo, caps or Capabilities(), as_dtype(dtype).itemsize)
     check_plan(plan, geo)
     steps = _conv2d_kernels(geo, plan, dtype, epilogue or Epilogue(), None if symbolic_batch else geo.N)
     if symbolic_batch:

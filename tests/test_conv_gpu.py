@@ -43,6 +43,7 @@ GROUPED = [
     ConvGeometry(2, 12, 7, 9, 18, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=3),       # strided, 4 -> 6 a group
     ConvGeometry(1, 10, 6, 5, 15, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3), groups=5),       # dilated, asymmetric
     ConvGeometry(2, 66, 5, 6, 6, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=2),        # 33 x 9 taps: a REDUCE range
+    ConvGeometry(2, 16, 6, 7, 16, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=2),       # 8 in / 8 out: REDUCE, 8 outputs
     ConvGeometry(3, 6, 9, 7, 12, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), groups=3),        # grouped 1x1
 ]
 DENSE = [
@@ -61,10 +62,15 @@ def _gid(g: ConvGeometry) -> str:
 
 def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers():
     assert conv_plan(GROUPED[0], GPU) == ConvPlan("grouped_direct")
-    assert conv_plan(ConvGeometry(2, 8, 9, 9, 8, 3, 3, pads=(1, 1, 1, 1), groups=8), GPU).family == "depthwise"
-    assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 3, 3, pads=(1, 1, 1, 1)), GPU) == ConvPlan("im2col_flat")
-    assert conv_plan(ConvGeometry(2, 64, 9, 9, 64, 3, 3, pads=(1, 1, 1, 1)), GPU) == ConvPlan("direct")
-    assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 1, 1), GPU) == ConvPlan("direct")    # 1x1: no columns
+    assert conv_plan(ConvGeometry(2, 8, 9, 9, 8, 3, 3, pads=(1, 1, 1, 1), groups=8), GPU) == ConvPlan("grouped_direct")
+    wide, narrow = ConvGeometry(2, 64, 9, 9, 512, 3, 3, pads=(1, 1, 1, 1)), ConvGeometry(2, 64, 9, 9, 64, 3, 3)
+    assert conv_plan(wide, GPU) == conv_plan(wide, GPU, 2) == ConvPlan("im2col_flat")
+    assert conv_plan(narrow, GPU) == ConvPlan("im2col_flat")                  # float32: columns at any width
+    assert conv_plan(narrow, GPU, 2) == ConvPlan("direct")                    # 16-bit: the implicit GEMM
+    assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 1, 1), GPU) == ConvPlan("direct")     # 1x1, few pixels
+    assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU) == ConvPlan("pointwise")
+    assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU, 2) == ConvPlan("direct")
+    assert candidate_plans(narrow, GPU, 2)[0] == ConvPlan("direct")
     assert ConvPlan("im2col_flat") in candidate_plans(DENSE[0], GPU)
     assert ConvPlan("grouped_direct") in candidate_plans(GROUPED[0], GPU)
     cpu = Capabilities()
@@ -77,12 +83,13 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
 
 
 def test_grouped_outputs_per_work_item():
-    assert K.grouped_outputs(8, 8, 3, 3) == 4           # ResNeXt 32x8d: 72 taps x 4 outputs
-    assert K.grouped_outputs(4, 6, 3, 3) == 6
-    assert K.grouped_outputs(16, 64, 3, 3) == 2          # 144 taps: 2 x 144 = 288
-    assert K.grouped_outputs(33, 3, 3, 3) == 1           # 297 taps: the channels are a REDUCE range
+    assert K.grouped_outputs(4, 4, 3, 3) == 4           # 36 taps unrolled x 4 outputs
+    assert K.grouped_outputs(4, 12, 3, 3) == 6
+    assert K.grouped_outputs(8, 8, 3, 3) == 8           # ResNeXt 32x8d: channels a REDUCE range, 9 taps x 8
+    assert K.grouped_outputs(33, 3, 3, 3) == 3
+    assert K.grouped_outputs(1, 1, 3, 3) == 1           # depthwise
     with pytest.raises(ArgumentError):
-        K.grouped_conv2d(1, 66, 5, 5, 6, 3, 3, 2, per=3)
+        K.grouped_conv2d(1, 66, 5, 5, 6, 3, 3, 2, per=4)
 
 
 # ---- the test interpreter, both CUDA pairs ------------------------------------------------------------
@@ -103,11 +110,12 @@ def _interpret(steps, arrays: dict, pair: int, npdt, N: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
-@pytest.mark.parametrize("geo", GROUPED[:3], ids=_gid)
+@pytest.mark.parametrize("geo", GROUPED[:4], ids=_gid)
 def test_grouped_direct_in_the_interpreter(rng, pair, geo):
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
     w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
     steps = K.conv2d_kernels(geo, ConvPlan("grouped_direct"), symbolic_batch=True)
+    assert len(steps[0].ast.src) == K.grouped_outputs(geo.C // geo.groups, geo.CO // geo.groups, geo.KH, geo.KW)
     got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N)
     np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo),
                                rtol=1e-4, atol=1e-4)

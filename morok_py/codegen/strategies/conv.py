@@ -213,37 +213,54 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
     return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0, blocks)
 
 
-# im2col_flat (GPU): the columns are KH*KW times the input's bytes and the contraction does 2*CO flops per
-# column element, so their cost relative to the work falls as 1/CO; from this many output channels
+# GPU plans, measured on an H200 (benchmarks/conv.py --variants, batch 32, NVRTC, beside cuDNN without TF32;
+# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json). im2col_flat: the columns are KH*KW times the
+# input's bytes and the contraction does 2*CO flops per column element. float32 3x3: the flat columns beat
+# the direct implicit GEMM at every width (64 channels at 56x56 17.7 against 16.6 TFLOP/s, 128 at 28x28 27.1
+# against 25.8, 512 at 7x7 21.9 against 19.4, stride 2 at 56x56 26.2 against 22.9). 16-bit 3x3: from
+# IM2COL_FLAT_MIN_CO output channels (512 at 7x7 104 against 55, 256 at 14x14 81 against 74); below it the
+# direct implicit GEMM (64 at 56x56 50.7 against 24.9). float32 1x1 over at least POINTWISE_MIN_PIXELS
+# pixels: the batched contraction of the input itself (256 -> 64 at 56x56 21.0 against 17.7; 1024 -> 256 at
+# 14x14 the direct form, 24.2 against 23.0). Groups and depthwise: grouped_direct (depthwise float16 128
+# channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same)
 IM2COL_FLAT_MIN_CO = 256
+POINTWISE_MIN_PIXELS = 1024
 
 
-def conv_plan(geo: ConvGeometry, caps: Capabilities) -> ConvPlan:
-    """The heuristic family: depthwise where it applies, a 1x1 as a contraction of the input itself,
-    the rest through columns. Measured on a 2-core AVX-512 EPYC (batch 8, MobileNet sizes): a 24->72
-    pointwise layer 30.8 ms as the generic loop nest, 0.88 ms as a contraction (99 GFLOP/s); a
-    stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
-    if geo.depthwise:
-        # the flat loop where it applies (its planes are loops inside one thread: a CPU form); no padded
-        # copy by default: at stride 1 the flat loop beats pad + taps and masked taps (8x96x28x28 0.14 against
-        # 0.42 and 0.55 ms, 8x16x56x56 0.07 against 0.20 and 0.34 ms, alone on a 2-core AVX-512 EPYC), and at
-        # stride 2 the masked taps beat pad + taps (8x72x56x56 0.15 against 0.81 ms: the pad kernel's own
-        # masked loads gather); MOROK_BEAM times them all
-        return ConvPlan("depthwise_flat" if not caps.has_local and flat_depthwise(geo) else "depthwise")
-    if grouped_flat_applies(geo) and not caps.has_local and geo.OH * geo.OW >= GROUPED_FLAT_MIN_PIXELS:
-        return ConvPlan("grouped_flat")
-    if caps.has_local and geo.groups > 1:
-        return ConvPlan("grouped_direct")   # GPU: a group's few channels make no contraction worth tiles
-    if caps.has_local and geo.groups == 1 and not geo.pointwise and geo.CO >= IM2COL_FLAT_MIN_CO:
+def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
+    """The heuristic family on a GPU (a target with local memory) for elements of `itemsize` bytes."""
+    if geo.groups > 1:
+        return ConvPlan("grouped_direct")
+    if geo.pointwise:
+        return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS else "direct")
+    if itemsize >= 4 or geo.CO >= IM2COL_FLAT_MIN_CO:
         return ConvPlan("im2col_flat")
-    if caps.has_local and geo.groups == 1 and geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
-        return ConvPlan("direct")       # GPU: the implicit GEMM that the tiled and tensor-core contractions take
+    if geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
+        return ConvPlan("direct")       # the implicit GEMM that the tiled and tensor-core contractions take
+    return ConvPlan("im2col_flat")
+
+
+def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> ConvPlan:
+    """The heuristic family: on a GPU `gpu_plan` (for elements of `itemsize` bytes); on the CPU depthwise
+    where it applies, a 1x1 as a contraction of the input itself, the rest through columns. Measured on a
+    2-core AVX-512 EPYC (batch 8, MobileNet sizes): a 24->72 pointwise layer 30.8 ms as the generic loop
+    nest, 0.88 ms as a contraction (99 GFLOP/s); a stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
+    if caps.has_local:
+        return gpu_plan(geo, itemsize)
+    if geo.depthwise:
+        # the flat loop where it applies; no padded copy by default: at stride 1 the flat loop beats pad +
+        # taps and masked taps (8x96x28x28 0.14 against 0.42 and 0.55 ms, 8x16x56x56 0.07 against 0.20 and
+        # 0.34 ms, alone on a 2-core AVX-512 EPYC), and at stride 2 the masked taps beat pad + taps
+        # (8x72x56x56 0.15 against 0.81 ms: the pad kernel's own masked loads gather); MOROK_BEAM times them all
+        return ConvPlan("depthwise_flat" if flat_depthwise(geo) else "depthwise")
+    if grouped_flat_applies(geo) and geo.OH * geo.OW >= GROUPED_FLAT_MIN_PIXELS:
+        return ConvPlan("grouped_flat")
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
-def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
+def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> list[ConvPlan]:
     """The default plan first, then the valid alternatives a search times."""
-    out = [conv_plan(geo, caps)]
+    out = [conv_plan(geo, caps, itemsize)]
     for family in ("pointwise", "im2col_gemm") if geo.pointwise else ("im2col_gemm",):
         out.append(_contraction(family, caps, geo))
         out.append(_contraction(family, caps))          # whole images
@@ -259,6 +276,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities) -> list[ConvPlan]:
         out.append(ConvPlan("grouped_direct"))
     if caps.has_local and geo.groups == 1:
         out.append(ConvPlan("im2col_flat"))
+    if caps.has_local and geo.pointwise:
+        out.append(ConvPlan("pointwise"))
     out.append(ConvPlan("direct"))
     seen: list[ConvPlan] = []
     for p in out:
