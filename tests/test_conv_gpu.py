@@ -71,6 +71,8 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU) == ConvPlan("pointwise")
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU, 2) == ConvPlan("direct")
     assert candidate_plans(narrow, GPU, 2)[0] == ConvPlan("direct")
+    huge = ConvGeometry(256, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))             # 1.8 GB of float32 columns
+    assert conv_plan(huge, GPU) == ConvPlan("direct")
     assert ConvPlan("im2col_flat") in candidate_plans(DENSE[0], GPU)
     assert ConvPlan("grouped_direct") in candidate_plans(GROUPED[0], GPU)
     cpu = Capabilities()

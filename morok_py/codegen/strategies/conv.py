@@ -225,6 +225,9 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 # channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
+# the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);
+# past it the direct implicit GEMM, which needs no scratch
+IM2COL_FLAT_MAX_BYTES = 1 << 28
 
 
 def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
@@ -233,9 +236,11 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
         return ConvPlan("grouped_direct")
     if geo.pointwise:
         return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS else "direct")
-    if itemsize >= 4 or geo.CO >= IM2COL_FLAT_MIN_CO:
+    cols = geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW * itemsize
+    square = geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]
+    if (itemsize >= 4 or geo.CO >= IM2COL_FLAT_MIN_CO) and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
         return ConvPlan("im2col_flat")
-    if geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]:
+    if square:
         return ConvPlan("direct")       # the implicit GEMM that the tiled and tensor-core contractions take
     return ConvPlan("im2col_flat")
 
