@@ -573,28 +573,38 @@ def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int,
 
 def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
                 dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
-                dtype=dtypes.float32) -> UOp:
+                dtype=dtypes.float32, rows: bool = False) -> UOp:
     """col[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
     padding: `im2col`'s columns with every image's pixels side by side in one row per tap (the GPU form,
     ConvPlan family im2col_flat), so that `flat_gemm` is one contraction over all the batch's pixels whose
-    rows are contiguous. N None is the variable `N`. Params: x, col."""
+    rows are contiguous. `rows` (family im2col_rows): the transpose, col[(n, oh, ow), (c, kh, kw)], a
+    pixel's taps contiguous (both of the contraction's operands then run along k, as a tensor core's
+    fragments do). N None is the variable `N`. Params: x, col."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    c, kh, kw, n, oh, ow = ax(C), ax(KH), ax(KW), ax(_batch(N)), ax(OH), ax(OW)
+    if rows:        # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
+        # pixels one range (y) under the batch (z): CUDA's grid allows 65535 in y and z
+        n, p, t = ax(_batch(N)), ax(OH * OW), ax(C * KH * KW)
+        oh, ow, c, kh, kw = p // OW, p % OW, t // (KH * KW), (t // KW) % KH, t % KW
+    else:
+        c, kh, kw, n, oh, ow = ax(C), ax(KH), ax(KW), ax(_batch(N)), ax(OH), ax(OW)
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-    at = ((c * KH + kh) * KW + kw) * (_end(_batch(N)) * (OH * OW)) + (n * OH + oh) * OW + ow
+    tap, pix = (c * KH + kh) * KW + kw, (n * OH + oh) * OW + ow
+    at = pix * (C * KH * KW) + tap if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
     return UOp.sink(col.store(at, v))
 
 
-def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None,
+              rows: bool = False) -> UOp:
     """out[n, co, p] = sum over k of w[co, k] * col[k, n*P + p], then `epilogue`: the contraction of
     `im2col_flat`'s columns [K, N*P] with the weights [CO, K], the batch's pixels as one range of rows (a
-    GPU's tiles see N*P rows whose loads are contiguous, however few pixels one image has). N None is
-    the variable `N`. Params: col, w, the epilogue's operands, out."""
+    GPU's tiles see N*P rows whose loads are contiguous, however few pixels one image has). `rows`: the
+    columns transposed, col[n*P + p, k]. N None is the variable `N`. Params: col, w, the epilogue's
+    operands, out."""
     dt = as_dtype(dtype)
     NP = _end(_batch(N)) * P
     i = UOp.range(NP, 0)                           # (n, p)
@@ -602,7 +612,8 @@ def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epil
     k = UOp.range(K, 2, AxisType.REDUCE)
     col, w = UOp.param(0, dt), UOp.param(1, dt)
     at = (i // P) * (CO * P) + j * P + i % P
-    v, nxt = (epilogue or Epilogue()).apply((col.load(k * NP + i) * w.load(j * K + k)).reduce(k), 2, dt, j, at)
+    a = col.load(i * K + k) if rows else col.load(k * NP + i)
+    v, nxt = (epilogue or Epilogue()).apply((a * w.load(j * K + k)).reduce(k), 2, dt, j, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
@@ -805,11 +816,11 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     if plan.family == "grouped_flat":
         return [KernelStep("grouped", grouped_conv2d_flat(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.dilation,
                                                           g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
-    if plan.family == "im2col_flat":
-        K_ = g.C * g.KH * g.KW
-        return [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
-                           ("x",), "col", g.N * K_ * P),
-                KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi), ("col", "w", "epilogue"), "out", out_n)]
+    if plan.family in ("im2col_flat", "im2col_rows"):
+        K_, rows = g.C * g.KH * g.KW, plan.family == "im2col_rows"
+        return [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
+                                                 rows), ("x",), "col", g.N * K_ * P),
+                KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", "w", "epilogue"), "out", out_n)]
     if plan.family == "grouped_direct":
         return [KernelStep("grouped", grouped_conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.stride,
                                                      g.dilation, g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]

@@ -1,5 +1,5 @@
 """The GPU convolution families of codegen/strategies/conv.py: grouped_direct (`kernels.grouped_conv2d`),
-im2col_flat (`kernels.im2col_flat` + `kernels.flat_gemm`), beside direct and depthwise. Which plan a GPU
+im2col_flat and im2col_rows (`kernels.im2col_flat` + `kernels.flat_gemm`), beside direct and depthwise. Which plan a GPU
 target takes; the kernels rendered for both CUDA pairs and run by the test interpreter (no GPU needed);
 then on the device (marker `cuda`, both CUDA pairs) against a float64 numpy convolution: odd channel counts
 and sizes, strides, padding, groups, epilogues, a symbolic batch, and the launch check refusing a short
@@ -74,6 +74,7 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
     huge = ConvGeometry(256, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))             # 1.8 GB of float32 columns
     assert conv_plan(huge, GPU) == ConvPlan("direct")
     assert ConvPlan("im2col_flat") in candidate_plans(DENSE[0], GPU)
+    assert ConvPlan("im2col_rows") in candidate_plans(DENSE[0], GPU)
     assert ConvPlan("grouped_direct") in candidate_plans(GROUPED[0], GPU)
     cpu = Capabilities()
     assert ConvPlan("grouped_direct") not in candidate_plans(GROUPED[0], cpu)
@@ -125,13 +126,14 @@ def test_grouped_direct_in_the_interpreter(rng, pair, geo):
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
 @pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("family", ["im2col_flat", "im2col_rows"])
 @pytest.mark.parametrize("geo", DENSE[:2], ids=_gid)
-def test_im2col_flat_in_the_interpreter(rng, pair, dt, geo):
+def test_flat_columns_in_the_interpreter(rng, pair, dt, family, geo):
     d_t = getattr(dtypes, dt)
     npdt = to_numpy(d_t)
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
     w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
-    steps = K.conv2d_kernels(geo, ConvPlan("im2col_flat"), d_t, symbolic_batch=True)
+    steps = K.conv2d_kernels(geo, ConvPlan(family), d_t, symbolic_batch=True)
     got = _interpret(steps, {"x": x, "w": w}, pair, npdt, geo.N)
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 2e-3
@@ -160,6 +162,7 @@ def _run(target, steps, arrays: dict, dt, epilogue_arrays=()):
 
 
 FAMILY_CASES = ([("grouped_direct", g) for g in GROUPED] + [("im2col_flat", g) for g in DENSE]
+                + [("im2col_rows", g) for g in DENSE]
                 + [("direct", g) for g in DENSE if g.stride[0] == g.stride[1] and g.dilation[0] == g.dilation[1]]
                 + [("depthwise", ConvGeometry(2, 7, 11, 9, 7, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=7))])
 
@@ -202,7 +205,8 @@ def test_the_default_plan_with_an_epilogue_and_every_batch(gpu, rng, geo):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("family,geo", [("grouped_direct", GROUPED[0]), ("im2col_flat", DENSE[0])])
+@pytest.mark.parametrize("family,geo", [("grouped_direct", GROUPED[0]), ("im2col_flat", DENSE[0]),
+                                        ("im2col_rows", DENSE[1])])
 def test_the_launch_check_guards_every_buffer(gpu, rng, family, geo):
     from morok_py.errors import LaunchError
     steps = K.conv2d_kernels(geo, ConvPlan(family), dtypes.float32, symbolic_batch=True)

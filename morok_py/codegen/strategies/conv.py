@@ -26,6 +26,8 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                product whose tiles fill by contiguous (16-byte, asynchronous) copies; the direct implicit
                GEMM gathers its taps element by element. The columns cost KH*KW times the output's bytes
                per CO output channels' work: the default from IM2COL_FLAT_MIN_CO output channels.
+  im2col_rows  (GPU) the same with the columns transposed, [N*OH*OW, C*KH*KW]: a pixel's taps contiguous,
+               both operands of the contraction along k.
   depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
                the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
@@ -46,7 +48,7 @@ from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
 FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
-            "grouped_direct", "im2col_flat", "direct")
+            "grouped_direct", "im2col_flat", "im2col_rows", "direct")
 
 
 @dataclass(frozen=True)
@@ -280,7 +282,7 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
     if caps.has_local and geo.groups > 1:
         out.append(ConvPlan("grouped_direct"))
     if caps.has_local and geo.groups == 1:
-        out.append(ConvPlan("im2col_flat"))
+        out += [ConvPlan("im2col_flat"), ConvPlan("im2col_rows")]
     if caps.has_local and geo.pointwise:
         out.append(ConvPlan("pointwise"))
     out.append(ConvPlan("direct"))
@@ -307,7 +309,7 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
                                     or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
-    if plan.family == "im2col_flat" and geo.groups != 1:
+    if plan.family in ("im2col_flat", "im2col_rows") and geo.groups != 1:
         raise ArgumentError(f"{plan}: the flat columns take one group")
     if plan.family == "grouped_direct" and geo.groups == 1:
         raise ArgumentError(f"{plan}: the convolution has one group")
