@@ -10,7 +10,9 @@ unless the step says its kernel may write an output over a dead input (`Step.inp
 
 Device-independent: keys are any hashable values, sizes are bytes; the caller maps offsets to memory.
 `plan_launches` does that for a list of recorded launches (program, buffers): one arena Buffer, the
-planned buffers as its views (`Buffer.view`), the launches rewritten onto them. `MemoryPlan.check()`
+planned buffers as its views (`Buffer.view`), the launches rewritten onto them. A launch buffer that is a
+view of another Buffer (`Buffer.view`, e.g. a Concat input written into its slice of the output) is
+planned as that root buffer: the root is placed whole, its views keep their offsets inside it. `MemoryPlan.check()`
 verifies a plan (tests use it on every plan they make).
 """
 from __future__ import annotations
@@ -266,6 +268,17 @@ class LaunchArena:
         return tuple(views.get(id(b), b) for b in buffers)
 
 
+def _root_of(b: "Buffer") -> tuple["Buffer", int]:
+    """The Buffer that `b` is a view of (through `Buffer.view`, any depth), and `b`'s byte offset in it."""
+    from .buffer import _Parent
+    off = 0
+    while isinstance(b._owner, _Parent) and b._owner.buffer is not None and b._ptr is not None:
+        parent = b._owner.buffer
+        off += b._ptr - parent.ptr
+        b = parent
+    return b, off
+
+
 def plan_launches(launches: Sequence[tuple], keep: Iterable["Buffer"], *, align: int = 64,
                   strategy: Strategy = GREEDY_BY_SIZE) -> LaunchArena:
     """Plan the buffers of `launches` ((program, buffers, ...) each, in launch order) into one arena on
@@ -274,7 +287,21 @@ def plan_launches(launches: Sequence[tuple], keep: Iterable["Buffer"], *, align:
     arena, the views and the launches with each planned buffer replaced by its view (the rest of each
     tuple as it was); their values match the original launches' once every launch has run."""
     ids: dict[int, int] = {}
-    bufs: list[Buffer] = []
+    bufs: list[Buffer] = []            # the roots
+    inner: dict[int, tuple[Buffer, int, int]] = {}     # id(launch buffer) -> (it, root key, byte offset)
+
+    def key_of(b: "Buffer") -> int:
+        got = inner.get(id(b))
+        if got is not None:
+            return got[1]
+        root, off = _root_of(b)
+        k = ids.get(id(root))
+        if k is None:
+            k = ids[id(root)] = len(bufs)
+            bufs.append(root)
+        inner[id(b)] = (b, k, off)
+        return k
+
     steps: list[Step] = []
     for launch in launches:
         program, buffers = launch[0], launch[1]
@@ -282,10 +309,7 @@ def plan_launches(launches: Sequence[tuple], keep: Iterable["Buffer"], *, align:
         params = getattr(info, "params", None)
         reads, writes = [], []
         for i, b in enumerate(buffers):
-            k = ids.get(id(b))
-            if k is None:
-                k = ids[id(b)] = len(bufs)
-                bufs.append(b)
+            k = key_of(b)
             written = params[i].written if params is not None and i < len(params) else None
             if written is None:         # unknown: read and written (read first, so never planned)
                 reads.append(k)
@@ -295,7 +319,7 @@ def plan_launches(launches: Sequence[tuple], keep: Iterable["Buffer"], *, align:
             else:
                 reads.append(k)
         steps.append(Step(tuple(reads), tuple(writes)))
-    pinned = [ids[id(b)] for b in keep if id(b) in ids]
+    pinned = [k for k in (ids.get(id(_root_of(b)[0])) for b in keep) if k is not None]
     names = {k: f"{b.dtype.name}[{b.size}]#{k}" for k, b in enumerate(bufs)}
     plan = plan_memory(steps, {k: b.nbytes for k, b in enumerate(bufs)}, pinned=pinned, align=align,
                        strategy=strategy, names=names)
@@ -307,8 +331,8 @@ def plan_launches(launches: Sequence[tuple], keep: Iterable["Buffer"], *, align:
         if len(devices) != 1:
             raise ValueError(f"planned buffers live on {len(devices)} devices; plan each device's launches apart")
         arena = Buffer(devices.pop(), plan.arena_bytes, dtypes.uint8)
-        for k, off in plan.offsets.items():
-            b = bufs[k]
-            views[id(b)] = arena.view(off, b.size, b.dtype)
+        for b, k, off in inner.values():
+            if k in plan.offsets:
+                views[id(b)] = arena.view(plan.offsets[k] + off, b.size, b.dtype)
     out = [(launch[0], tuple(views.get(id(b), b) for b in launch[1])) + tuple(launch[2:]) for launch in launches]
     return LaunchArena(plan, arena, views, out)

@@ -11,6 +11,11 @@ run's launches write is placed where buffers not live at the same time also live
 outputs, weights and values filled from the host keep their own memory. A run that launches nothing
 before its end (a static graph) runs on the arena from its first launch; otherwise the recorded plan
 moves onto one. MOROK_MEMPLAN=0 keeps every intermediate in its own buffer.
+
+A Concat whose inputs' slices are contiguous byte ranges of its output (all dims before the axis are 1)
+has its inputs' producers write their slices directly where that is safe (tensor.concat_in_place): the
+moved buffers' launches are rewritten onto views of the buffer they end up in (the root), and the memory
+plan places roots, never their views. MOROK_ONNX_CONCAT_VIEWS=0 keeps the copy kernels.
 """
 from __future__ import annotations
 
@@ -54,6 +59,12 @@ HOST_COPY_MAX_BYTES = 16 << 10
 def memplan_enabled() -> bool:
     """MOROK_MEMPLAN (default 1): intermediate buffers share one arena by a memory plan; 0 gives each its own."""
     return config.getenv("MOROK_MEMPLAN", "1") not in ("0", "false", "False", "")
+
+
+def concat_views_enabled() -> bool:
+    """MOROK_ONNX_CONCAT_VIEWS (default 1): a Concat's producers write into its output's slices where safe;
+    0 copies every input."""
+    return config.getenv("MOROK_ONNX_CONCAT_VIEWS", "1") not in ("0", "false", "False", "")
 
 
 def elem_type_name(t: int) -> str:
@@ -149,6 +160,7 @@ class OnnxExecutor:
         self.dynamic = False
         self.last_run_s = 0.0
         self.memory_plan: MemoryPlan | None = None     # of the last run that recorded a plan on an arena
+        self.concat_views = concat_views_enabled()
 
     # ---- host values ------------------------------------------------------------------------
     def _value(self, v, tp: onnx.TypeProto, name: str):
@@ -239,8 +251,8 @@ class OnnxExecutor:
             out = [self.k.numpy(v) for v in plan_outputs]
             self.last_run_s = time.perf_counter() - t0
             return out
-        self.k.launches.clear()
-        self.k.pending = []       # launches a failed run left queued
+        self.k.begin_run()        # also drops launches a failed run left queued
+        self.k.concat_views = self.concat_views
         self.dynamic = False
         env: dict[str, View | None] = dict(self.weights)
         env[""] = None
@@ -263,6 +275,9 @@ class OnnxExecutor:
         self._run_nodes(self.graph.node, env, self.opset, "")
         outs = [env[o.name] for o in self.graph.output]
         tensor_outs = tensors and all(isinstance(v, View) for v in outs)
+        if tensor_outs:     # an output a Concat moved is read from its root (which the memory plan keeps)
+            outs = [v if v.host is not None else
+                    View(self.k.resolve(v.buf), v.shape, v.strides, v.offset, v.const) for v in outs]
         arena: LaunchArena | None = None
         keep: list = []
         if tensor_outs and memplan_enabled():

@@ -4,6 +4,11 @@ A `View` is (buffer, shape, strides, offset): transposes, slices, expands, squee
 reshapes are new views on the same Buffer, no copy. Every kernel reads its inputs through their
 views and writes a fresh contiguous buffer (or a view of one, for Concat).
 
+Concat without copies (`Kernels.concat_views`): a buffer `empty` made in this run whose launches are
+all still queued can be *moved* into a slice of another buffer (a Concat's output); the queued and
+later launches that name it are rewritten onto a view of that slice when they are flushed, so its
+producer writes straight into the Concat's output and the Concat launches nothing for it.
+
 Only the public morok_py API is used: Device, Buffer, UOp, dtypes, AxisType, Ops.
 """
 from __future__ import annotations
@@ -151,10 +156,72 @@ class Kernels:
         self.compile_s = 0.0
         # buffers whose value came from the host (from_numpy): a memory plan must leave them in place
         self.host_filled: "weakref.WeakSet[Buffer]" = weakref.WeakSet()
+        self.concat_views = False       # Concat may move its inputs into its output (see `move`)
+        self.begin_run()
+
+    # ---- buffers moved into slices of others (Concat without copies) ------------------------------
+    def begin_run(self) -> None:
+        """Forget the moves and launch records of the last run (the executor calls this as a run starts)."""
+        self.launches.clear()
+        self.pending = []
+        self.queued = 0                 # launches queued in this run: a move's seal is this count
+        self.fresh: "weakref.WeakSet[Buffer]" = weakref.WeakSet()   # made by `empty` in this run
+        self.touched: set[int] = set()  # ids of buffers a flushed launch of this run used (they stay put)
+        # id(buffer) -> (buffer, the buffer it moved into, byte offset there, seal): launches queued from
+        # the seal on must not write it (its value is final once a Concat took it)
+        self.moved: dict[int, tuple[Buffer, Buffer, int, int]] = {}
+        self.resolved: dict[int, Buffer] = {}      # id(moved buffer) -> its view of its root buffer
+
+    def movable(self, buf: Buffer) -> bool:
+        """Whether `buf` can still be moved: made by `empty` in this run, not filled from the host, not
+        moved already and used by no launch that ran (all its writers are queued)."""
+        return (buf in self.fresh and buf not in self.host_filled and id(buf) not in self.moved
+                and id(buf) not in self.touched)
+
+    def move(self, buf: Buffer, into: Buffer, byte_offset: int) -> None:
+        """Place `buf`'s memory at `byte_offset` of `into` (which may itself move later). Its memory goes
+        back now: every launch that names it is rewritten onto the slice at flush."""
+        if not self.movable(buf):
+            raise OnnxError("internal: moving a buffer that is not movable")
+        if byte_offset % Buffer.VIEW_ALIGN or byte_offset + buf.nbytes > into.nbytes:
+            raise OnnxError(f"internal: a move to byte {byte_offset} of {into!r}")
+        self.moved[id(buf)] = (buf, into, int(byte_offset), self.queued)
+        buf.free()
+
+    def root_of(self, buf: Buffer) -> tuple[Buffer, int]:
+        """The buffer `buf`'s memory lives in after its moves, and the byte offset there."""
+        off = 0
+        while (m := self.moved.get(id(buf))) is not None and m[0] is buf:
+            off += m[2]
+            buf = m[1]
+        return buf, off
+
+    def resolve(self, buf: Buffer) -> Buffer:
+        """The buffer to launch with in place of `buf`: itself, or the view of its root it moved into."""
+        if not self.moved:
+            return buf
+        v = self.resolved.get(id(buf))
+        if v is not None:
+            return v
+        m = self.moved.get(id(buf))
+        if m is None or m[0] is not buf:
+            return buf
+        root, off = self.root_of(buf)
+        v = self.resolved[id(buf)] = root.view(off, buf.size, buf.dtype)
+        return v
+
+    def _touch(self, buf: Buffer) -> None:
+        while True:
+            self.touched.add(id(buf))
+            m = self.moved.get(id(buf))
+            if m is None or m[0] is not buf:
+                return
+            buf = m[1]
 
     def empty(self, shape: Sequence[int], dtype: DType) -> View:
         shape = tuple(int(s) for s in shape)
         buf = Buffer(self.dev, max(prod(shape), 1), dtype)
+        self.fresh.add(buf)
         return View(buf, shape, contiguous_strides(shape), 0)
 
     def from_numpy(self, arr: np.ndarray, const: bool = False) -> View:
@@ -175,7 +242,7 @@ class Kernels:
         npdt = v.dtype.np
         if v.size == 0:
             return np.zeros(v.shape, npdt)
-        flat = v.buf.numpy()
+        flat = self.resolve(v.buf).numpy()
         item = flat.itemsize
         # through a plain unsigned view: as_strided cannot take ml_dtypes' types (bfloat16, float8, int4)
         base = flat[v.offset:].view(np.dtype(f"u{item}"))
@@ -187,6 +254,7 @@ class Kernels:
     def launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], **vars) -> None:
         """Queue a launch; `flush` (run by `numpy` and at the end of a run) compiles and launches."""
         self.pending.append((name, ast, tuple(bufs), vars))
+        self.queued += 1
 
     def flush(self, before_launch: "Callable[[list[tuple]], list[tuple]] | None" = None) -> None:
         """Compile the queued launches' new kernels in one batch, then launch all of them in order.
@@ -203,11 +271,35 @@ class Kernels:
             progs = self.dev.compile_many(list(new.values()), compiler=self.compiler)
             self.programs.update(zip(new, progs))
             share = (time.perf_counter() - t0) / len(new)       # the batch's time, split evenly
+        if self.moved and pending:
+            pending = self._onto_moved(pending)
+        for _, _, bufs, _ in pending:
+            for b in bufs:
+                self._touch(b)
         if before_launch is not None and pending:
             pending = before_launch(pending)
         for name, ast, bufs, vars in pending:
             first = ast.key in new and new.pop(ast.key) is not None
             self._launch(name, ast, bufs, share if first else 0.0, not first, **vars)
+
+    def _onto_moved(self, pending: list[tuple]) -> list[tuple]:
+        """The queued launches with every moved buffer replaced by its slice of its root; refuses a launch
+        that writes a moved buffer after the move (values are final when a Concat takes them)."""
+        first = self.queued - len(pending)
+        out = []
+        for i, (name, ast, bufs, vars) in enumerate(pending):
+            params = None
+            for j, b in enumerate(bufs):
+                m = self.moved.get(id(b))
+                if m is None or m[0] is not b or first + i < m[3]:
+                    continue
+                if params is None:
+                    info = getattr(self.programs[ast.key], "launch", None)
+                    params = getattr(info, "params", None) or ()
+                if j >= len(params) or params[j].written is not False:
+                    raise OnnxError(f"internal: {name} writes a buffer a Concat already took")
+            out.append((name, ast, tuple(self.resolve(b) for b in bufs), vars))
+        return out
 
     def _launch(self, name: str, ast: UOp, bufs: Sequence[Buffer], ct: float, cached: bool, **vars) -> None:
         key = ast.key
@@ -357,3 +449,89 @@ def fill(k: Kernels, name: str, shape: Sequence[int], value, dtype: DType) -> Vi
 
 def copy(k: Kernels, name: str, v: View) -> View:
     return elementwise(k, name, [v], lambda xs, _: xs[0], v.dtype)
+
+
+def concat_in_place(k: Kernels, out: View, ins: Sequence[View], ax: int) -> list[int] | None:
+    """Move what it can of a Concat's inputs into their slices of `out` (a fresh buffer); returns the
+    indices of the inputs still to copy, or None when `out` itself became a slice of a buffer that
+    already holds the inputs in order.
+
+    Only where every input's slice is one byte range (all dims before `ax` are 1). An input moves when
+    it is a whole contiguous buffer of this run whose launches are all queued (`Kernels.movable`) and
+    its slice starts on a view's alignment; a value lives in one place, so an input some Concat already
+    took is copied, unless the inputs that sit side by side in one buffer fill it (then that buffer
+    moves, as for DenseNet blocks that concatenate every earlier feature map again) or are all the
+    inputs (then `out` is that range of it)."""
+    if not k.concat_views or out.size == 0 or prod(out.shape[:ax]) != 1 or not k.movable(out.buf):
+        return list(range(len(ins)))
+    item = out.dtype.itemsize
+    # [buffer (None: not a whole contiguous buffer), bytes, input indices]
+    items: list[list] = []
+    for i, v in enumerate(ins):
+        if v.size == 0:
+            continue
+        whole = v.offset == 0 and v.is_contiguous() and v.buf.size == v.size and v.dtype == out.dtype
+        items.append([v.buf if whole else None, v.size * item, [i]])
+
+    def home(b):
+        m = k.moved.get(id(b)) if b is not None else None
+        return m if m is not None and m[0] is b else None
+
+    def run_from(j: int) -> tuple[int, int]:
+        """The end of the run of items from j moved side by side into one buffer, and its bytes."""
+        m = home(items[j][0])
+        end, pos = j, m[2]
+        while end < len(items):
+            mm = home(items[end][0])
+            if mm is None or mm[1] is not m[1] or mm[2] != pos:
+                break
+            pos += items[end][1]
+            end += 1
+        return end, pos - m[2]
+
+    changed = True
+    while changed:          # runs that fill the buffer they moved into stand for that buffer
+        changed = False
+        for j in range(len(items)):
+            m = home(items[j][0])
+            if m is None or m[2] != 0:
+                continue
+            end, nbytes = run_from(j)
+            if nbytes == m[1].nbytes:
+                items[j:end] = [[m[1], nbytes, [i for it in items[j:end] for i in it[2]]]]
+                changed = True
+                break
+    if items and home(items[0][0]) is not None and run_from(0)[0] == len(items):
+        m = home(items[0][0])
+        k.move(out.buf, m[1], m[2])
+        return None
+    moves: dict[int, tuple[Buffer, int, list[int]]] = {}
+    copies: list[int] = []
+    pos = 0
+    for b, nbytes, idx in items:
+        if (b is not None and b is not out.buf and id(b) not in moves and pos % Buffer.VIEW_ALIGN == 0
+                and k.movable(b)):
+            moves[id(b)] = (b, pos, idx)
+        else:
+            copies += idx
+        pos += nbytes
+
+    def moving_holder(b) -> int | None:
+        """The buffer this call moves that `b`'s memory would then be inside (itself included)."""
+        while b is not None:
+            if id(b) in moves:
+                return id(b)
+            m = home(b)
+            b = m[1] if m is not None else None
+        return None
+
+    # a copy writes `out` whole, so it must not read what sits inside `out` (Concat(y, y) copies y's
+    # second use): the move that would put it there is dropped
+    while True:
+        held = next((h for h in (moving_holder(ins[i].buf) for i in copies) if h is not None), None)
+        if held is None:
+            break
+        copies += moves.pop(held)[2]
+    for b, at, _ in moves.values():
+        k.move(b, out.buf, at)
+    return sorted(copies)

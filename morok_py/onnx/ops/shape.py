@@ -10,7 +10,7 @@ from morok_py import UOp, dtypes
 from morok_py.dtypes import from_numpy
 
 from morok_py.onnx.errors import OnnxError, UnsupportedOp
-from morok_py.onnx.tensor import KB, bcast_shape, copy, elementwise, fill, iconst, prod
+from morok_py.onnx.tensor import KB, bcast_shape, concat_in_place, copy, elementwise, fill, iconst, prod
 from morok_py.onnx.ops.common import as_uop, keep_const, reshape
 from morok_py.onnx.ops.registry import op
 
@@ -306,15 +306,20 @@ def _pad(ctx, ins, a):
 
 @op("Concat")
 def _concat(ctx, ins, a):
+    """Copy kernels into the output's slices, except for the inputs whose producers can write their
+    slice themselves (tensor.concat_in_place; MOROK_ONNX_CONCAT_VIEWS=0 turns that off)."""
     ins = [v for v in ins if v is not None]
     nd = ins[0].ndim
     ax = a["axis"] % nd
     shape = list(ins[0].shape)
     shape[ax] = sum(v.shape[ax] for v in ins)
     out = ctx.k.empty(shape, ins[0].dtype)
+    todo = concat_in_place(ctx.k, out, ins, ax)
+    if todo is None:
+        return [keep_const(out, ins)]
     pos = 0
     for j, v in enumerate(ins):
-        if v.size:
+        if v.size and j in todo:
             dst = out.with_(v.shape, out.strides, pos * out.strides[ax])
             kb = KB(ctx.k, ctx.n(str(j)))
             idx = [kb.rng(s) for s in v.shape]
