@@ -61,7 +61,7 @@ class Sequence:
             else:
                 prog = dev.compile(st.ast, name=f"conv_{st.name}{tag}")
             if st.output not in self.bufs:
-                self.bufs[st.output] = dev.buffer(st.elements, dt)
+                self.bufs[st.output] = dev.buffer(st.elements, st.dtype or dt)
             names = [n for n in st.inputs if n != "epilogue"] + [st.output]
             info = prog.launch
             vals = dict(st.vars)

@@ -617,6 +617,50 @@ def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epil
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
+def flat_gemm_split(N: int | None, CO: int, K: int, P: int, split: int, dtype=dtypes.float32,
+                    rows: bool = False) -> UOp:
+    """part[s, co, n*P + p] = sum over the s-th of `split` runs of k of w[co, k] * col[k, n*P + p] (`rows`:
+    col[n*P + p, k]), in float32 for 16-bit inputs: `flat_gemm` with its reduction cut into `split` runs
+    (the run a GLOBAL range: the tiles' batch), where the output alone makes too few work-groups for the
+    GPU; `split_sum` adds the runs. N None is the variable `N`. Params: col, w, part."""
+    dt = as_dtype(dtype)
+    if split < 1 or K % split:
+        raise ArgumentError(f"flat_gemm_split: {split} runs do not divide the reduction of {K}")
+    acc = accumulation_dtype(dt)
+    NP, Ks = _end(_batch(N)) * P, K // split
+    s = UOp.range(split, 0)
+    i = UOp.range(NP, 1)                           # (n, p)
+    j = UOp.range(CO, 2)                           # co
+    k = UOp.range(Ks, 3, AxisType.REDUCE)
+    col, w = UOp.param(0, dt), UOp.param(1, dt)
+    kk = s * Ks + k
+    a, b = (col.load(i * K + kk) if rows else col.load(kk * NP + i)), w.load(j * K + kk)
+    if acc != dt:
+        a, b = a.cast(acc), b.cast(acc)
+    return UOp.sink(UOp.param(2, acc).store((s * CO + j) * NP + i, (a * b).reduce(k)))
+
+
+def split_sum(N: int | None, CO: int, P: int, split: int, dtype=dtypes.float32,
+              epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, p] = sum over s of part[s, co, n*P + p] (float32 for 16-bit outputs), rounded to `dtype`,
+    then `epilogue`: the runs of `flat_gemm_split` added. N None is the variable `N`. Params: part, the
+    epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    acc = accumulation_dtype(dt)
+    ax = _Axes()
+    n, co, p = ax(_batch(N)), ax(CO), ax(P)
+    NP = _end(_batch(N)) * P
+    part = UOp.param(0, acc)
+    v = None
+    for s in range(split):
+        t = part.load((s * CO + co) * NP + n * P + p)
+        v = t if v is None else v + t
+    v = v.cast(dt) if acc != dt else v
+    at = (n * CO + co) * P + p
+    v, nxt = (epilogue or Epilogue()).apply(v, 1, dt, co, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
 # grouped_conv2d: a group's input channels unrolled (every tap loaded once per work-item for all its outputs)
 # up to this many taps; past it the channels are a REDUCE range and each step loads one channel's KH*KW taps.
 # A GPU schedule computes 4-8 neighbouring pixels per work-item on top, each with its own taps: 72 unrolled
@@ -782,6 +826,7 @@ class KernelStep:
     output: str
     elements: int
     vars: tuple[tuple[str, int], ...] = ()     # the values of the AST's variables at launch
+    dtype: DType | None = None                 # the written buffer's element type; None: the convolution's
 
 
 def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes.float32,
@@ -794,7 +839,7 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     check_plan(plan, geo)
     steps = _conv2d_kernels(geo, plan, dtype, epilogue or Epilogue(), None if symbolic_batch else geo.N)
     if symbolic_batch:
-        steps = [KernelStep(st.name, st.ast, st.inputs, st.output, st.elements, st.vars + (("N", geo.N),))
+        steps = [KernelStep(st.name, st.ast, st.inputs, st.output, st.elements, st.vars + (("N", geo.N),), st.dtype)
                  for st in steps]
     return steps
 
@@ -818,9 +863,15 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                                                           g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family in ("im2col_flat", "im2col_rows"):
         K_, rows = g.C * g.KH * g.KW, plan.family == "im2col_rows"
-        return [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
-                                                 rows), ("x",), "col", g.N * K_ * P),
-                KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", "w", "epilogue"), "out", out_n)]
+        cols = KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
+                                                rows), ("x",), "col", g.N * K_ * P)
+        if plan.split > 1:
+            acc = accumulation_dtype(as_dtype(dtype))
+            return [cols, KernelStep("gemm", flat_gemm_split(N, g.CO, K_, P, plan.split, dtype, rows), ("col", "w"),
+                                     "part", plan.split * g.CO * g.N * P, dtype=acc),
+                    KernelStep("sum", split_sum(N, g.CO, P, plan.split, dtype, epi), ("part", "epilogue"), "out", out_n)]
+        return [cols, KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", "w", "epilogue"), "out",
+                                 out_n)]
     if plan.family == "grouped_direct":
         return [KernelStep("grouped", grouped_conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.stride,
                                                      g.dilation, g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]

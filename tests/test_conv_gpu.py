@@ -85,6 +85,18 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
         check_plan(ConvPlan("im2col_flat"), GROUPED[0])
 
 
+def test_flat_split_cuts_the_reduction_where_the_tiles_are_few():
+    from morok_py.codegen.strategies.conv import flat_split
+    assert flat_split(ConvGeometry(32, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))) == 4      # 200 groups -> 800
+    assert flat_split(ConvGeometry(32, 256, 14, 14, 256, 3, 3, pads=(1, 1, 1, 1))) == 2    # 392 -> 784
+    assert flat_split(ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))) == 1      # 1568 groups
+    assert flat_split(ConvGeometry(1, 8, 5, 5, 8, 3, 3)) == 1                              # k = 72: too short
+    with pytest.raises(ArgumentError, match="split"):
+        ConvPlan("direct", split=2)
+    with pytest.raises(ArgumentError, match="divide"):
+        check_plan(ConvPlan("im2col_flat", split=4), DENSE[0])                             # k = 45
+
+
 def test_grouped_outputs_per_work_item():
     assert K.grouped_outputs(4, 4, 3, 3) == 4           # 36 taps unrolled x 4 outputs
     assert K.grouped_outputs(4, 12, 3, 3) == 6
@@ -103,7 +115,7 @@ def _interpret(steps, arrays: dict, pair: int, npdt, N: int) -> np.ndarray:
     bufs = dict(arrays)
     for st in steps:
         spec = r.render(st.ast, f"conv_{st.name}")
-        out = np.zeros(st.elements, npdt)
+        out = np.zeros(st.elements, to_numpy(st.dtype) if st.dtype is not None else npdt)
         ins = [bufs[n].ravel() for n in st.inputs if n != "epilogue"]
         vals = {k: v for k, v in st.vars}
         writes = LI.run(spec.linear, spec.launch, ins + [out], vals)
@@ -126,14 +138,15 @@ def test_grouped_direct_in_the_interpreter(rng, pair, geo):
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
 @pytest.mark.parametrize("dt", ["float32", "float16"])
-@pytest.mark.parametrize("family", ["im2col_flat", "im2col_rows"])
+@pytest.mark.parametrize("plan", [ConvPlan("im2col_flat"), ConvPlan("im2col_rows"), ConvPlan("im2col_flat", split=3),
+                                  ConvPlan("im2col_rows", split=9)], ids=str)
 @pytest.mark.parametrize("geo", DENSE[:2], ids=_gid)
-def test_flat_columns_in_the_interpreter(rng, pair, dt, family, geo):
+def test_flat_columns_in_the_interpreter(rng, pair, dt, plan, geo):
     d_t = getattr(dtypes, dt)
     npdt = to_numpy(d_t)
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
     w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
-    steps = K.conv2d_kernels(geo, ConvPlan(family), d_t, symbolic_batch=True)
+    steps = K.conv2d_kernels(geo, plan, d_t, symbolic_batch=True)
     got = _interpret(steps, {"x": x, "w": w}, pair, npdt, geo.N)
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 2e-3
@@ -156,13 +169,14 @@ def _run(target, steps, arrays: dict, dt, epilogue_arrays=()):
         ins = []
         for role in st.inputs:
             ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
-        bufs[st.output] = target.empty(st.elements, dt)
+        bufs[st.output] = target.empty(st.elements, st.dtype or dt)
         target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
     return bufs["out"].numpy()
 
 
 FAMILY_CASES = ([("grouped_direct", g) for g in GROUPED] + [("im2col_flat", g) for g in DENSE]
-                + [("im2col_rows", g) for g in DENSE]
+                + [("im2col_rows", g) for g in DENSE] + [(ConvPlan("im2col_flat", split=3), g) for g in DENSE[:2]]
+                + [(ConvPlan("im2col_rows", split=9), DENSE[1])]
                 + [("direct", g) for g in DENSE if g.stride[0] == g.stride[1] and g.dilation[0] == g.dilation[1]]
                 + [("depthwise", ConvGeometry(2, 7, 11, 9, 7, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=7))])
 
@@ -171,12 +185,13 @@ FAMILY_CASES = ([("grouped_direct", g) for g in GROUPED] + [("im2col_flat", g) f
 @pytest.mark.parametrize("dt", ["float32", "float16"])
 @pytest.mark.parametrize("case", FAMILY_CASES, ids=lambda c: f"{c[0]}-{_gid(c[1])}")
 def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
-    family, geo = case
+    plan, geo = case
+    plan = ConvPlan(plan) if isinstance(plan, str) else plan
     d_t = getattr(dtypes, dt)
     npdt = to_numpy(d_t)
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
     w = (random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
-    steps = K.conv2d_kernels(geo, ConvPlan(family), d_t, symbolic_batch=True)
+    steps = K.conv2d_kernels(geo, plan, d_t, symbolic_batch=True)
     got = _run(gpu, steps, {"x": x, "w": w}, d_t)
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 3e-3

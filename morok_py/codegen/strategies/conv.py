@@ -111,12 +111,15 @@ class ConvPlan:
     register_tile: tuple[int, int] | None = None
     lanes: int = 0
     pixel_blocks: int = 1
+    split: int = 1          # im2col_flat / im2col_rows: runs the contraction's reduction is cut into (flat_split)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ArgumentError(f"convolution family {self.family!r}: one of {', '.join(FAMILIES)}")
         if self.pixel_blocks < 1 or (self.pixel_blocks > 1 and self.family not in ("pointwise", "im2col_gemm")):
             raise ArgumentError(f"{self.family}: pixel_blocks {self.pixel_blocks} (a contraction's, >= 1)")
+        if self.split < 1 or (self.split > 1 and self.family not in ("im2col_flat", "im2col_rows")):
+            raise ArgumentError(f"{self.family}: split {self.split} (the flat columns' reduction runs, >= 1)")
 
     def __str__(self) -> str:
         parts = [self.family]
@@ -126,6 +129,8 @@ class ConvPlan:
             parts.append(f"tile_lanes={self.lanes}")
         if self.pixel_blocks > 1:
             parts.append(f"pixel_blocks={self.pixel_blocks}")
+        if self.split > 1:
+            parts.append(f"split={self.split}")
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
@@ -232,6 +237,26 @@ POINTWISE_MIN_PIXELS = 1024
 IM2COL_FLAT_MAX_BYTES = 1 << 28
 
 
+# flat_split: the flat contraction's 64x64 tiles should make at least this many work-groups (4 per SM of an
+# H100's 132) before its reduction is cut into runs, each run at least FLAT_SPLIT_MIN_K long, at most
+# FLAT_SPLIT_MAX runs
+FLAT_SPLIT_MIN_GROUPS = 528
+FLAT_SPLIT_MIN_K = 256
+FLAT_SPLIT_MAX = 8
+
+
+def flat_split(geo: ConvGeometry) -> int:
+    """Runs (a power of two) the flat contraction's reduction is cut into so that its 64x64 tiles make
+    FLAT_SPLIT_MIN_GROUPS work-groups; 1 where the output alone makes them (or k is too short to cut)."""
+    K = (geo.C // geo.groups) * geo.KH * geo.KW
+    groups = -(-geo.N * geo.OH * geo.OW // 64) * -(-geo.CO // 64)
+    s = 1
+    while (groups * s < FLAT_SPLIT_MIN_GROUPS and s < FLAT_SPLIT_MAX and K % (2 * s) == 0
+           and K // (2 * s) >= FLAT_SPLIT_MIN_K):
+        s *= 2
+    return s
+
+
 def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
     """The heuristic family on a GPU (a target with local memory) for elements of `itemsize` bytes."""
     if geo.groups > 1:
@@ -283,6 +308,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
         out.append(ConvPlan("grouped_direct"))
     if caps.has_local and geo.groups == 1:
         out += [ConvPlan("im2col_flat"), ConvPlan("im2col_rows")]
+        if flat_split(geo) > 1:
+            out += [ConvPlan("im2col_flat", split=flat_split(geo)), ConvPlan("im2col_rows", split=flat_split(geo))]
     if caps.has_local and geo.pointwise:
         out.append(ConvPlan("pointwise"))
     out.append(ConvPlan("direct"))
@@ -316,6 +343,8 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
                             f"channels x taps x output channels per group), stride 1 and the width kept")
+    if (geo.C // geo.groups * geo.KH * geo.KW) % plan.split:
+        raise ArgumentError(f"{plan}: {plan.split} runs do not divide the reduction")
     if (geo.OH * geo.OW) % plan.pixel_blocks:
         raise ArgumentError(f"{plan}: {plan.pixel_blocks} blocks do not divide {geo.OH * geo.OW} output pixels")
 
