@@ -146,6 +146,7 @@ def main() -> None:
     cases = [c for c in CASES if (not want or any(s in c.name for s in want))
              and (not args.quick or c.name in QUICK)]
     rounds, repeats = (2, 3) if args.quick else (args.rounds, args.repeats)
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
     rows = []
 
     def pause(label: str, prev: str | None) -> None:
@@ -188,7 +189,8 @@ def main() -> None:
             title=f"CPU convolutions, interleaved ({rounds} rounds of {repeats}; ratio = onnxruntime / morok_py, higher is better)")
     doc_extra = {"threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0))
                  if hasattr(os, "sched_getaffinity") else os.cpu_count(), "onnxruntime": ort.__version__,
-                 "rounds": rounds, "repeats": repeats}
+                 "rounds": rounds, "repeats": repeats, "load_average_start": load_start,
+                 "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
