@@ -209,6 +209,8 @@ def main() -> None:
                                  f"{flop / tv / (flop / t_peer):.2f}x", f"{verr:.1e}"])
                     H.note(" | ".join(rows[-1]))
             del seq
+            if args.variants:
+                res.save()      # each case as it ends: a run cut short keeps what it measured
     H.table(rows, ["convolution", "plan / schedule", "ours TFLOP/s", "cuDNN TFLOP/s", "vs cuDNN", "max rel err"],
             f"\nConvolutions on {mach['model']} ({dev.compiler.cache_key}); target {TARGET}x cuDNN")
     res.save()
