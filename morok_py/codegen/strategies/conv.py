@@ -6,7 +6,8 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
 
   pointwise    a 1x1, stride-1, unpadded convolution is a batched contraction of the weights
                [CO, C] with the input [C, H*W]: one `kernels.conv_gemm` kernel, output channels as
-               the register tile's rows and pixels as its unit-stride vector columns.
+               the register tile's rows and pixels as its unit-stride vector columns; on the CPU
+               (image, pixel block) is its outermost range, the threads' split (`pixel_blocks`).
   im2col_gemm  any other convolution: `kernels.im2col` writes the columns [C*KH*KW, OH*OW] (strides,
                dilations and zero padding applied there, once), then the same contraction; groups
                are a GLOBAL range of it.
@@ -15,6 +16,8 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                CPU the (n, c) planes split over threads and the rows along ow vectorized.
   depthwise_flat  (CPU) the same at stride 1 with the width kept (`flat_depthwise`): each plane's
                inner rows as one flat vectorized loop, borders peeled (`kernels.depthwise_conv2d`).
+  depthwise_padded  depthwise after `kernels.pad2d` copies the input into a zero-bordered scratch, so
+               the taps load without masks (a masked tap clamps its index: LLVM gathers).
   grouped_flat  (CPU) a grouped convolution with few channels per group, stride 1 and the width kept:
                each (image, group) sums its input planes into its output planes in one flat loop
                (`kernels.grouped_conv2d_flat`), no im2col columns.
@@ -28,8 +31,6 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                per CO output channels' work: the default from IM2COL_FLAT_MIN_CO output channels.
   im2col_rows  (GPU) the same with the columns transposed, [N*OH*OW, C*KH*KW]: a pixel's taps contiguous,
                both operands of the contraction along k.
-  depthwise_padded  the same after `kernels.pad2d` copies the input into a zero-bordered scratch, so
-               the taps load without masks (a masked tap clamps its index: LLVM gathers).
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
                channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
                default there; on the CPU a generic loop nest the others are searched against.
