@@ -8,7 +8,9 @@
 Cases (batch 32): ResNet 3x3 stages (pad 1), 3x3 stride 2, 1x1 projections, depthwise 3x3 and grouped 3x3
 (32 groups, ResNeXt). float32 on both sides runs without TF32 (torch.backends.cudnn.allow_tf32 = False);
 float16 and bfloat16 accumulate in float32 on both sides. cuDNN picks its algorithm by its heuristics
-(torch.backends.cudnn.benchmark off). Ours is the sum of the plan's kernels' own `wait=True` times on the
+(torch.backends.cudnn.benchmark off; --cudnn-benchmark times its algorithms first): in that mode its float16
+times differed up to 2x between processes on one H200 (32x512x7x7 3x3: 68 and 142 TFLOP/s), so compare
+ratios across runs. Ours is the sum of the plan's kernels' own `wait=True` times on the
 raw launch path (a pad kernel included where the plan has one); PyTorch's is timed with its CUDA events.
 Each result is checked against PyTorch's float32 convolution first. Records are named after the case
 (conv3x3, conv3x3_s2, conv1x1, conv_depthwise, conv_grouped) with a target of 0.9 of cuDNN. --variants N
@@ -91,6 +93,7 @@ def main() -> None:
     p.add_argument("--compiler", default=None, help="the CUDA pair (nvrtc, llvm-nvptx; default: MOROK_CUDA_COMPILER)")
     p.add_argument("--dtypes", default="float32,float16", help="comma-separated: float32, float16, bfloat16")
     p.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms (cudnn.benchmark)")
     p.add_argument("--variants", type=int, default=0, help="also time the main kernel's first N candidate schedules")
     args = p.parse_args()
     if args.compiler:
@@ -108,6 +111,7 @@ def main() -> None:
             raise SystemExit("conv.py compares with PyTorch on a GPU: none here")
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark
         timer = H.event_timer("torch", torch)
         device = f"cuda:{dev.spec.ordinal}"
     else:       # a smoke run of the script itself (--quick): PyTorch on the CPU, timed by the wall clock

@@ -27,13 +27,16 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
   im2col_flat  (GPU) `kernels.im2col_flat` writes the columns [C*KH*KW, N*OH*OW] (every image's pixels of
                a tap side by side), then `kernels.flat_gemm` contracts them with the weights as one matrix
                product whose tiles fill by contiguous (16-byte, asynchronous) copies; the direct implicit
-               GEMM gathers its taps element by element. The columns cost KH*KW times the output's bytes
-               per CO output channels' work: the default from IM2COL_FLAT_MIN_CO output channels.
+               GEMM gathers its taps element by element. `split` runs of the reduction (`flat_split`,
+               where the output's tiles are few) go to float32 partials that `kernels.split_sum` adds.
+               The default for float32 3x3 (`gpu_plan`).
   im2col_rows  (GPU) the same with the columns transposed, [N*OH*OW, C*KH*KW]: a pixel's taps contiguous,
-               both operands of the contraction along k.
+               both operands of the contraction along k; the default for 16-bit 3x3 from
+               IM2COL_FLAT_MIN_CO output channels.
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
                channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
-               default there; on the CPU a generic loop nest the others are searched against.
+               default there for 16-bit layers narrower than IM2COL_FLAT_MIN_CO and for 1x1 layers; on
+               the CPU a generic loop nest the others are searched against.
 
 `conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times;
 `search_plan` times them through a caller's timer and keeps the fastest per geometry, target and
@@ -222,15 +225,19 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 
 
 # GPU plans, measured on an H200 (benchmarks/conv.py --variants, batch 32, NVRTC, beside cuDNN without TF32;
-# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json). im2col_flat: the columns are KH*KW times the
-# input's bytes and the contraction does 2*CO flops per column element. float32 3x3: the flat columns beat
-# the direct implicit GEMM at every width (64 channels at 56x56 17.7 against 16.6 TFLOP/s, 128 at 28x28 27.1
-# against 25.8, 512 at 7x7 21.9 against 19.4, stride 2 at 56x56 26.2 against 22.9). 16-bit 3x3: from
-# IM2COL_FLAT_MIN_CO output channels (512 at 7x7 104 against 55, 256 at 14x14 81 against 74); below it the
-# direct implicit GEMM (64 at 56x56 50.7 against 24.9). float32 1x1 over at least POINTWISE_MIN_PIXELS
-# pixels: the batched contraction of the input itself (256 -> 64 at 56x56 21.0 against 17.7; 1024 -> 256 at
-# 14x14 the direct form, 24.2 against 23.0). Groups and depthwise: grouped_direct (depthwise float16 128
-# channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same)
+# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json). The flat columns are KH*KW times the input's
+# bytes and the contraction does 2*CO flops per column element. float32 3x3: im2col_flat beats the direct
+# implicit GEMM at every width (64 channels at 56x56 17.8 against 16.7 TFLOP/s, 128 at 28x28 27.1 against
+# 25.8, stride 2 at 56x56 26.1 against 22.8) and im2col_rows (13.1, 21.1, 20.5), and its reduction cut into
+# flat_split runs where the tiles are few (256 at 14x14 2 runs: 29.6 against 24.0; 512 at 7x7 4 runs: 25.8
+# against 21.7; 256 at 28x28 stride 2, 2 runs: 27.8 against 23.1). 16-bit 3x3: im2col_rows from
+# IM2COL_FLAT_MIN_CO output channels (512 at 7x7 129.7 against 100.9 for im2col_flat and 54.6 direct; 256 at
+# 14x14 89.5 against 76.8 and 74.2; stride 2 at 28x28 86.4 against 74.7 and 58.8; runs cut only lose: 92.8,
+# 81.0), below it the direct implicit GEMM (64 at 56x56 50.1 against 24.9 and 17.9). float32 1x1 over at
+# least POINTWISE_MIN_PIXELS pixels: the batched contraction of the input itself (256 -> 64 at 56x56 21.3
+# against 17.8; 1024 -> 256 at 14x14 the direct form, 23.8 against 22.6). Groups and depthwise:
+# grouped_direct (depthwise float16 128 channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise
+# depthwise kernel, float32 the same)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
 # the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);
@@ -266,11 +273,13 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
         return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS else "direct")
     cols = geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW * itemsize
     square = geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]
-    if (itemsize >= 4 or geo.CO >= IM2COL_FLAT_MIN_CO) and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
-        return ConvPlan("im2col_flat")
+    if itemsize >= 4 and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
+        return ConvPlan("im2col_flat", split=flat_split(geo))
+    if geo.CO >= IM2COL_FLAT_MIN_CO and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
+        return ConvPlan("im2col_rows")
     if square:
         return ConvPlan("direct")       # the implicit GEMM that the tiled and tensor-core contractions take
-    return ConvPlan("im2col_flat")
+    return ConvPlan("im2col_rows" if itemsize < 4 else "im2col_flat")
 
 
 def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> ConvPlan:
