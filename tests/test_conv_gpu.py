@@ -239,3 +239,24 @@ def test_the_launch_check_guards_every_buffer(gpu, rng, family, geo):
         bufs = [gpu.empty(n - (1 if i == short else 0), dtypes.float32) for i, n in enumerate(sizes)]
         with pytest.raises(LaunchError):
             prog(*bufs, **dict(st.vars))
+
+
+def test_the_onnx_executor_keeps_a_split_plans_scratches_apart(monkeypatch):
+    """A split plan has two scratches live at once (the columns and the partial sums): the executor's
+    scratch per (role, dtype) must not hand both the same buffer. Run on the CPU with the plan forced."""
+    onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+    from onnx import helper
+    from morok_py.onnx import OnnxExecutor
+    from morok_py.onnx import fuse
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 16, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((12, 16, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    monkeypatch.setattr(fuse, "conv_plan", lambda geo, caps, *a: ConvPlan("im2col_flat", split=4))
+    got = OnnxExecutor(model, "CPU").run({"x": x})[0]
+    geo = ConvGeometry(2, 16, 6, 7, 12, 3, 3, pads=(1, 1, 1, 1))
+    np.testing.assert_allclose(got, conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)

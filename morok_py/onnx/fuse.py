@@ -530,12 +530,14 @@ _scratch: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _scratch_lock = threading.Lock()
 
 
-def _scratch_buffer(k, elements: int, dtype):
+def _scratch_buffer(k, elements: int, dtype, role: str = "col"):
+    """The scratch of `role` (one plan's scratches are live together: a split contraction's columns and
+    partial sums) and `dtype`, at least `elements` long."""
     with _scratch_lock:
         per = _scratch.setdefault(k, {})
-        buf = per.get(dtype)
+        buf = per.get((role, dtype))
         if buf is None or buf.size < elements:
-            buf = per[dtype] = k.empty([elements], dtype).buf
+            buf = per[(role, dtype)] = k.empty([elements], dtype).buf
         return buf
 
 
@@ -543,7 +545,7 @@ def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: Vie
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
     for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer):
         if st.output != "out":
-            bufs[st.output] = _scratch_buffer(ctx.k, st.elements, x.dtype)
+            bufs[st.output] = _scratch_buffer(ctx.k, st.elements, st.dtype or x.dtype, st.output)
         args = []
         for role in st.inputs:
             args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
