@@ -7,7 +7,7 @@ output last. Sizes are ints (static) or None, which makes them symbolic variable
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .codegen.capabilities import Capabilities
@@ -834,8 +834,12 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
                    symbolic_batch: bool = False) -> list[KernelStep]:
     """The kernels of a 2-D convolution (NCHW, weights [CO, C/groups, KH, KW]) as `plan` says (default:
     `conv_plan` for `caps`), `epilogue` applied in the kernel that writes the output. With
-    `symbolic_batch` the batch is the variable `N` in every kernel (a new batch size compiles nothing)."""
+    `symbolic_batch` the batch is the variable `N` in every kernel (a new batch size compiles nothing),
+    and a contraction keeps whole images whatever the plan's pixel_blocks (a count chosen for one batch
+    size: another batch would change the kernel)."""
     plan = plan if plan is not None else conv_plan(geo, caps or Capabilities(), as_dtype(dtype).itemsize)
+    if symbolic_batch and plan.pixel_blocks != 1:
+        plan = replace(plan, pixel_blocks=1)
     check_plan(plan, geo)
     steps = _conv2d_kernels(geo, plan, dtype, epilogue or Epilogue(), None if symbolic_batch else geo.N)
     if symbolic_batch:

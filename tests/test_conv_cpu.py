@@ -180,6 +180,11 @@ def test_pixel_blocks_split_each_image_and_match_numpy_at_every_level(cpu_level,
         steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias"), symbolic_batch=symbolic)
         got = run_steps(cpu_level, steps, {"x": x, "w": w}, [b])
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=f"{plan} {symbolic}")
+    # a symbolic batch keeps whole images (blocks chosen for one batch size would change the kernel with it)
+    from dataclasses import replace
+    keys = {st.ast.key for n in (geo.N, geo.N + 1) for st in K.conv2d_kernels(replace(geo, N=n), plan, symbolic_batch=True)}
+    whole = K.conv2d_kernels(geo, replace(plan, pixel_blocks=1), symbolic_batch=True)
+    assert keys == {st.ast.key for st in whole}
 
 
 @pytest.mark.parametrize("geo,plan", [(GEOMETRIES[10], ConvPlan("depthwise_flat")),
