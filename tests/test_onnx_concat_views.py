@@ -82,6 +82,8 @@ def np_run(g: Graph, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[n
             y = 1 / (1 + np.exp(-x[0]))
         elif n.op_type == "Add":
             y = x[0] + x[1]
+        elif n.op_type == "Range":
+            y = np.arange(x[0], x[1], x[2])
         else:
             raise NotImplementedError(n.op_type)
         env[n.output[0]] = y
@@ -285,3 +287,57 @@ def test_memory_plan_places_the_root_of_views():
     root_off = va.ptr - arena.arena.ptr
     t_off = arena.launches[2][1][2].ptr - arena.arena.ptr
     assert t_off >= root_off + root.nbytes or t_off + t.nbytes <= root_off
+
+
+def test_a_value_read_back_mid_run_stays_put(monkeypatch):
+    """Range reads its limit (a graph input) on the host, so the launches queued before it run then: a
+    Concat input made before that read is copied, one made after it moves. Such a run records no plan
+    and every run goes node by node."""
+    g = Graph(12)
+    a = g.conv_relu("X", 3, 3)
+    for name, v in (("zero", 0), ("one", 1)):
+        g.weights[name] = np.array(v, np.int64)
+        g.inits.append(numpy_helper.from_array(g.weights[name], name))
+    g.nodes.append(helper.make_node("Range", ["zero", "n", "one"], ["r"]))
+    b = g.conv_relu("X", 3, 5)
+    c = g.op("Concat", [a, b], axis=1)
+    head = g.conv_relu(c, 8, 2)
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 6, 6]),
+              helper.make_tensor_value_info("n", TensorProto.INT64, [])]
+    model = helper.make_model(helper.make_graph(g.nodes, "g", inputs, [
+        helper.make_tensor_value_info(head, TensorProto.FLOAT, None),
+        helper.make_tensor_value_info("r", TensorProto.INT64, None)], g.inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    on, off = executor(model, True, monkeypatch), executor(model, False, monkeypatch)
+    rng = np.random.default_rng(3)
+    for n in (4, 7, 5):
+        x = rng.standard_normal((1, 3, 6, 6)).astype(np.float32)
+        want = np_run(g, {"X": x, "n": np.array(n, np.int64)}, [head])[0]
+        got_on, got_off = on.run({"X": x, "n": np.array(n, np.int64)}), off.run({"X": x, "n": np.array(n, np.int64)})
+        np.testing.assert_allclose(got_on[0], want, rtol=1e-4, atol=1e-4)
+        assert np.array_equal(got_on[0], got_off[0]) and np.array_equal(got_on[1], np.arange(n))
+        assert len(off.k.launches) - len(on.k.launches) == 1
+    assert not on.plans and not off.plans
+
+
+def test_a_dynamic_batch_moves_at_one_and_copies_at_two(monkeypatch):
+    """A symbolic batch (kernels with a symbolic outer range): batch 1 writes into the Concats, batch 2
+    copies, and going back to batch 1 replays its own plan."""
+    g = Graph(13)
+    b1, c = dense_block(g, g.conv_relu("X", 3, 5), 5, 3, 3)
+    head = g.conv_relu(b1, c, 2, k=1)
+    model = g.model({"X": ("batch", 3, 6, 6)}, [head, b1])
+    on, off = executor(model, True, monkeypatch), executor(model, False, monkeypatch)
+    rng = np.random.default_rng(4)
+    counts: list[int] = []
+    for batch in (1, 2, 1, 2):
+        x = rng.standard_normal((batch, 3, 6, 6)).astype(np.float32)
+        want = np_run(g, {"X": x}, [head, b1])
+        got_on, got_off = on.run({"X": x}), off.run({"X": x})
+        for w, a, b in zip(want, got_on, got_off):
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+            assert np.array_equal(a, b)
+        if len(counts) < 2:         # the recording runs: the launches of this batch size
+            counts.append(len(off.k.launches) - len(on.k.launches))
+    assert len(on.plans) == len(off.plans) == 2
+    assert counts == [6, 0] and on.k.symbolic_outer
