@@ -6,6 +6,8 @@ and sizes, strides, padding, groups, epilogues, a symbolic batch, and the launch
 buffer."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -260,3 +262,37 @@ def test_the_onnx_executor_keeps_a_split_plans_scratches_apart(monkeypatch):
     got = OnnxExecutor(model, "CPU").run({"x": x})[0]
     geo = ConvGeometry(2, 16, 6, 7, 12, 3, 3, pads=(1, 1, 1, 1))
     np.testing.assert_allclose(got, conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)
+
+
+# a grouped 1x1 convolution of light shufflenet (68 channels a group): many reductions per work-item, whose
+# split schedule asked for 1.9 MB of shared memory and failed to load on an H200
+SHUFFLE = ConvGeometry(1, 272, 7, 7, 272, 1, 1, groups=4)
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+def test_many_reductions_per_item_keep_within_the_split_shared_memory(rng, pair):
+    from morok_py.backends.cuda.device import compile_only_pairs
+    from morok_py.codegen.strategies.split_reduce import SPLIT_SHARED_MAX
+    r, _ = compile_only_pairs("sm_90a")[pair]
+    steps = K.conv2d_kernels(SHUFFLE, conv_plan(SHUFFLE, r.caps))
+    assert conv_plan(SHUFFLE, r.caps).family == "grouped_direct"
+    for st in steps:
+        spec = r.render(st.ast, f"conv_{st.name}")
+        dyn = [int(m) for m in re.findall(r"morok_dyn_smem = (?:addrspace\(1\) global i32 )?(\d+)", spec.src)]
+        assert all(d <= SPLIT_SHARED_MAX for d in dyn), f"{st.name}: {dyn} bytes of dynamic shared memory"
+    x = random_array(rng, (SHUFFLE.N, SHUFFLE.C, SHUFFLE.H, SHUFFLE.W), np.float32)
+    w = random_array(rng, (SHUFFLE.CO, SHUFFLE.C // SHUFFLE.groups, 1, 1), np.float32)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, SHUFFLE.N)
+    np.testing.assert_allclose(got.reshape(1, SHUFFLE.CO, 7, 7), conv_ref(x, w, None, SHUFFLE), rtol=1e-4, atol=1e-4)
+
+
+def test_a_split_over_the_shared_memory_bound_is_refused():
+    from morok_py.codegen.schedule import Schedule, check_schedule, default_schedule
+    from morok_py.codegen.scan import scan_kernel
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90a")[0]
+    ast = K.conv2d_kernels(SHUFFLE, ConvPlan("grouped_direct"))[0].ast
+    caps = r.caps
+    assert default_schedule(ast, caps, scan_kernel(ast)).split <= 1
+    with pytest.raises(ArgumentError, match="shared memory"):
+        check_schedule(Schedule("groups", group=1024, unroll=4, split=32, upcast=7), ast, caps, scan_kernel(ast))

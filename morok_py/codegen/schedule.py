@@ -368,9 +368,12 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
         from .gpu_tile import _cuda_like
+        from .strategies.split_reduce import SPLIT_SHARED_MAX, split_shared_bytes
         # AMD: no timing backs the lowering's unroll
-        return split_default(ast, scan, group, _cuda_like(caps), caps.split_upcast,
-                             min(caps.max_threads_per_group, caps.local_max[0]))
+        split = split_default(ast, scan, group, _cuda_like(caps), caps.split_upcast,
+                              min(caps.max_threads_per_group, caps.local_max[0]))
+        if split_shared_bytes(ast, split.group, split.upcast) <= SPLIT_SHARED_MAX:
+            return split        # else too many reductions to combine in shared memory: the paths below
     if caps.group_reduce and len(shape.globals_) <= 1 and shape.has_reduce:
         if not shape.globals_ and caps.grid_reduce:
             from .strategies.grid_reduce import grid_plan
@@ -481,6 +484,11 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         scan = scan_kernel(ast)
     if schedule.split > 1 and (not gpu or not caps.has_shared or not split_applies(ast, scan)):
         raise ArgumentError(f"{schedule}: split reductions need shared memory and stores over every GLOBAL range")
+    if schedule.split > 1:
+        from .strategies.split_reduce import SPLIT_SHARED_MAX, split_shared_bytes
+        need = split_shared_bytes(ast, schedule.group)      # ast is upcast above
+        if need > SPLIT_SHARED_MAX:
+            raise ArgumentError(f"{schedule}: its partials take {need} bytes of shared memory, over {SPLIT_SHARED_MAX}")
     if schedule.unrolled:
         from .strategies.split_reduce import lowering_unroll_applies
         if not lowering_unroll_applies(ast, schedule.split, schedule.unroll):

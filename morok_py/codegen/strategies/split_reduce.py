@@ -22,6 +22,19 @@ from ..scope import Scope
 from ..symbolic import simplify
 
 UPCAST_MAX = 16     # Schedule.upcast: at most this many outputs of one work-item
+# a split's partials take one group-sized shared array per reduction it combines (combine_split): at most
+# 64 KiB, what an AMD work-group's LDS holds and every CUDA target from sm_80 gives a block (past 48 KiB as
+# dynamic shared memory): a 16-row GEMV split over 1024 work-items takes exactly that. A grouped 1x1
+# convolution of light shufflenet (272 channels at 7x7, 4 groups: 68 reductions, 7 rows each) asked for
+# 1.9 MB and failed to load on an H200 (cuFuncSetAttribute: invalid value)
+SPLIT_SHARED_MAX = 64 << 10
+
+
+def split_shared_bytes(ast: UOp, group: int, upcast_by: int = 1) -> int:
+    """Shared bytes a split schedule of `group` work-items takes for `ast` (its stores upcast_by times over)."""
+    reds = top_reduces(list(ast.src))
+    size = max((r.dtype.itemsize for r in reds), default=4)
+    return len(reds) * max(1, upcast_by) * group * size
 
 
 def upcast_plan(ast: UOp, scan: KernelScan) -> UOp | None:
