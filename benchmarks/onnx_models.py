@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:       # a source checkout runs it with no install (the workers are this script too)
+    sys.path.insert(0, str(ROOT))
 LIGHT = ("resnet50", "densenet121")
 BUILT = ("mobilenet_stack", "mlp")
 RTOL, ATOL = 1e-3, 1e-5
