@@ -146,6 +146,25 @@ def clean_registry(monkeypatch):
     return registry
 
 
+def conv_ref(x, w, b, geo) -> np.ndarray:
+    """NCHW convolution in float64 by explicit taps (the reference of the convolution tests); `geo` is a
+    strategies.conv.ConvGeometry, `b` a bias per output channel or None."""
+    pt, pl, pb, pr = geo.pads
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    (sh, sw), (dh, dw), G = geo.stride, geo.dilation, geo.groups
+    Cg, COg = geo.C // G, geo.CO // G
+    out = np.zeros((geo.N, geo.CO, geo.OH, geo.OW))
+    for kh in range(geo.KH):
+        for kw in range(geo.KW):
+            win = xp[:, :, kh * dh: kh * dh + (geo.OH - 1) * sh + 1: sh, kw * dw: kw * dw + (geo.OW - 1) * sw + 1: sw]
+            for g in range(G):
+                out[:, g * COg:(g + 1) * COg] += np.einsum("nchw,oc->nohw", win[:, g * Cg:(g + 1) * Cg],
+                                                           w[g * COg:(g + 1) * COg, :, kh, kw].astype(np.float64))
+    if b is not None:
+        out += b.astype(np.float64)[None, :, None, None]
+    return out
+
+
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
     """Random data that is never all zeros: normals for floats, a spread of non-zero values for ints."""
     dt = np.dtype(dtype)

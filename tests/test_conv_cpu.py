@@ -10,25 +10,9 @@ from morok_py import dtypes, kernels as K
 from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan, candidate_plans, check_plan, conv_plan
 from morok_py.errors import ArgumentError
 
-from conftest import random_array
+from conftest import conv_ref, random_array
 
 
-def conv_ref(x, w, b, geo: ConvGeometry) -> np.ndarray:
-    """NCHW convolution in float64 by explicit taps: the reference."""
-    pt, pl, pb, pr = geo.pads
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    (sh, sw), (dh, dw), G = geo.stride, geo.dilation, geo.groups
-    Cg, COg = geo.C // G, geo.CO // G
-    out = np.zeros((geo.N, geo.CO, geo.OH, geo.OW))
-    for kh in range(geo.KH):
-        for kw in range(geo.KW):
-            win = xp[:, :, kh * dh: kh * dh + (geo.OH - 1) * sh + 1: sh, kw * dw: kw * dw + (geo.OW - 1) * sw + 1: sw]
-            for g in range(G):
-                out[:, g * COg:(g + 1) * COg] += np.einsum("nchw,oc->nohw", win[:, g * Cg:(g + 1) * Cg],
-                                                           w[g * COg:(g + 1) * COg, :, kh, kw].astype(np.float64))
-    if b is not None:
-        out += b[None, :, None, None]
-    return out
 
 
 def run_steps(target, steps, arrays: dict, epilogue_arrays=()):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import linear_interp as LI
-from conftest import PAIRS, open_target, random_array
+from conftest import PAIRS, conv_ref, open_target, random_array
 from morok_py import dtypes
 from morok_py import kernels as K
 from morok_py.codegen.capabilities import Capabilities
@@ -23,22 +23,6 @@ from morok_py.errors import ArgumentError
 GPU = Capabilities(has_local=True, has_shared=True)
 
 
-def conv_ref(x, w, b, geo: ConvGeometry) -> np.ndarray:
-    """NCHW convolution in float64 by explicit taps."""
-    pt, pl, pb, pr = geo.pads
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    (sh, sw), (dh, dw), G = geo.stride, geo.dilation, geo.groups
-    Cg, COg = geo.C // G, geo.CO // G
-    out = np.zeros((geo.N, geo.CO, geo.OH, geo.OW))
-    for kh in range(geo.KH):
-        for kw in range(geo.KW):
-            win = xp[:, :, kh * dh: kh * dh + (geo.OH - 1) * sh + 1: sh, kw * dw: kw * dw + (geo.OW - 1) * sw + 1: sw]
-            for g in range(G):
-                out[:, g * COg:(g + 1) * COg] += np.einsum("nchw,oc->nohw", win[:, g * Cg:(g + 1) * Cg],
-                                                           w[g * COg:(g + 1) * COg, :, kh, kw].astype(np.float64))
-    if b is not None:
-        out += b.astype(np.float64)[None, :, None, None]
-    return out
 
 
 GROUPED = [
