@@ -188,7 +188,7 @@ def test_the_contraction_cuts_a_small_batch_into_pixel_blocks_for_the_thread_spl
     assert pixel_blocks(8, 56 * 56, 64, threads=16) == 2          # 16 units of 25 column tiles, not 8 images
     assert pixel_blocks(8, 28 * 28, 64, threads=16) == 2
     assert pixel_blocks(8, 56 * 56, 64, threads=2) == pixel_blocks(8, 28 * 28, 64, threads=4) == 1
-    assert pixel_blocks(1, 56 * 56, 64, threads=16) == 16
+    assert pixel_blocks(1, 56 * 56, 64, threads=16) == pixel_blocks(1, 14 * 14, 64, threads=16) == 1
     assert pixel_blocks(8, 56 * 56, 64) == 7                      # workers unknown: 56 units of 448 pixels
     for n, p, t in ((1, 12544, 12), (3, 3136, 16), (8, 784, 6), (2, 1000, 3), (5, 49, 8), (8, 3136, 0)):
         d = pixel_blocks(n, p, 16, t)

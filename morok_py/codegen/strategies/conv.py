@@ -158,10 +158,16 @@ def pixel_blocks(images: int, pixels: int, tile_width: int = 0, threads: int = 0
     """Blocks per image of the contraction's pixels (a divisor of `pixels`, blocks of at least
     MIN_BLOCK_PIXELS). For `threads` workers: the count whose busiest worker walks the fewest column
     tiles (its units times each unit's tiles), the fewest blocks among equals, so a batch that already
-    divides among the workers stays whole. At batch 8 on 16 workers a 56x56 layer takes 2 blocks (16
+    divides among the workers stays whole. One image stays whole (the register tile splits its rows). At batch 8 on 16 workers a 56x56 layer takes 2 blocks (16
     units of 25 tiles; whole images left 8 workers idle), 28x28 2, 14x14 2; on 2 workers all stay whole.
     With `threads` 0 (unknown): the fewest blocks, a multiple of `tile_width` where one exists, that
     reach SPLIT_UNITS units, else the most there are."""
+    if images == 1:
+        # one image: the register tile's own split (codegen/opt.py: row partitions x column tiles, balanced
+        # for the workers) takes the outer range. Blocks here replace it with their count alone: resnet50 at
+        # batch 1 on the 16-core Xeon (benchmarks/onnx_models.py) kept 2 of 16 workers busy on its 14x14
+        # layers (2 blocks of 98 pixels) and replayed in 51.6 ms against 23 ms with whole images
+        return 1
     cands = [d for d in range(1, pixels // MIN_BLOCK_PIXELS + 1) if pixels % d == 0] or [1]
     if threads > 0:
         return min(cands, key=lambda d: (-(-images * d // threads) * _tiles(pixels // d, tile_width), d))
