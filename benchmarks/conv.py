@@ -15,7 +15,8 @@ raw launch path (a pad kernel included where the plan has one); PyTorch's is tim
 Each result is checked against PyTorch's float32 convolution first. Records are named after the case
 (conv3x3, conv3x3_s2, conv1x1, conv_depthwise, conv_grouped) with a target of 0.9 of cuDNN. --variants N
 also times the plan's main kernel under the first N candidate schedules with other tiles (records `<name>_variant`, no target)
-and the other candidate plans (records `<name>_plan`).
+and the other candidate plans (records `<name>_plan`). Each record of a plan keeps its kernels' own median
+times (`kernel_us`), so a plan's columns, contraction and sum of runs show apart.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class Sequence:
         from morok_py import cache
         self.bufs = {"x": x, "w": w}
         self.calls = []
+        self.runs: list[list[float]] = []
         self.main = None
         for i, st in enumerate(steps):
             main = i == main_step(steps)
@@ -78,6 +80,7 @@ class Sequence:
             self.calls.append((prog, ptrs, [mine[k] for k in info.var_names], gs, ls))
             if main:
                 self.main = prog
+        self.steps = steps
         self.checked = [(st, [self.bufs[n] for n in [n for n in st.inputs if n != "epilogue"] + [st.output]])
                         for st in steps]
 
@@ -86,7 +89,18 @@ class Sequence:
             prog(*bufs, **dict(st.vars))
 
     def __call__(self) -> float:
-        return sum(prog.execute(ptrs, vals, gs, ls, wait=True) for prog, ptrs, vals, gs, ls in self.calls)
+        times = [prog.execute(ptrs, vals, gs, ls, wait=True) for prog, ptrs, vals, gs, ls in self.calls]
+        self.runs.append(times)
+        return sum(times)
+
+    def kernel_us(self) -> dict[str, float]:
+        """Each kernel's median time (us) over the runs so far: where a plan's time goes (columns, contraction,
+        sum of runs)."""
+        import statistics
+        out: dict[str, float] = {}
+        for i, (prog, *_) in enumerate(self.calls):
+            out[f"{i}:{prog.name}"] = round(statistics.median(r[i] for r in self.runs) * 1e6, 2) if self.runs else 0.0
+        return out
 
     @property
     def out(self):
@@ -167,12 +181,15 @@ def main() -> None:
                 rows.append([label, str(plan), "wrong", "", "", f"{err:.1e}"])
                 continue
             t = H.measure(seq, **reps)
+            seq.runs = []
+            H.measure(seq, warmup=0, repeats=reps["repeats"])
             t_peer = H.measure(lambda: timer(lambda: torch.nn.functional.conv2d(tx, tw, stride=s, padding=pad,
                                                                                  groups=groups)), **reps)
             sched = dev.renderer.render(steps[main_step(steps)].ast, "schedule").linear.schedule
             rec = res.add(name, int(flop), "FLOP/s", flop / t, "torch", flop / t_peer, higher_is_better=True,
                           dtype=dname, label=label, max_rel_err=err, target=TARGET, plan=str(plan),
-                          kernels=[st.name for st in steps], schedule=str(sched) if sched else None)
+                          kernels=[st.name for st in steps], schedule=str(sched) if sched else None,
+                          kernel_us=seq.kernel_us())
             rows.append([label, str(plan), f"{flop / t / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
                          f"{rec['ratio']:.2f}x", f"{err:.1e}"])
             H.note(" | ".join(rows[-1] + [str(sched)]))
@@ -182,6 +199,7 @@ def main() -> None:
                         aseq = Sequence(dev, K.conv2d_kernels(geo, alt, dt, caps=caps), x, w, dt, tag="_alt")
                         aerr = check(aseq)
                         ta = H.measure(aseq, **reps) if aerr <= TOL[dname] else None
+                        asched = dev.renderer.render(aseq.steps[main_step(aseq.steps)].ast, "schedule").linear.schedule
                     except Exception as e:
                         H.note(f"{label} {alt}: {type(e).__name__}: {str(e)[:200]}")
                         continue
@@ -189,7 +207,8 @@ def main() -> None:
                         H.note(f"{label} {alt}: relative error {aerr:.2e}")
                         continue
                     res.add(f"{name}_plan", int(flop), "FLOP/s", flop / ta, "torch", flop / t_peer,
-                            higher_is_better=True, dtype=dname, label=f"{label} {alt}", plan=str(alt))
+                            higher_is_better=True, dtype=dname, label=f"{label} {alt}", plan=str(alt),
+                            schedule=str(asched) if asched else None, kernel_us=aseq.kernel_us())
                     rows.append([label, str(alt), f"{flop / ta / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
                                  f"{flop / ta / (flop / t_peer):.2f}x", f"{aerr:.1e}"])
                     H.note(" | ".join(rows[-1]))

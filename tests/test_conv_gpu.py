@@ -99,12 +99,20 @@ def test_grouped_outputs_per_work_item():
 
 # ---- the test interpreter, both CUDA pairs ------------------------------------------------------------
 
-def _interpret(steps, arrays: dict, pair: int, npdt, N: int) -> np.ndarray:
+def _interpret(steps, arrays: dict, pair: int, npdt, N: int, schedules: dict | None = None,
+               arch: str = "sm_90") -> np.ndarray:
+    """Each step rendered for `arch` by `pair` and run by the test interpreter; `schedules` (step name ->
+    Schedule) replace a step's default schedule."""
     from morok_py.backends.cuda.device import compile_only_pairs
-    r, _ = compile_only_pairs("sm_90")[pair]
+    from morok_py.codegen.schedule import using
+    r, _ = compile_only_pairs(arch)[pair]
     bufs = dict(arrays)
     for st in steps:
-        spec = r.render(st.ast, f"conv_{st.name}")
+        sched = (schedules or {}).get(st.name)
+        with using(sched):
+            spec = r.render(st.ast, f"conv_{st.name}")
+        if sched is not None:
+            assert spec.linear.schedule == sched
         out = np.zeros(st.elements, to_numpy(st.dtype) if st.dtype is not None else npdt)
         ins = [bufs[n].ravel() for n in st.inputs if n != "epilogue"]
         vals = {k: v for k, v in st.vars}
@@ -141,6 +149,73 @@ def test_flat_columns_in_the_interpreter(rng, pair, dt, plan, geo):
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 2e-3
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+# ---- tensor-core tiles fitted to the output channels (sm_90a) ------------------------------------------
+
+def _main_schedule(geo: ConvGeometry, plan: ConvPlan, arch: str = "sm_90a"):
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs(arch)[0]
+    steps = K.conv2d_kernels(geo, plan, dtypes.float16)
+    main = [st for st in steps if st.name in ("direct", "gemm")][-1]
+    return r.render(main.ast, "s").linear.schedule
+
+
+def test_the_tensor_core_tile_fits_the_output_channels():
+    """A block no wider than the output channels: 64x64 mma.sync blocks over 64 channels, 128x128 blocks of
+    64x64 warps over 128 (where they make TC_STATIC_WIDE_MIN_BLOCKS blocks), wgmma blocks 64 or 128 wide
+    over the columns' 64 or 128 channels; sm_80 keeps mma.sync."""
+    from morok_py.codegen.strategies.tensor_core import (MMA_M16N8K16, TC_SMALL_TILE, TC_TILE_STATIC,
+                                                         TC_TILE_STATIC_WIDE, WGMMA)
+    from morok_py.codegen.strategies.wgmma import WG_TILE_MID, WG_TILE_NARROW
+    c64 = ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))
+    c128 = ConvGeometry(32, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))
+    s = _main_schedule(c64, ConvPlan("direct"))
+    assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_SMALL_TILE)
+    s = _main_schedule(c128, ConvPlan("direct"))
+    assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_TILE_STATIC_WIDE)
+    few = ConvGeometry(2, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))           # 13 blocks of 128x128
+    assert _main_schedule(few, ConvPlan("direct")).matmul_tile == TC_SMALL_TILE
+    wide = ConvGeometry(32, 256, 28, 28, 256, 3, 3, pads=(1, 1, 1, 1))
+    assert _main_schedule(wide, ConvPlan("direct")).matmul_tile == TC_TILE_STATIC      # over 128 columns: unchanged
+    for geo, tile in ((c64, WG_TILE_NARROW), (c128, WG_TILE_MID)):
+        for family in ("im2col_rows", "im2col_flat"):
+            s = _main_schedule(geo, ConvPlan(family))
+            assert (s.tensor_core, s.matmul_tile) == (WGMMA, tile), (family, geo.CO)
+    s = _main_schedule(c64, ConvPlan("direct"), "sm_80")
+    assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_SMALL_TILE)
+    s = _main_schedule(c128, ConvPlan("im2col_rows"), "sm_80")
+    assert s.tensor_core == MMA_M16N8K16
+
+
+def _tc_schedule(tile, mma):
+    from morok_py.codegen.schedule import Schedule
+    from morok_py.codegen.strategies.tensor_core import tc_threads
+    stages, swizzle = (8, True) if mma == "wgmma_m64k16" else (0, False)
+    return Schedule("tiled", group=tc_threads(tile, mma), matmul_tile=tile, tensor_core=mma, tc_stages=stages,
+                    tc_swizzle=swizzle)
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("which", ["direct-small", "direct-static-wide", "rows-wgmma-narrow"])
+def test_the_fitted_tiles_in_the_interpreter(rng, pair, which):
+    """float16 under the tiles the heuristic now takes, odd sizes (the blocks clamped at every edge, a k tail),
+    rendered by both pairs and interpreted against numpy."""
+    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_TILE_STATIC_WIDE, WGMMA
+    from morok_py.codegen.strategies.wgmma import WG_TILE_NARROW
+    if which == "rows-wgmma-narrow":
+        geo, plan, step, sched = (ConvGeometry(2, 8, 9, 11, 72, 3, 3, pads=(1, 1, 1, 1)), ConvPlan("im2col_rows"),
+                                  "gemm", _tc_schedule(WG_TILE_NARROW, WGMMA))
+    else:
+        tile = TC_SMALL_TILE if which == "direct-small" else TC_TILE_STATIC_WIDE
+        geo, plan, step, sched = (ConvGeometry(2, 5, 9, 11, 21, 3, 3, pads=(1, 1, 1, 1)), ConvPlan("direct"),
+                                  "direct", _tc_schedule(tile, MMA_M16N8K16))
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
+    w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(np.float16)
+    steps = K.conv2d_kernels(geo, plan, dtypes.float16)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float16, geo.N, {step: sched}, "sm_90a")
+    ref = conv_ref(x, w, None, geo)
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
 
 # ---- on the device ------------------------------------------------------------------------------------
@@ -186,6 +261,27 @@ def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 3e-3
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+# float16 with a constant batch takes the fitted tensor-core tiles by default: 64x64 over 40 channels, 128x128
+# of 64x64 warps over 100 (132 blocks of 128x128), wgmma 128x64 over the columns' 64 (on sm_90a)
+FITTED_CASES = [("direct", ConvGeometry(2, 24, 41, 37, 40, 3, 3, pads=(1, 1, 1, 1))),
+                ("direct", ConvGeometry(3, 24, 75, 75, 100, 3, 3, pads=(1, 1, 1, 1))),
+                ("im2col_rows", ConvGeometry(3, 16, 41, 39, 64, 3, 3, pads=(1, 1, 1, 1)))]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", FITTED_CASES, ids=lambda c: f"{c[0]}-{_gid(c[1])}")
+def test_the_fitted_tiles_on_the_device(gpu, rng, case):
+    family, geo = case
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
+    w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(np.float16)
+    steps = K.conv2d_kernels(geo, ConvPlan(family), dtypes.float16)
+    sched = gpu.dev.renderer.render(steps[-1].ast, "s").linear.schedule
+    assert sched is not None and sched.tensor_core is not None, sched
+    got = _run(gpu, steps, {"x": x, "w": w}, dtypes.float16)
+    ref = conv_ref(x, w, None, geo)
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=3e-3, atol=3e-3 * np.abs(ref).max())
 
 
 @pytest.mark.cuda

@@ -58,6 +58,18 @@ TC_SWIZZLE = True                      # NVIDIA: XOR-swizzled 16-byte chunks ins
 TC_DYN_SMEM = 96 << 10                 # NVIDIA sm_80+: shared memory a group may take with the dynamic opt-in
                                        # (sm_86/sm_89 allow 99 KiB, sm_80 163 KiB, sm_90 227 KiB)
 TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small problems
+# NVIDIA mma.sync tiles fitted to the columns (N), measured on an H200 (benchmarks/conv.py --variants, batch 32,
+# NVRTC, benchmarks/results/nvidia-h200/conv-variants-nvrtc.json: implicit-GEMM convolutions, whose pixel rows
+# are gathered, so register-staged): a 128-wide block over N <= TC_NARROW_N columns computes half its outputs
+# past the end. float16 3x3 64 -> 64 channels at 56x56 (N 64): TC_SMALL_TILE 60.6 TFLOP/s against 50.1 for
+# TC_TILE_STATIC (128x64 blocks 57.9); 1x1 256 -> 64 at 56x56: 77.9 against 65.3. Up to TC_WIDE_N columns
+# the register-staged 128x128 block takes 4 warps of 64x64 (TC_TILE_STATIC_WIDE) once it makes
+# TC_STATIC_WIDE_MIN_BLOCKS blocks: 3x3 128 -> 128 at 28x28 (196 blocks) 76.5 against 63.7 for TC_SMALL_TILE,
+# stride 2 at 56x56 55.2 against 52.6
+TC_NARROW_N = 64
+TC_WIDE_N = 128
+TC_TILE_STATIC_WIDE = (128, 128, 32, 64, 64)
+TC_STATIC_WIDE_MIN_BLOCKS = 132
 TC_TILE_MFMA = (128, 128, 32, 64, 64)  # 4 waves of 64 lanes, 2x2 32x32 fragments each
 TC_TILE_CANDIDATES = [TC_TILE, (128, 256, 64, 64, 64), (128, 128, 32, 64, 64), (128, 256, 32, 64, 64), TC_TILE_STATIC,
                       TC_SMALL_TILE, (256, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
@@ -183,10 +195,12 @@ def tc_pipeline(caps: Capabilities, tile: tuple[int, int, int, int, int], ast: U
 
 
 def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int, int, int, int] | None:
-    """The heuristic tensor-core tile: NVIDIA 128x256 blocks of 8 64x64 warps (staged by cp.async: see
-    `staged_fills`; 128x128 of 64x32 warps where the fills cannot be), 64x64 where 128x128 blocks would
-    leave fewer than 2 per SM (about 264 blocks on an H100) and the extents are constant; None when the
-    kernel cannot take one. MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    """The heuristic tensor-core tile: NVIDIA 128x128 blocks of 4 64x64 warps (staged by cp.async: see
+    `staged_fills`; 128x128 of 64x32 warps where the fills cannot be); for constant extents 64x64 over at
+    most TC_NARROW_N columns, register-staged 128x128 of 64x64 warps (TC_TILE_STATIC_WIDE) over at most
+    TC_WIDE_N columns where they make TC_STATIC_WIDE_MIN_BLOCKS blocks, else 64x64 where 128x128 blocks
+    would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel cannot take one.
+    MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
     mfma = caps.tensor_cores and caps.tensor_cores[0] != MMA_M16N8K16
     big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
     if mfma and big == TC_TILE:
@@ -198,7 +212,14 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     if M.op is Ops.CONST and N.op is Ops.CONST:
         if min(M.arg, N.arg) < 16:
             return None          # too small for a 16-row fragment to pay: the general path
-        if -(-M.arg // 128) * -(-N.arg // 128) < 264 and tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None:
+        small = tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None
+        blocks = -(-M.arg // 128) * -(-N.arg // 128)
+        if not mfma and N.arg <= TC_NARROW_N and small:
+            return TC_SMALL_TILE                # a 128-wide block would compute half its columns past N
+        if (not mfma and big == TC_TILE and N.arg <= TC_WIDE_N and blocks >= TC_STATIC_WIDE_MIN_BLOCKS
+                and not staged_fills(plan) and tc_plan(ast, caps, scan, TC_TILE_STATIC_WIDE) is not None):
+            return TC_TILE_STATIC_WIDE
+        if blocks < 264 and small:
             return TC_SMALL_TILE
     if big == TC_TILE and not staged_fills(plan):
         return TC_TILE_STATIC    # register-staged fills: 64x64 warps would spill under their registers
@@ -838,5 +859,6 @@ _BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X1
 
 
 __all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
-           "WG_BARS", "WG_PRODUCER", "WG_SMEM", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
+           "WG_BARS", "WG_PRODUCER", "WG_SMEM", "TC_NARROW_N", "TC_WIDE_N", "TC_TILE_STATIC_WIDE",
+           "TC_STATIC_WIDE_MIN_BLOCKS", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
            "wg_tile_ok"]

@@ -42,10 +42,18 @@ WG_TILE = (128, 256, 64, 64, 256)   # 2 warpgroups of 64 x 256 (128 accumulators
 WG_STAGES = 4                       # 4 x 48 KiB
 WG_TILE_MID = (128, 128, 64, 64, 128)
 WG_TILE_SMALL = (64, 128, 64, 64, 128)
+# over at most 64 columns (N): 2 warpgroups of 64 x 64, the buffers 24 KiB a stage. The heuristic takes no
+# block wider than N rounded up to 64 (WG_FIT_N): a 128x256 block over a convolution's 64 or 128 output
+# channels (benchmarks/conv.py, im2col_rows and im2col_flat at 56x56x64 and 28x28x128, batch 32) computed
+# 3/4 or 1/2 of its outputs past the end (H200, conv-variants-nvrtc.json: float16 28x28x128 im2col_flat
+# 46.7 TFLOP/s, im2col_rows 43.6, beside 63.7 for the direct implicit GEMM)
+WG_TILE_NARROW = (128, 64, 64, 64, 64)
+WG_NARROW_STAGES = 8
+WG_FIT_N = True
 # (tile, stages) a search times
 WG_CANDIDATES = [(WG_TILE, 4), (WG_TILE, 3), (WG_TILE_MID, 6), (WG_TILE_MID, 5), (WG_TILE_MID, 4),
                  ((256, 128, 64, 64, 128), 4), (WG_TILE_SMALL, 6),
-                 ((128, 192, 64, 64, 192), 4), ((64, 256, 64, 64, 256), 4)]
+                 ((128, 192, 64, 64, 192), 4), ((64, 256, 64, 64, 256), 4), (WG_TILE_NARROW, WG_NARROW_STAGES)]
 
 
 WG_MIN_BLOCKS = 132             # blocks that fill an H100/H200 once (132 SMs): smaller problems take smaller tiles
@@ -53,7 +61,8 @@ WG_MIN_BLOCKS = 132             # blocks that fill an H100/H200 once (132 SMs): 
 
 def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int], int] | None:
     """The heuristic warpgroup (tile, stages): 128x256 blocks 4 deep; for constant extents, the first of
-    128x256, 128x128 (6 deep) and 64x128 that makes WG_MIN_BLOCKS blocks (else 64x128); None where the
+    128x256, 128x128 (6 deep) and 64x128 no wider than N rounded up to 64 (WG_FIT_N) that makes
+    WG_MIN_BLOCKS blocks (else the last of them; over at most 64 columns WG_TILE_NARROW); None where the
     kernel takes none (no 16-byte fills, or under 64 rows or columns: tensor_core.py's tiles)."""
     from .tensor_core import WGMMA, tc_plan
     plan = tc_plan(ast, caps, scan, WG_TILE, WG_STAGES, True, WGMMA)
@@ -64,10 +73,13 @@ def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int]
         return WG_TILE, WG_STAGES
     if min(M.arg, N.arg) < 64:
         return None
-    for tile, stages in ((WG_TILE, WG_STAGES), (WG_TILE_MID, 6), (WG_TILE_SMALL, 6)):
+    order = [(WG_TILE, WG_STAGES), (WG_TILE_MID, 6), (WG_TILE_SMALL, 6)]
+    if WG_FIT_N:
+        order = [(t, s) for t, s in order if t[1] <= -(-N.arg // 64) * 64] or [(WG_TILE_NARROW, WG_NARROW_STAGES)]
+    for tile, stages in order:
         if -(-M.arg // tile[0]) * -(-N.arg // tile[1]) >= WG_MIN_BLOCKS:
             return tile, stages
-    return WG_TILE_SMALL, 6
+    return order[-1]
 
 
 class _WGMMABuilder(_MMABuilder):
@@ -438,4 +450,5 @@ class _WGMMABuilder(_MMABuilder):
         return True
 
 
-__all__ = ["WG_CANDIDATES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_SMALL", "choose_wg_tile"]
+__all__ = ["WG_CANDIDATES", "WG_FIT_N", "WG_NARROW_STAGES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_NARROW",
+           "WG_TILE_SMALL", "choose_wg_tile"]
