@@ -243,6 +243,10 @@ class Allocator(abc.ABC):
     Handles are integer addresses.
     """
 
+    # handles are addresses of this process's host memory, which its kernels read and write: a plan may
+    # then run on memory it did not allocate, such as a numpy array's (ExecutionPlan.slot)
+    host_memory = False
+
     def __init__(self, device_name: str, cache_limit: int = 1 << 30) -> None:
         self.device_name = device_name
         self._cache: dict[int, list[int]] = {}

@@ -17,6 +17,8 @@ ALIGN = 64
 
 
 class HostAllocator(Allocator):
+    host_memory = True
+
     def __init__(self, device_name: str = "CPU") -> None:
         super().__init__(device_name)
 
