@@ -100,5 +100,11 @@ def cpu_pin() -> bool:
     return raw == "1"
 
 
+def onnx_zero_copy() -> bool:
+    """MOROK_ONNX_ZERO_COPY (default 1): on a device whose buffers are host memory, the ONNX executor's
+    replays read the caller's input arrays and write fresh output arrays in place; 0 copies both."""
+    return getenv("MOROK_ONNX_ZERO_COPY", "1") not in ("0", "false", "False", "")
+
+
 def log(msg: str) -> None:
     print(f"[morok] {msg}", file=sys.stderr, flush=True)

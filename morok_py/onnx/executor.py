@@ -16,21 +16,29 @@ A Concat whose inputs' slices are contiguous byte ranges of its output (all dims
 has its inputs' producers write their slices directly where that is safe (tensor.concat_in_place): the
 moved buffers' launches are rewritten onto views of the buffer they end up in (the root), and the memory
 plan places roots, never their views. MOROK_ONNX_CONCAT_VIEWS=0 keeps the copy kernels.
+
+A replay on a device whose buffers are host memory (the CPU) copies nothing (MOROK_ONNX_ZERO_COPY=0
+turns that off): a graph input the launches only read is bound to the caller's array where that array
+is C-contiguous, of the recorded dtype and 16-byte aligned (else it is copied in), and a graph output
+that is a whole buffer the launches write, shared with no other input, output or weight, is written
+straight into a fresh array that is returned (ExecutionPlan.slot); the other outputs are copied out.
 """
 from __future__ import annotations
 
 import copy
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from morok_py import Device, ExecutionPlan, config
+from morok_py import Buffer, Device, ExecutionPlan, LaunchError, config
 from morok_py.dtypes import from_numpy
 from morok_py.memplan import LaunchArena, MemoryPlan, plan_launches
+from morok_py.plan import BufferSlot
 from morok_py.registry import get_device
 
 from morok_py.onnx import ops as O
@@ -65,6 +73,24 @@ def concat_views_enabled() -> bool:
     """MOROK_ONNX_CONCAT_VIEWS (default 1): a Concat's producers write into its output's slices where safe;
     0 copies every input."""
     return config.getenv("MOROK_ONNX_CONCAT_VIEWS", "1") not in ("0", "false", "False", "")
+
+
+@dataclass(frozen=True)
+class ZeroCopy:
+    """How the replays of one recorded plan skip the copies (host-memory devices): the graph inputs
+    the launches only read, by name (their slot and the dtype an array must have to be bound), and per
+    graph output its slot, shape and numpy dtype, or None where it is copied out."""
+    plan: ExecutionPlan
+    inputs: dict[str, tuple[BufferSlot, np.dtype]]
+    outputs: list[tuple[BufferSlot, tuple[int, ...], np.dtype] | None]
+
+
+def fresh_array(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, align: int) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on an `align`-byte boundary (the CPU's
+    streaming stores need 64; numpy's own allocations are 16-byte aligned)."""
+    raw = np.empty(nbytes + align - 1, np.uint8)
+    off = -raw.__array_interface__["data"][0] % align
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 def elem_type_name(t: int) -> str:
@@ -161,6 +187,7 @@ class OnnxExecutor:
         self.last_run_s = 0.0
         self.memory_plan: MemoryPlan | None = None     # of the last run that recorded a plan on an arena
         self.concat_views = concat_views_enabled()
+        self.zero_copy: dict[tuple, ZeroCopy] = {}      # per recorded plan's key, found at its first replay
 
     # ---- host values ------------------------------------------------------------------------
     def _value(self, v, tp: onnx.TypeProto, name: str):
@@ -244,11 +271,7 @@ class OnnxExecutor:
         key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs) \
             if tensors else None
         if key in self.plans:
-            plan, plan_inputs, plan_outputs, _ = self.plans[key]
-            for n, v in plan_inputs.items():
-                v.buf.copyin(np.ascontiguousarray(inputs[n]).reshape(-1))
-            plan.run()
-            out = [self.k.numpy(v) for v in plan_outputs]
+            out = self._replay(key, inputs)
             self.last_run_s = time.perf_counter() - t0
             return out
         self.k.begin_run()        # also drops launches a failed run left queued
@@ -302,6 +325,7 @@ class OnnxExecutor:
             for prog, bufs, vars in self.k.launches:
                 plan.add(prog, *bufs, **vars)
             if len(self.plans) >= MAX_PLANS:
+                self.zero_copy.pop(next(iter(self.plans)), None)
                 self.plans.pop(next(iter(self.plans)))
             # what the plan points at stays alive: the plan holds its buffers (the arena's views hold the
             # arena); without an arena, every buffer of the run
@@ -312,6 +336,74 @@ class OnnxExecutor:
                     config.log(arena.plan.describe(limit=0))
         self.last_run_s = time.perf_counter() - t0
         return result
+
+    def _replay(self, key: tuple, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Run the plan recorded for `key` on these inputs: without copies where `ZeroCopy` allows,
+        else copying each input in and each output out."""
+        plan, plan_inputs, plan_outputs, _ = self.plans[key]
+        zc = None
+        if config.onnx_zero_copy():
+            zc = self.zero_copy.get(key)
+            if zc is None or zc.plan is not plan:
+                zc = self.zero_copy[key] = self._zero_copy_of(plan, plan_inputs, plan_outputs)
+        bind: dict[BufferSlot, np.ndarray] = {}
+        for n, v in plan_inputs.items():
+            arr = inputs[n]
+            got = zc.inputs.get(n) if zc is not None else None
+            if (got is not None and arr.dtype == got[1] and arr.flags.c_contiguous
+                    and arr.__array_interface__["data"][0] % Buffer.VIEW_ALIGN == 0):
+                bind[got[0]] = arr
+            else:
+                v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
+        fresh: list[np.ndarray | None] = [None] * len(plan_outputs)
+        if zc is not None:
+            align = self._arena_align()
+            for i, o in enumerate(zc.outputs):
+                if o is not None:
+                    slot, shape, dt = o
+                    fresh[i] = bind[slot] = fresh_array(shape, dt, slot.nbytes, align)
+        if bind:
+            plan.run(bind=bind)
+        else:
+            plan.run()
+        return [a if a is not None else np.array(v.host) if v.host is not None else self.k.numpy(v)
+                for a, v in zip(fresh, plan_outputs)]
+
+    def _zero_copy_of(self, plan: ExecutionPlan, feeds: dict, outs: list) -> ZeroCopy:
+        """Which inputs and outputs of a recorded plan its replays bind to arrays (see the module's
+        docstring): an input the launches never write and no output shares; an output that is a whole
+        contiguous buffer some launch writes, sharing memory with no input, weight, value filled from
+        the host or other output."""
+        none = ZeroCopy(plan, {}, [None] * len(outs))
+        if not plan.host_memory or not plan.steps:
+            return none
+
+        def slot_of(buf: Buffer) -> BufferSlot | None:
+            try:
+                return plan.slot(buf)
+            except LaunchError:      # no launch passes it, or one passes memory overlapping it in part
+                return None
+
+        inputs: dict[str, tuple[BufferSlot, np.dtype]] = {}
+        for n, v in feeds.items():
+            if v.size == 0 or any(v.buf.same_memory(o.buf) for o in outs):
+                continue
+            slot = slot_of(v.buf)
+            if slot is not None and not slot.written:
+                inputs[n] = (slot, np.dtype(v.dtype.np))
+        held = [w.buf for w in self.weights.values()] + [f.buf for f in feeds.values()]
+        outputs: list[tuple[BufferSlot, tuple[int, ...], np.dtype] | None] = []
+        for i, v in enumerate(outs):
+            whole = (v.host is None and v.size > 0 and v.offset == 0 and v.buf.size == v.size and v.is_contiguous()
+                     and v.buf not in self.k.host_filled and not any(v.buf.same_memory(b) for b in held)
+                     and not any(j != i and v.buf.same_memory(o.buf) for j, o in enumerate(outs)))
+            slot = slot_of(v.buf) if whole else None
+            dt = np.dtype(v.dtype.np)
+            if slot is None or not slot.written or dt.itemsize * v.size != slot.nbytes:
+                outputs.append(None)
+            else:
+                outputs.append((slot, tuple(v.shape), dt))
+        return ZeroCopy(plan, inputs, outputs)
 
     def _arena_align(self) -> int:
         """Bytes each arena buffer is aligned to: 64 on the CPU (the streaming stores' promise, a cache

@@ -243,6 +243,8 @@ class Kernels:
         if v.size == 0:
             return np.zeros(v.shape, npdt)
         flat = self.resolve(v.buf).numpy()
+        if v.offset == 0 and flat.size == v.size and v.is_contiguous():
+            return flat.reshape(v.shape)     # the whole buffer, in order: the copy out is the result
         item = flat.itemsize
         # through a plain unsigned view: as_strided cannot take ml_dtypes' types (bfloat16, float8, int4)
         base = flat[v.offset:].view(np.dtype(f"u{item}"))
