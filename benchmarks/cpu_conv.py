@@ -31,9 +31,9 @@ from pathlib import Path
 import harness as H
 from harness import np
 
-# after a block of one runtime, before the other's: its pool threads stop spinning (onnxruntime spins
-# its intra-op threads after each run; morok_py's workers wait on a futex after a short spin)
-PAUSE_S = 0.05
+# after a block of one runtime, before the other's, the process's threads go quiet (harness.settle):
+# onnxruntime spins its intra-op threads after each run, for longer than 0.2 s on a 16-core Xeon;
+# morok_py's workers wait on a futex after a short spin
 RTOL, ATOL = 1e-3, 1e-4
 
 
@@ -151,7 +151,7 @@ def main() -> None:
 
     def pause(label: str, prev: str | None) -> None:
         if prev is not None and prev != label:
-            time.sleep(PAUSE_S)
+            H.settle()
 
     for case in cases:
         model, x = conv_model(case)

@@ -81,6 +81,25 @@ def wait_quiet(seconds: float, below: float = 0.5) -> None:
         note(f"load average still {load:.2f} after {seconds:g}s: numbers may be skewed by other work")
 
 
+def settle(max_s: float = 3.0, window: float = 0.05, busy_share: float = 0.1) -> float:
+    """Wait until this process's threads go quiet: its CPU time over the last `window` seconds under
+    `busy_share` of one core, at least one window and at most `max_s`; returns the seconds waited. Between
+    two runtimes' blocks in one process: onnxruntime's intra-op threads spin on after a run (on the H100
+    host's 16-core Xeon its MLP session burned 0.88 CPU-seconds in the 0.2 s after a run), and a block of
+    the other runtime timed during that spin ran up to 6x slower."""
+    import resource
+
+    def used() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    start = time.perf_counter()
+    while True:
+        c0 = used()
+        time.sleep(window)
+        if used() - c0 < busy_share * window or time.perf_counter() - start >= max_s:
+            return time.perf_counter() - start
+
+
 def open_device(name: str, wait: float = 0.0):
     wait_quiet(wait)
     from morok_py import Device, MorokError

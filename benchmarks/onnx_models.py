@@ -16,7 +16,9 @@ model, so every process reads the same. Per model and morok_py pair, fresh proce
                and loads every kernel, then replays the recorded ExecutionPlan `--runs` times;
   warm         the same folder again (every kernel from the disk cache); its peak RSS is read after the
                replays, then an onnxruntime session is opened in the same process and the two replay
-               in alternating blocks (A/B interleaved, so load from other processes falls on both): `replay_vs_onnxruntime` is onnxruntime's interleaved median over morok_py's.
+               in alternating blocks (A/B interleaved, so load from other processes falls on both; before
+               each block the process's threads go quiet, then 3 untimed runs and 10 timed):
+               `replay_vs_onnxruntime` is onnxruntime's interleaved median over morok_py's.
 Each replay copies the inputs in and reads the outputs back, as a client would. Outputs are checked
 against the shipped output (light models) or onnxruntime's (built models): rtol 1e-3, atol 1e-5.
 Peak RSS (ru_maxrss) of a process holds the Python interpreter, onnx, numpy and (morok_py) LLVM: compare
@@ -39,15 +41,21 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import settle  # noqa: E402
 if str(ROOT) not in sys.path:       # a source checkout runs it with no install (the workers are this script too)
     sys.path.insert(0, str(ROOT))
 LIGHT = ("resnet50", "densenet121")
 BUILT = ("mobilenet_stack", "mlp")
 RTOL, ATOL = 1e-3, 1e-5
-# A/B rounds alternate blocks of this many timed runs (after one untimed run each): run by run, each
-# runtime's pool was cold or the other's still spinning (the MLP took 6.6 ms alternating run by run, 1.15 ms alone)
-AB_BLOCK = 4
-AB_PAUSE_S = 0.2        # before each block: the other runtime's pool stops spinning
+# A/B rounds alternate blocks of runs, not single runs: run by run, each runtime's pool was cold or the
+# other's still spinning (the MLP took 6.6 ms alternating run by run, 1.15 ms alone).
+# interleaved blocks: before each, the process's threads go quiet (harness.settle: the other runtime's pool
+# stops spinning), then AB_WARM untimed runs wake this runtime's pool and AB_BLOCK are timed. With a 0.2 s
+# pause, 1 warm run and 4 timed on the H100 host's Xeon, the MLP's replay read 0.57-0.82 ms in the blocks
+# against 0.19-0.29 ms with 20 timed runs after the same pause: onnxruntime's threads still spun
+AB_WARM = 3
+AB_BLOCK = 10
 
 
 def light(name: str) -> tuple[Path, Path]:
@@ -236,18 +244,19 @@ def morok_worker(args) -> dict:
         except ImportError:
             sess = None
         if sess is not None:
-            ours, theirs = [], []
+            ours, theirs, waits = [], [], []
             for _ in range(max(3, args.runs // 2)):
                 for fn, acc in ((lambda: sess.run(None, feeds), theirs), (lambda: ex.run(feeds), ours)):
-                    time.sleep(AB_PAUSE_S)
-                    for b in range(AB_BLOCK + 1):      # the first run of a block warms its pool: not counted
+                    waits.append(settle())
+                    for b in range(AB_WARM + AB_BLOCK):      # the first runs of a block wake its pool: not counted
                         t0 = time.perf_counter()
                         fn()
-                        if b:
+                        if b >= AB_WARM:
                             acc.append(time.perf_counter() - t0)
             res["interleaved"] = {"morok_ms_median": statistics.median(ours) * 1e3,
                                   "onnxruntime_ms_median": statistics.median(theirs) * 1e3,
-                                  "ratio": statistics.median(theirs) / statistics.median(ours)}
+                                  "ratio": statistics.median(theirs) / statistics.median(ours),
+                                  "settle_s_max": max(waits), "warm_runs": AB_WARM, "timed_runs": AB_BLOCK}
     return res
 
 
