@@ -295,3 +295,24 @@ def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng
         w = random_array(rng, (g.CO, g.C // g.groups, g.KH, g.KW), np.float32)
         got = run_steps(cpu, steps, {"x": x, "w": w})
         np.testing.assert_allclose(got.reshape(N, g.CO, g.OH, g.OW), conv_ref(x, w, None, g), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("N", [1, 2])
+def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu, N):
+    """One image's columns take (channel, kernel row) as the outermost range, so a 3-channel 7x7 stem has 21
+    units for the workers, not 3; a batch keeps the images outermost. Every column matches numpy (odd
+    sizes, stride 2, padding)."""
+    rng = np.random.default_rng(3)
+    C, H, W, KH, KW, s, p = 3, 23, 19, 7, 7, 2, 3
+    OH, OW = (H + 2 * p - KH) // s + 1, (W + 2 * p - KW) // s + 1
+    renderer, compiler = cpu.pair()
+    spec = renderer.render(K.im2col(N, C, H, W, KH, KW, (s, s), (1, 1), (p, p, p, p)), f"stem_cols_{N}")
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    x = random_array(rng, (N, C, H, W), np.float32)
+    bufs = [cpu.buf(x), cpu.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
+    gs, ls = prog.launch.launch_dims({})
+    assert gs[0] == (C * KH if N == 1 else N)
+    prog.execute([b.ptr for b in bufs], [], gs, ls, wait=True)
+    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    want = np.stack([xp[:, :, kh:kh + s * OH:s, kw:kw + s * OW:s] for kh in range(KH) for kw in range(KW)], 2)
+    np.testing.assert_array_equal(bufs[1].numpy().reshape(N, C, KH * KW, OH, OW), want)
