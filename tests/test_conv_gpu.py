@@ -188,6 +188,46 @@ def test_the_tensor_core_tile_fits_the_output_channels():
     assert s.tensor_core == MMA_M16N8K16
 
 
+def test_block_counts_pick_the_wider_tiles():
+    """98 blocks of 128x128 take them over 196 of 64x128 (wgmma) or 64x64 (mma.sync); 52 do not."""
+    from morok_py.codegen.strategies.tensor_core import TC_TILE_STATIC_WIDE
+    from morok_py.codegen.strategies.wgmma import WG_TILE_MID, WG_TILE_SMALL
+    s14 = ConvGeometry(32, 256, 14, 14, 256, 3, 3, pads=(1, 1, 1, 1))
+    assert _main_schedule(s14, ConvPlan("im2col_rows")).matmul_tile == WG_TILE_MID
+    s7 = ConvGeometry(32, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
+    assert _main_schedule(s7, ConvPlan("im2col_rows")).matmul_tile == WG_TILE_SMALL
+    p14 = ConvGeometry(32, 1024, 14, 14, 256, 1, 1)
+    assert _main_schedule(p14, ConvPlan("direct")).matmul_tile == TC_TILE_STATIC_WIDE
+
+
+def test_float32_contractions_over_few_columns_take_half_width_blocks():
+    """float32 flat columns' contraction over 64 or 128 output channels: 128 x 64 blocks (small_shapes.FEW_COLUMNS);
+    over 256 the usual tiles."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90a")[0]
+    for co, want in ((64, (128, 64, 16, 8, 4)), (128, (128, 64, 16, 8, 4))):
+        geo = ConvGeometry(32, co, 56, 56, co, 3, 3, pads=(1, 1, 1, 1))
+        steps = K.conv2d_kernels(geo, ConvPlan("im2col_flat"), dtypes.float32)
+        assert r.render(steps[-1].ast, "s").linear.schedule.matmul_tile == want, co
+    geo = ConvGeometry(32, 256, 28, 28, 256, 3, 3, pads=(1, 1, 1, 1))
+    steps = K.conv2d_kernels(geo, ConvPlan("im2col_flat"), dtypes.float32)
+    assert r.render(steps[-1].ast, "s").linear.schedule.matmul_tile[1] == 128
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+def test_half_width_float32_blocks_in_the_interpreter(rng, pair):
+    """The 128 x 64 float32 tile over 70 output channels (clamped columns, a k tail), both pairs, against numpy."""
+    from morok_py.codegen.schedule import Schedule
+    geo = ConvGeometry(2, 7, 9, 11, 70, 3, 3, pads=(1, 1, 1, 1))
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
+    steps = K.conv2d_kernels(geo, ConvPlan("im2col_flat"), dtypes.float32)
+    sched = Schedule("tiled", group=256, matmul_tile=(128, 64, 16, 8, 4), async_fill=True)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N, {"gemm": sched}, "sm_90a")
+    np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo),
+                               rtol=1e-4, atol=1e-4)
+
+
 def _tc_schedule(tile, mma):
     from morok_py.codegen.schedule import Schedule
     from morok_py.codegen.strategies.tensor_core import tc_threads
@@ -263,25 +303,28 @@ def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
-# float16 with a constant batch takes the fitted tensor-core tiles by default: 64x64 over 40 channels, 128x128
-# of 64x64 warps over 100 (132 blocks of 128x128), wgmma 128x64 over the columns' 64 (on sm_90a)
-FITTED_CASES = [("direct", ConvGeometry(2, 24, 41, 37, 40, 3, 3, pads=(1, 1, 1, 1))),
-                ("direct", ConvGeometry(3, 24, 75, 75, 100, 3, 3, pads=(1, 1, 1, 1))),
-                ("im2col_rows", ConvGeometry(3, 16, 41, 39, 64, 3, 3, pads=(1, 1, 1, 1)))]
+# a constant batch takes the fitted tiles by default: float16 64x64 over 40 channels, 128x128 of 64x64 warps over
+# 100 (132 blocks of 128x128), wgmma 128x64 over the columns' 64 (on sm_90a); float32 128x64 over 100
+FITTED_CASES = [("direct", ConvGeometry(2, 24, 41, 37, 40, 3, 3, pads=(1, 1, 1, 1)), "float16"),
+                ("direct", ConvGeometry(3, 24, 75, 75, 100, 3, 3, pads=(1, 1, 1, 1)), "float16"),
+                ("im2col_rows", ConvGeometry(3, 16, 41, 39, 64, 3, 3, pads=(1, 1, 1, 1)), "float16"),
+                ("im2col_flat", ConvGeometry(3, 16, 41, 39, 100, 3, 3, pads=(1, 1, 1, 1)), "float32")]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", FITTED_CASES, ids=lambda c: f"{c[0]}-{_gid(c[1])}")
+@pytest.mark.parametrize("case", FITTED_CASES, ids=lambda c: f"{c[0]}-{_gid(c[1])}-{c[2]}")
 def test_the_fitted_tiles_on_the_device(gpu, rng, case):
-    family, geo = case
-    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
-    w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(np.float16)
-    steps = K.conv2d_kernels(geo, ConvPlan(family), dtypes.float16)
+    family, geo, dt = case
+    d_t, npdt = getattr(dtypes, dt), np.dtype(dt)
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
+    w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
+    steps = K.conv2d_kernels(geo, ConvPlan(family), d_t)
     sched = gpu.dev.renderer.render(steps[-1].ast, "s").linear.schedule
-    assert sched is not None and sched.tensor_core is not None, sched
-    got = _run(gpu, steps, {"x": x, "w": w}, dtypes.float16)
+    assert sched is not None and sched.mapping == "tiled" and (sched.tensor_core is not None) == (dt == "float16"), sched
+    got = _run(gpu, steps, {"x": x, "w": w}, d_t)
     ref = conv_ref(x, w, None, geo)
-    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=3e-3, atol=3e-3 * np.abs(ref).max())
+    tol = 1e-4 if dt == "float32" else 3e-3
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
 
 
 @pytest.mark.cuda

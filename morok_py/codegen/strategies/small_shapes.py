@@ -8,6 +8,10 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
 - few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
   1000^3, or symbolic sizes bounded by 1024) takes blocks of half the rows (or half the rows and columns); a
   symbolic extent counts at its variable's upper bound.
+- few columns: a float32 contraction over at most FEW_COLUMNS constant columns takes 128 x 64 blocks (half the
+  columns): a convolution's 64 or 128 output channels (benchmarks/conv.py, batch 32, H100,
+  benchmarks/results/nvidia-h100/conv-nvrtc.json, the flat columns' contraction: 3x3 64 channels at 56x56 22.9
+  against 16.9 TFLOP/s for 128 x 128, 128 at 28x28 29.2 against 26.3, stride 2 at 56x56 27.5 against 25.2).
 - split rows: a reduction over fewer constant rows than FEW_BLOCKS, nothing but its stores after the reductions
   (8 rows of 128k columns summed), runs each row on several work-groups (Schedule.row_split,
   strategies/grid_reduce.py), about ROW_SPLIT_GROUPS in all.
@@ -28,6 +32,7 @@ DECODE_MIN_ROWS = 16    # ... and at least this many (fewer: a GEMV, strategies/
 DECODE_COLS = 32        # columns of a decode block: 4096 / 32 = 128 blocks, about one per SM of an H100 (132)
 DECODE_BK = 128         # k depth of a 16-bit decode tile: 4 cp.async stages of (32 + 32) x 128 halves in flight
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
+FEW_COLUMNS = 128       # a float32 contraction over at most this many constant columns: 128 x 64 blocks
 FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
 FEW_ROWS_MIN = 16384    # ... "long": at least this many elements per row
 ROW_SPLIT_GROUPS = 512  # split rows: about this many work-groups in all (4 per SM of an H100)
@@ -125,7 +130,8 @@ def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bo
 
 def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
                    tile: tuple[int, int, int, int, int]) -> tuple[int, int, int, int, int]:
-    """`tile` with fewer rows when its blocks over the contraction's largest extents would number fewer than
+    """`tile` with half the columns over at most FEW_COLUMNS constant columns; else with fewer rows when its
+    blocks over the contraction's largest extents would number fewer than
     FEW_BLOCKS: BM halved (TM too) where that gives at least 3/4 of FEW_BLOCKS blocks, else BM and BN halved
     where that gives at least 16 (symbolic extents count at their variables' bounds; unbounded ones keep
     `tile`). On an H200, float32 1000^3 with sizes bounded by 1024 (benchmarks/decode.py): 128 x 128 blocks
@@ -137,6 +143,12 @@ def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     plan = _plan(ast, caps, scan, tile)
     if plan is None:
         return tile
+    cols = plan.j.src[0]
+    if cols.op is Ops.CONST and cols.arg <= FEW_COLUMNS:        # few columns: half-width blocks
+        narrow = (BM, BN // 2, BK, TM, TN // 2)
+        got = _plan(ast, caps, scan, narrow)
+        if got is not None and got.tile == narrow:
+            return narrow
     M, N = _upper(plan.i.src[0]), _upper(plan.j.src[0])
     if M is None or N is None or M >= 1 << 20 or N >= 1 << 20:
         return tile

@@ -65,11 +65,13 @@ TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small
 # TC_TILE_STATIC (128x64 blocks 57.9); 1x1 256 -> 64 at 56x56: 77.9 against 65.3. Up to TC_WIDE_N columns
 # the register-staged 128x128 block takes 4 warps of 64x64 (TC_TILE_STATIC_WIDE) once it makes
 # TC_STATIC_WIDE_MIN_BLOCKS blocks: 3x3 128 -> 128 at 28x28 (196 blocks) 76.5 against 63.7 for TC_SMALL_TILE,
-# stride 2 at 56x56 55.2 against 52.6
+# stride 2 at 56x56 55.2 against 52.6; over more columns where the blocks are fewer than the 264 of the 64x32
+# warps' tile: 1x1 1024 -> 256 at 14x14 (98 blocks) 101.4 against 93.7 for TC_SMALL_TILE on an H100
+# (nvidia-h100/conv-nvrtc.json), 98.2 against 95.5 on the H200
 TC_NARROW_N = 64
 TC_WIDE_N = 128
 TC_TILE_STATIC_WIDE = (128, 128, 32, 64, 64)
-TC_STATIC_WIDE_MIN_BLOCKS = 132
+TC_STATIC_WIDE_MIN_BLOCKS = 96
 TC_TILE_MFMA = (128, 128, 32, 64, 64)  # 4 waves of 64 lanes, 2x2 32x32 fragments each
 TC_TILE_CANDIDATES = [TC_TILE, (128, 256, 64, 64, 64), (128, 128, 32, 64, 64), (128, 256, 32, 64, 64), TC_TILE_STATIC,
                       TC_SMALL_TILE, (256, 128, 32, 64, 64), (128, 64, 32, 64, 32), (64, 128, 32, 32, 64),
@@ -197,9 +199,9 @@ def tc_pipeline(caps: Capabilities, tile: tuple[int, int, int, int, int], ast: U
 def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[int, int, int, int, int] | None:
     """The heuristic tensor-core tile: NVIDIA 128x128 blocks of 4 64x64 warps (staged by cp.async: see
     `staged_fills`; 128x128 of 64x32 warps where the fills cannot be); for constant extents 64x64 over at
-    most TC_NARROW_N columns, register-staged 128x128 of 64x64 warps (TC_TILE_STATIC_WIDE) over at most
-    TC_WIDE_N columns where they make TC_STATIC_WIDE_MIN_BLOCKS blocks, else 64x64 where 128x128 blocks
-    would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel cannot take one.
+    most TC_NARROW_N columns, register-staged 128x128 of 64x64 warps (TC_TILE_STATIC_WIDE) where they make
+    TC_STATIC_WIDE_MIN_BLOCKS blocks over at most TC_WIDE_N columns (over more: up to 264 blocks), else 64x64
+    where 128x128 blocks would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel cannot take one.
     MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
     mfma = caps.tensor_cores and caps.tensor_cores[0] != MMA_M16N8K16
     big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
@@ -216,7 +218,7 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
         blocks = -(-M.arg // 128) * -(-N.arg // 128)
         if not mfma and N.arg <= TC_NARROW_N and small:
             return TC_SMALL_TILE                # a 128-wide block would compute half its columns past N
-        if (not mfma and big == TC_TILE and N.arg <= TC_WIDE_N and blocks >= TC_STATIC_WIDE_MIN_BLOCKS
+        if (not mfma and big == TC_TILE and (N.arg <= TC_WIDE_N or blocks < 264) and blocks >= TC_STATIC_WIDE_MIN_BLOCKS
                 and not staged_fills(plan) and tc_plan(ast, caps, scan, TC_TILE_STATIC_WIDE) is not None):
             return TC_TILE_STATIC_WIDE
         if blocks < 264 and small:

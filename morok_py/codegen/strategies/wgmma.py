@@ -57,12 +57,18 @@ WG_CANDIDATES = [(WG_TILE, 4), (WG_TILE, 3), (WG_TILE_MID, 6), (WG_TILE_MID, 5),
 
 
 WG_MIN_BLOCKS = 132             # blocks that fill an H100/H200 once (132 SMs): smaller problems take smaller tiles
+# WG_TILE_MID from this many blocks: 98 blocks of 128x128 beat 196 of 64x128 over a convolution's columns
+# (benchmarks/conv.py --variants, batch 32, float16 3x3 256 channels at 14x14 and stride 2 at 28x28: 6272 x 256;
+# H100, benchmarks/results/nvidia-h100/conv-nvrtc.json: 101.6 against 92.4 TFLOP/s and 91.6 against 84.0;
+# H200, nvidia-h200/conv-variants-nvrtc.json: 86.1 against 79.2, 81.1 against 74.2); 52 blocks (512 channels at
+# 7x7) lost to 100 of 64x128 (103.8 against 125.1 on the H100)
+WG_MID_MIN_BLOCKS = 96
 
 
 def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int], int] | None:
     """The heuristic warpgroup (tile, stages): 128x256 blocks 4 deep; for constant extents, the first of
     128x256, 128x128 (6 deep) and 64x128 no wider than N rounded up to 64 (WG_FIT_N) that makes
-    WG_MIN_BLOCKS blocks (else the last of them; over at most 64 columns WG_TILE_NARROW); None where the
+    WG_MIN_BLOCKS blocks (128x128: WG_MID_MIN_BLOCKS; else the last of them; over at most 64 columns WG_TILE_NARROW); None where the
     kernel takes none (no 16-byte fills, or under 64 rows or columns: tensor_core.py's tiles)."""
     from .tensor_core import WGMMA, tc_plan
     plan = tc_plan(ast, caps, scan, WG_TILE, WG_STAGES, True, WGMMA)
@@ -77,7 +83,8 @@ def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int]
     if WG_FIT_N:
         order = [(t, s) for t, s in order if t[1] <= -(-N.arg // 64) * 64] or [(WG_TILE_NARROW, WG_NARROW_STAGES)]
     for tile, stages in order:
-        if -(-M.arg // tile[0]) * -(-N.arg // tile[1]) >= WG_MIN_BLOCKS:
+        least = WG_MID_MIN_BLOCKS if tile == WG_TILE_MID else WG_MIN_BLOCKS
+        if -(-M.arg // tile[0]) * -(-N.arg // tile[1]) >= least:
             return tile, stages
     return order[-1]
 
@@ -450,5 +457,5 @@ class _WGMMABuilder(_MMABuilder):
         return True
 
 
-__all__ = ["WG_CANDIDATES", "WG_FIT_N", "WG_NARROW_STAGES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_NARROW",
+__all__ = ["WG_CANDIDATES", "WG_FIT_N", "WG_MID_MIN_BLOCKS", "WG_NARROW_STAGES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_NARROW",
            "WG_TILE_SMALL", "choose_wg_tile"]
