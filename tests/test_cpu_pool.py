@@ -245,3 +245,22 @@ def test_workers_are_pinned_each_to_its_own_cpu_after_the_first(tmp_path):
     workers, pinned, tasks = _run_pin_script("0", tmp_path, cpus)
     assert workers == 2 and pinned == []
     assert all(c == cpus for c in tasks), tasks
+
+
+def test_one_program_launched_on_many_buffer_sets_keeps_a_block_for_each(cpu, rng, monkeypatch, split_everything):
+    """A plan that runs one program for many layers (other buffers and values each time) keeps an argument
+    block per launch; alternating launches each read and write their own memory, values included, and the
+    kept blocks stay bounded (BLOCKS_KEPT)."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    monkeypatch.setattr(cpu_runtime, "BLOCKS_KEPT", 4)
+    prog = cpu.compile(K.add(), name="pool_blocks")
+    sets = []
+    for n in (1001, 517, 1001, 63, 2049, 777):
+        a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        sets.append((cpu.buf(a), cpu.buf(b), cpu.buf(np.full(n, np.nan, np.float32)), a + b, n))
+    for _ in range(3):
+        for ba, bb, out, want, n in sets:
+            out.copyin(np.full(n, np.nan, np.float32))
+            prog(ba, bb, out, n=n)
+            np.testing.assert_array_equal(out.numpy(), want)
+    assert 1 <= len(prog._blocks) <= 4
