@@ -92,9 +92,11 @@ class ExecutionPlan:
     On a device whose buffers are host memory (`allocator.host_memory`: the CPU), a run may stand other
     memory in for a plan buffer: `slot = plan.slot(buf)` finds once where the launches pass it, and
     `plan.run(bind={slot: array})` runs them on the array's memory instead (a graph executor's inputs
-    and outputs without copies). Every binding is checked before any pointer changes and the plan's own
-    buffers are back in place when the run returns, raised or not. A bound run replays the launches one
-    by one: a capture holds the pointers it was made with (no host-memory device captures today).
+    and outputs without copies). A binding is checked for size, 16-byte alignment and (arrays) C order
+    and writability; that it holds the buffer's dtype is the caller's to see to. Every binding is
+    checked before any pointer changes and the plan's own buffers are back in place when the run
+    returns, raised or not. A bound run replays the launches one by one: a capture holds the pointers
+    it was made with (no host-memory device captures today).
     """
 
     CAPTURES = 8

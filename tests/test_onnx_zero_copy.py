@@ -250,3 +250,19 @@ def test_a_concat_output_its_producers_write_into(views, monkeypatch):
     (zc,) = ex.zero_copy.values()
     slot = zc.outputs[0][0]
     assert slot.written and (max(off for _, _, off in slot.places) == 5 * 80) == (views == "1")
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_an_empty_input_replays(zero_copy, monkeypatch):
+    """CastLike's second input only gives a dtype: fed empty, it is recorded and replayed (its buffer
+    holds one unused element, nothing is copied into it)."""
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["y"]), helper.make_node("Neg", ["y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3, 5]),
+                                       helper.make_tensor_value_info("like", TensorProto.DOUBLE, [0])],
+                          [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [3, 5])])
+    ex = executor(helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)]), monkeypatch, zero_copy)
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        x = rng.standard_normal((3, 5)).astype(np.float32)
+        (z,) = ex.run({"x": x, "like": np.zeros(0, np.float64)})
+        assert z.dtype == np.float64 and z.tobytes() == (-x.astype(np.float64)).tobytes()

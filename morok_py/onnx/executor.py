@@ -353,7 +353,7 @@ class OnnxExecutor:
             if (got is not None and arr.dtype == got[1] and arr.flags.c_contiguous
                     and arr.__array_interface__["data"][0] % Buffer.VIEW_ALIGN == 0):
                 bind[got[0]] = arr
-            else:
+            elif arr.size:      # an empty input's buffer holds one unused element
                 v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
         fresh: list[np.ndarray | None] = [None] * len(plan_outputs)
         if zc is not None:
