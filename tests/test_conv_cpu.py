@@ -316,3 +316,32 @@ def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu, N):
     xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
     want = np.stack([xp[:, :, kh:kh + s * OH:s, kw:kw + s * OW:s] for kh in range(KH) for kw in range(KW)], 2)
     np.testing.assert_array_equal(bufs[1].numpy().reshape(N, C, KH * KW, OH, OW), want)
+
+
+def test_an_onnx_convolution_under_morok_beam_times_each_candidate_plan_and_stays_right(monkeypatch, capfd):
+    """The ONNX executor's convolution under MOROK_BEAM: each candidate plan is timed on the node's buffers
+    (its kernels built and compiled once, the launches alone timed), the choice and the times are printed
+    under MOROK_DEBUG, and the output matches numpy whichever plan won."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from morok_py.onnx import OnnxExecutor
+    rng = np.random.default_rng(11)
+    N, C, H, W, CO = 2, 5, 13, 11, 7
+    x = random_array(rng, (N, C, H, W), np.float32)
+    w = random_array(rng, (CO, C, 3, 3), np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "beam_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, C, H, W])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, CO, H, W])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    monkeypatch.setenv("MOROK_BEAM", "2")
+    monkeypatch.setenv("MOROK_DEBUG", "1")
+    got = OnnxExecutor(model, "CPU").run({"x": x})[0]
+    geo = ConvGeometry(N, C, H, W, CO, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 1)
+    np.testing.assert_allclose(got, conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)
+    err = capfd.readouterr().err
+    assert "conv: ConvPlan(" in err and "; searched " in err
+    searched = err.split("; searched ", 1)[1].splitlines()[0]
+    assert searched.count(" ms") >= 2          # the default and at least one other candidate, each timed

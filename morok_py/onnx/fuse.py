@@ -541,21 +541,39 @@ def _scratch_buffer(k, elements: int, dtype, role: str = "col"):
         return buf
 
 
-def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View, record: bool = True) -> None:
+def _plan_launches(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View) -> list[tuple]:
+    """(kernel step, its buffers) of a convolution plan on these views, its scratch buffers taken."""
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
+    launches = []
     for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer):
         if st.output != "out":
             bufs[st.output] = _scratch_buffer(ctx.k, st.elements, st.dtype or x.dtype, st.output)
         args = []
         for role in st.inputs:
             args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
-        if record:
-            ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]], **dict(st.vars))
-        else:
-            prog = ctx.k.programs.get(st.ast.key)
-            if prog is None:
-                prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
-            prog(*args, bufs[st.output], wait=True, **dict(st.vars))
+        launches.append((st, args + [bufs[st.output]]))
+    return launches
+
+
+def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View) -> None:
+    for st, args in _plan_launches(ctx, plan, geo, epi, x, w, extra, out):
+        ctx.k.launch(ctx.n(st.name), st.ast, args, **dict(st.vars))
+
+
+def _plan_timer(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View):
+    """A function that runs the plan's kernels once and waits: its steps built and compiled once here, so
+    that a search times the launches, not the Python that builds their kernels."""
+    calls = []
+    for st, args in _plan_launches(ctx, plan, geo, epi, x, w, extra, out):
+        prog = ctx.k.programs.get(st.ast.key)
+        if prog is None:
+            prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
+        calls.append((prog, args, dict(st.vars)))
+
+    def run() -> None:
+        for prog, args, vars_ in calls:
+            prog(*args, wait=True, **vars_)
+    return run
 
 
 def _choose_plan(ctx, geo, epi, x, w, extra, out):
@@ -565,11 +583,12 @@ def _choose_plan(ctx, geo, epi, x, w, extra, out):
         return conv_plan(geo, caps), None
 
     def time_plan(plan) -> float:
-        _run_plan(ctx, plan, geo, epi, x, w, extra, out, record=False)       # compile and warm
+        run = _plan_timer(ctx, plan, geo, epi, x, w, extra, out)
+        run()       # warm
         best = float("inf")
         for _ in range(PLAN_SEARCH_RUNS):
             t0 = time.perf_counter()
-            _run_plan(ctx, plan, geo, epi, x, w, extra, out, record=False)
+            run()
             best = min(best, time.perf_counter() - t0)
         return best
     return search_plan(geo, caps, time_plan, (str(epi), getattr(ctx.k.dev, "name", "")))
