@@ -7,15 +7,16 @@ strided stems, at batch 8 with MobileNetV2 and ResNet channel counts (NCHW float
 writes benchmarks/results/<machine kind>/cpu_conv[-TAG].json (--json PATH: there instead).
 
 Each case is a model of one Conv node (weights and bias as initializers). morok_py runs it through
-`morok_py.onnx.InferenceSession` (the first run compiles and records the plan; the timed runs replay it,
-copying the input in and the output out as a client does); onnxruntime through its InferenceSession with
+`morok_py.onnx.InferenceSession` (the first run compiles and records the plan; the timed runs replay it
+as a client does: on the CPU the kernels read the input array and write a fresh output array, no copies,
+MOROK_ONNX_ZERO_COPY); onnxruntime through its InferenceSession with
 the default options. The two are timed in interleaved rounds (harness.interleaved): each round runs a
 block of `--repeats` of one, then of the other, after a pause while the other's worker threads stop
 spinning; a record keeps the median over rounds of each side's round median (value, peer_value, in
 seconds), the ratio onnxruntime / morok_py (higher is better), every round and the plan morok_py's
 heuristic chose (codegen/strategies/conv.py). `kernels_s` times, in the same rounds, the plan the
-executor recorded replayed alone: the kernels without the session's copy of the input in and the output
-out (for one node those copies are a large share: 2.4 MB each way at 8x96x28x28), and `kernels_ratio`
+executor recorded replayed alone on its own buffers: the kernels without the session's work around them
+(with MOROK_ONNX_ZERO_COPY=0, copies of 2.4 MB each way at 8x96x28x28), and `kernels_ratio`
 is onnxruntime's whole run over that. Outputs are checked against onnxruntime's first.
 """
 from __future__ import annotations
