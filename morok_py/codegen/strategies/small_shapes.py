@@ -9,9 +9,10 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
   1000^3, or symbolic sizes bounded by 1024) takes blocks of half the rows (or half the rows and columns); a
   symbolic extent counts at its variable's upper bound.
 - few columns: a float32 contraction over at most FEW_COLUMNS constant columns takes 128 x 64 blocks (half the
-  columns): a convolution's 64 or 128 output channels (benchmarks/conv.py, batch 32, H100,
-  benchmarks/results/nvidia-h100/conv-nvrtc.json, the flat columns' contraction: 3x3 64 channels at 56x56 22.9
-  against 16.9 TFLOP/s for 128 x 128, 128 at 28x28 29.2 against 26.3, stride 2 at 56x56 27.5 against 25.2).
+  columns; CUDA targets, where it was timed): a convolution's 64 or 128 output channels (benchmarks/conv.py,
+  batch 32, H100, benchmarks/results/nvidia-h100/conv-nvrtc.json, the flat columns' contraction: 3x3 64 channels
+  at 56x56 22.9 against 16.9 TFLOP/s for 128 x 128, 128 at 28x28 29.2 against 26.3, stride 2 at 56x56 27.5
+  against 25.2).
 - split rows: a reduction over fewer constant rows than FEW_BLOCKS, nothing but its stores after the reductions
   (8 rows of 128k columns summed), runs each row on several work-groups (Schedule.row_split,
   strategies/grid_reduce.py), about ROW_SPLIT_GROUPS in all.
@@ -136,7 +137,7 @@ def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     where that gives at least 16 (symbolic extents count at their variables' bounds; unbounded ones keep
     `tile`). On an H200, float32 1000^3 with sizes bounded by 1024 (benchmarks/decode.py): 128 x 128 blocks
     106 us, 64 x 64 75 us, 64 x 128 66-67 us (128 x 64: 67-70 us)."""
-    from ..gpu_tile import _plan
+    from ..gpu_tile import _cuda_like, _plan
     BM, BN, BK, TM, TN = tile
     if BM < 128 or BN < 128 or TM % 2 or TN % 2:     # the full-size tile only (gpu_tile halves it below 16 blocks)
         return tile
@@ -144,7 +145,7 @@ def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     if plan is None:
         return tile
     cols = plan.j.src[0]
-    if cols.op is Ops.CONST and cols.arg <= FEW_COLUMNS:        # few columns: half-width blocks
+    if cols.op is Ops.CONST and cols.arg <= FEW_COLUMNS and _cuda_like(caps):   # few columns: half-width blocks
         narrow = (BM, BN // 2, BK, TM, TN // 2)
         got = _plan(ast, caps, scan, narrow)
         if got is not None and got.tile == narrow:

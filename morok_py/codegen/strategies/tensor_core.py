@@ -201,8 +201,8 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     `staged_fills`; 128x128 of 64x32 warps where the fills cannot be); for constant extents 64x64 over at
     most TC_NARROW_N columns, register-staged 128x128 of 64x64 warps (TC_TILE_STATIC_WIDE) where they make
     TC_STATIC_WIDE_MIN_BLOCKS blocks over at most TC_WIDE_N columns (over more: up to 264 blocks), else 64x64
-    where 128x128 blocks would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel cannot take one.
-    MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    where 128x128 blocks would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel
+    cannot take one. MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
     mfma = caps.tensor_cores and caps.tensor_cores[0] != MMA_M16N8K16
     big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
     if mfma and big == TC_TILE:
@@ -218,8 +218,9 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
         blocks = -(-M.arg // 128) * -(-N.arg // 128)
         if not mfma and N.arg <= TC_NARROW_N and small:
             return TC_SMALL_TILE                # a 128-wide block would compute half its columns past N
-        if (not mfma and big == TC_TILE and (N.arg <= TC_WIDE_N or blocks < 264) and blocks >= TC_STATIC_WIDE_MIN_BLOCKS
-                and not staged_fills(plan) and tc_plan(ast, caps, scan, TC_TILE_STATIC_WIDE) is not None):
+        if (not mfma and big == TC_TILE and (N.arg <= TC_WIDE_N or blocks < 264)
+                and blocks >= TC_STATIC_WIDE_MIN_BLOCKS and not staged_fills(plan)
+                and tc_plan(ast, caps, scan, TC_TILE_STATIC_WIDE) is not None):
             return TC_TILE_STATIC_WIDE
         if blocks < 264 and small:
             return TC_SMALL_TILE

@@ -68,8 +68,8 @@ WG_MID_MIN_BLOCKS = 96
 def choose_wg_tile(ast: UOp, caps, scan) -> tuple[tuple[int, int, int, int, int], int] | None:
     """The heuristic warpgroup (tile, stages): 128x256 blocks 4 deep; for constant extents, the first of
     128x256, 128x128 (6 deep) and 64x128 no wider than N rounded up to 64 (WG_FIT_N) that makes
-    WG_MIN_BLOCKS blocks (128x128: WG_MID_MIN_BLOCKS; else the last of them; over at most 64 columns WG_TILE_NARROW); None where the
-    kernel takes none (no 16-byte fills, or under 64 rows or columns: tensor_core.py's tiles)."""
+    WG_MIN_BLOCKS blocks (128x128: WG_MID_MIN_BLOCKS; else the last of them; over at most 64 columns
+    WG_TILE_NARROW); None where the kernel takes none (no 16-byte fills, or under 64 rows or columns: tensor_core.py's tiles)."""
     from .tensor_core import WGMMA, tc_plan
     plan = tc_plan(ast, caps, scan, WG_TILE, WG_STAGES, True, WGMMA)
     if plan is None:
@@ -457,5 +457,5 @@ class _WGMMABuilder(_MMABuilder):
         return True
 
 
-__all__ = ["WG_CANDIDATES", "WG_FIT_N", "WG_MID_MIN_BLOCKS", "WG_NARROW_STAGES", "WG_STAGES", "WG_TILE", "WG_TILE_MID", "WG_TILE_NARROW",
-           "WG_TILE_SMALL", "choose_wg_tile"]
+__all__ = ["WG_CANDIDATES", "WG_FIT_N", "WG_MID_MIN_BLOCKS", "WG_NARROW_STAGES", "WG_STAGES", "WG_TILE", "WG_TILE_MID",
+           "WG_TILE_NARROW", "WG_TILE_SMALL", "choose_wg_tile"]
