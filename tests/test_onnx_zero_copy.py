@@ -266,3 +266,14 @@ def test_an_empty_input_replays(zero_copy, monkeypatch):
         x = rng.standard_normal((3, 5)).astype(np.float32)
         (z,) = ex.run({"x": x, "like": np.zeros(0, np.float64)})
         assert z.dtype == np.float64 and z.tobytes() == (-x.astype(np.float64)).tobytes()
+
+
+def test_the_switch_is_read_at_each_run(monkeypatch):
+    """Turning it off and on between replays of one executor: every run is right."""
+    model, shapes, numpy_ref = GRAPHS["output_used_inside"](np.random.default_rng(3))
+    ex = executor(model, monkeypatch, True)
+    rng = np.random.default_rng(4)
+    for flag in (True, True, False, True, False, False, True):
+        x = rng.standard_normal(shapes["x"]).astype(np.float32)
+        for g, w in zip(run(ex, {"x": x}, monkeypatch, flag), numpy_ref({"x": x})):
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
