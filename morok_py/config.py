@@ -102,7 +102,7 @@ def cpu_pin() -> bool:
 
 def onnx_zero_copy() -> bool:
     """MOROK_ONNX_ZERO_COPY (default 1): on a device whose buffers are host memory, the ONNX executor's
-    replays read the caller's input arrays and write fresh output arrays in place; 0 copies both."""
+    replays read the caller's input arrays and write the output arrays they return in place; 0 copies both."""
     return getenv("MOROK_ONNX_ZERO_COPY", "1") not in ("0", "false", "False", "")
 
 

@@ -277,3 +277,48 @@ def test_the_switch_is_read_at_each_run(monkeypatch):
         x = rng.standard_normal(shapes["x"]).astype(np.float32)
         for g, w in zip(run(ex, {"x": x}, monkeypatch, flag), numpy_ref({"x": x})):
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def addresses(arrays) -> set[int]:
+    return {a.__array_interface__["data"][0] for a in arrays}
+
+
+def test_an_output_nothing_holds_is_written_again(monkeypatch):
+    """A result the caller dropped lends its memory to the next run; in `y = run(...)` two arrays take
+    turns; results the caller keeps are never reused."""
+    model, shapes, numpy_ref = GRAPHS["residual"](np.random.default_rng(7))
+    ex = executor(model, monkeypatch, True)
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal(shapes["x"]).astype(np.float32) for _ in range(8)]
+    ex.run({"x": xs[0]})
+    seen = []
+    for x in xs:
+        (y,) = ex.run({"x": x})      # the last run's y is alive while this one runs
+        np.testing.assert_allclose(y, numpy_ref({"x": x})[0], rtol=2e-5, atol=2e-5)
+        seen.append(y.__array_interface__["data"][0])
+    assert len(set(seen)) == 2
+    del y
+    for x in xs[:3]:
+        ex.run({"x": x})             # dropped at once: one array serves every run
+    kept = [ex.run({"x": x})[0] for x in xs]
+    assert len(addresses(kept)) == len(kept)
+    for x, k in zip(xs, kept):
+        np.testing.assert_allclose(k, numpy_ref({"x": x})[0], rtol=2e-5, atol=2e-5)
+
+
+def test_a_view_of_a_dropped_output_keeps_it(monkeypatch):
+    model, shapes, numpy_ref = GRAPHS["output_used_inside"](np.random.default_rng(7))
+    ex = executor(model, monkeypatch, True)
+    rng = np.random.default_rng(9)
+    x0 = rng.standard_normal(shapes["x"]).astype(np.float32)
+    ex.run({"x": x0})
+    h, y = ex.run({"x": x0})
+    row, flat = h[1:3], memoryview(y)
+    want_row, want_y = row.copy(), bytes(flat)
+    held = addresses([h, y])
+    del h, y
+    for _ in range(4):
+        h2, y2 = ex.run({"x": rng.standard_normal(shapes["x"]).astype(np.float32)})
+        assert not addresses([h2, y2]) & held
+        del h2, y2
+    assert row.tobytes() == want_row.tobytes() and bytes(flat) == want_y

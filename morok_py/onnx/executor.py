@@ -21,12 +21,16 @@ A replay on a device whose buffers are host memory (the CPU) copies nothing (MOR
 turns that off): a graph input the launches only read is bound to the caller's array where that array
 is C-contiguous, of the recorded dtype and 16-byte aligned (else it is copied in), and a graph output
 that is a whole buffer the launches write, shared with no other input, output or weight, is written
-straight into a fresh array that is returned (ExecutionPlan.slot); the other outputs are copied out.
+straight into an array that is returned (ExecutionPlan.slot); the other outputs are copied out. That
+array is fresh, or one an earlier replay returned that nothing else holds any more (CPython's reference
+counts say so; SPARE_OUTPUTS are kept per output): a new allocation's pages fault in at the first write,
+which cost more than the copies did where the allocator maps each large block anew.
 """
 from __future__ import annotations
 
 import copy
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -75,22 +79,52 @@ def concat_views_enabled() -> bool:
     return config.getenv("MOROK_ONNX_CONCAT_VIEWS", "1") not in ("0", "false", "False", "")
 
 
+# arrays an output's replays returned that the executor keeps to reuse once the caller lets go of them: two
+# serve `y = session.run(...)` in a loop (the last result is still held while the next run starts)
+SPARE_OUTPUTS = 2
+
+
 @dataclass(frozen=True)
 class ZeroCopy:
     """How the replays of one recorded plan skip the copies (host-memory devices): the graph inputs
-    the launches only read, by name (their slot and the dtype an array must have to be bound), and per
-    graph output its slot, shape and numpy dtype, or None where it is copied out."""
+    the launches only read, by name (their slot and the dtype an array must have to be bound); per
+    graph output its slot, shape and numpy dtype, or None where it is copied out; and per output the
+    arrays recent replays returned (`SPARE_OUTPUTS`, newest last)."""
     plan: ExecutionPlan
     inputs: dict[str, tuple[BufferSlot, np.dtype]]
     outputs: list[tuple[BufferSlot, tuple[int, ...], np.dtype] | None]
+    spare: list[list[np.ndarray]]
 
 
 def fresh_array(shape: tuple[int, ...], dtype: np.dtype, nbytes: int, align: int) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on an `align`-byte boundary (the CPU's
-    streaming stores need 64; numpy's own allocations are 16-byte aligned)."""
+    streaming stores need 64; numpy's own allocations are 16-byte aligned). Its `base` owns the memory."""
     raw = np.empty(nbytes + align - 1, np.uint8)
     off = -raw.__array_interface__["data"][0] % align
     return raw[off:off + nbytes].view(dtype).reshape(shape)
+
+
+def _holders(arrays: list[np.ndarray], i: int) -> tuple[int, int]:
+    """The reference counts of `arrays[i]` and of the array owning its memory (numpy points every view's
+    `base` at the owner), as seen from here."""
+    return sys.getrefcount(arrays[i]), sys.getrefcount(arrays[i].base)
+
+
+_UNHELD: tuple[int, int] | None = None
+
+
+def unheld(arrays: list[np.ndarray], i: int) -> bool:
+    """Whether nothing but `arrays` holds `arrays[i]`, a view of it or its memory's owner (then its memory
+    can be written again). The counts of an array no one holds are taken once, through the same call, so
+    the interpreter's own references are the same on both sides; any other holder adds to them. False
+    outside CPython (no reference counts)."""
+    global _UNHELD
+    if sys.implementation.name != "cpython":
+        return False
+    if _UNHELD is None:
+        probe = [fresh_array((1,), np.dtype(np.uint8), 1, 64)]
+        _UNHELD = _holders(probe, 0)
+    return _holders(arrays, i) == _UNHELD
 
 
 def elem_type_name(t: int) -> str:
@@ -357,11 +391,9 @@ class OnnxExecutor:
                 v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
         fresh: list[np.ndarray | None] = [None] * len(plan_outputs)
         if zc is not None:
-            align = self._arena_align()
             for i, o in enumerate(zc.outputs):
                 if o is not None:
-                    slot, shape, dt = o
-                    fresh[i] = bind[slot] = fresh_array(shape, dt, slot.nbytes, align)
+                    fresh[i] = bind[o[0]] = self._output_array(zc.spare[i], o)
         if bind:
             plan.run(bind=bind)
         else:
@@ -369,12 +401,30 @@ class OnnxExecutor:
         return [a if a is not None else np.array(v.host) if v.host is not None else self.k.numpy(v)
                 for a, v in zip(fresh, plan_outputs)]
 
+    def _output_array(self, spare: list[np.ndarray], out: tuple[BufferSlot, tuple[int, ...], np.dtype]) -> np.ndarray:
+        """The array an output is written into: a spare one nothing else holds, else a fresh one (kept
+        as a spare, the oldest spare dropped)."""
+        for i in range(len(spare)):
+            if unheld(spare, i):
+                arr = spare.pop(i)
+                spare.append(arr)
+                return arr
+        slot, shape, dt = out
+        arr = fresh_array(shape, dt, slot.nbytes, self._arena_align())
+        if arr.base is None or arr.base.base is not None:   # not a view of its memory's owner: not kept
+            return arr
+        if len(spare) >= SPARE_OUTPUTS:
+            del spare[0]
+        if SPARE_OUTPUTS:
+            spare.append(arr)
+        return arr
+
     def _zero_copy_of(self, plan: ExecutionPlan, feeds: dict, outs: list) -> ZeroCopy:
         """Which inputs and outputs of a recorded plan its replays bind to arrays (see the module's
         docstring): an input the launches never write and no output shares; an output that is a whole
         contiguous buffer some launch writes, sharing memory with no input, weight, value filled from
         the host or other output."""
-        none = ZeroCopy(plan, {}, [None] * len(outs))
+        none = ZeroCopy(plan, {}, [None] * len(outs), [[] for _ in outs])
         if not plan.host_memory or not plan.steps:
             return none
 
@@ -403,7 +453,7 @@ class OnnxExecutor:
                 outputs.append(None)
             else:
                 outputs.append((slot, tuple(v.shape), dt))
-        return ZeroCopy(plan, inputs, outputs)
+        return ZeroCopy(plan, inputs, outputs, [[] for _ in outs])
 
     def _arena_align(self) -> int:
         """Bytes each arena buffer is aligned to: 64 on the CPU (the streaming stores' promise, a cache
