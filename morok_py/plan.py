@@ -196,14 +196,7 @@ class ExecutionPlan:
             runs = self._runs[key] = self._runs.get(key, 0) + 1
             if runs >= self.CAPTURE_AFTER and self._auto_capture(key) is not None:
                 return self._native(wait)
-        t0 = time.perf_counter()
-        for st in self.steps:
-            st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
-        if wait:
-            if self.device is not None:
-                self.device.synchronize()
-            return time.perf_counter() - t0
-        return None
+        return self._launch(self.steps, wait)
 
     @property
     def host_memory(self) -> bool:
@@ -290,17 +283,21 @@ class ExecutionPlan:
                     ptrs = steps[i].ptrs
                     saved.append((ptrs, j, ptrs[j]))
                     ptrs[j] = ptr + off
-            t0 = time.perf_counter()
-            for st in steps:
-                st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
-            if wait:
-                if self.device is not None:
-                    self.device.synchronize()
-                return time.perf_counter() - t0
-            return None
+            return self._launch(steps, wait)
         finally:
             for ptrs, j, p in reversed(saved):
                 ptrs[j] = p
+
+    def _launch(self, steps: list, wait: bool) -> float | None:
+        """Run the bound launches of `steps` in order; with wait, block and return the seconds taken."""
+        t0 = time.perf_counter()
+        for st in steps:
+            st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
+        if wait:
+            if self.device is not None:
+                self.device.synchronize()
+            return time.perf_counter() - t0
+        return None
 
     def _can_capture(self) -> bool:
         return bool(self.steps) and getattr(self.device, "capture_plan", None) is not None
