@@ -33,7 +33,7 @@ import harness as H
 from harness import np
 
 # after a block of one runtime, before the other's, the process's threads go quiet (harness.settle):
-# onnxruntime spins its intra-op threads after each run, for longer than 0.2 s on a 16-core Xeon;
+# onnxruntime spins its intra-op threads after each run (up to about 0.15 s on a 16-core Xeon);
 # morok_py's workers wait on a futex after a short spin
 RTOL, ATOL = 1e-3, 1e-4
 

@@ -85,8 +85,8 @@ def settle(max_s: float = 3.0, window: float = 0.05, busy_share: float = 0.1) ->
     """Wait until this process's threads go quiet: its CPU time over the last `window` seconds under
     `busy_share` of one core, at least one window and at most `max_s`; returns the seconds waited. Between
     two runtimes' blocks in one process: onnxruntime's intra-op threads spin on after a run (on the H100
-    host's 16-core Xeon its MLP session burned 0.88 CPU-seconds in the 0.2 s after a run), and a block of
-    the other runtime timed during that spin ran up to 6x slower."""
+    host's 16-core Xeon its MLP session burned 0.88 CPU-seconds in the 0.2 s after a run; this wait ended
+    within 0.15 s there), and the other runtime's run right after one of its runs took up to 6x longer."""
     import resource
 
     def used() -> float:

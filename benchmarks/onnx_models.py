@@ -53,7 +53,8 @@ RTOL, ATOL = 1e-3, 1e-5
 # interleaved blocks: before each, the process's threads go quiet (harness.settle: the other runtime's pool
 # stops spinning), then AB_WARM untimed runs wake this runtime's pool and AB_BLOCK are timed. With a 0.2 s
 # pause, 1 warm run and 4 timed on the H100 host's Xeon, the MLP's replay read 0.57-0.82 ms in the blocks
-# against 0.19-0.29 ms with 20 timed runs after the same pause: onnxruntime's threads still spun
+# against 0.19-0.29 ms with 20 timed runs after the same pause: the first runs after a pause, pools waking,
+# were most of a 4-run block
 AB_WARM = 3
 AB_BLOCK = 10
 
