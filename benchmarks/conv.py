@@ -193,25 +193,35 @@ def main() -> None:
             rows.append([label, str(plan), f"{flop / t / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
                          f"{rec['ratio']:.2f}x", f"{err:.1e}"])
             H.note(" | ".join(rows[-1] + [str(sched)]))
+
+            def candidate(suffix: str, what, make, **fields) -> None:
+                """Time one candidate (a plan or a schedule) beside the peer, or note why it did not run."""
+                try:
+                    cseq = make()
+                    cerr = check(cseq)
+                    tc = H.measure(cseq, **reps) if cerr <= TOL[dname] else None
+                    fields = {k: (v(cseq) if callable(v) else v) for k, v in fields.items()}
+                except Exception as e:
+                    H.note(f"{label} {what}: {type(e).__name__}: {str(e)[:200]}")
+                    return
+                if tc is None:
+                    H.note(f"{label} {what}: relative error {cerr:.2e}")
+                    return
+                res.add(f"{name}_{suffix}", int(flop), "FLOP/s", flop / tc, "torch", flop / t_peer,
+                        higher_is_better=True, dtype=dname, label=f"{label} {what}", **fields)
+                rows.append([label, str(what), f"{flop / tc / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
+                             f"{flop / tc / (flop / t_peer):.2f}x", f"{cerr:.1e}"])
+                H.note(" | ".join(rows[-1]))
+
+            def main_schedule(cseq: Sequence) -> str | None:
+                sc = dev.renderer.render(cseq.steps[main_step(cseq.steps)].ast, "schedule").linear.schedule
+                return str(sc) if sc else None
+
             if args.variants:
                 for alt in candidate_plans(geo, caps, dt.itemsize)[1:]:
-                    try:
-                        aseq = Sequence(dev, K.conv2d_kernels(geo, alt, dt, caps=caps), x, w, dt, tag="_alt")
-                        aerr = check(aseq)
-                        ta = H.measure(aseq, **reps) if aerr <= TOL[dname] else None
-                        asched = dev.renderer.render(aseq.steps[main_step(aseq.steps)].ast, "schedule").linear.schedule
-                    except Exception as e:
-                        H.note(f"{label} {alt}: {type(e).__name__}: {str(e)[:200]}")
-                        continue
-                    if ta is None:
-                        H.note(f"{label} {alt}: relative error {aerr:.2e}")
-                        continue
-                    res.add(f"{name}_plan", int(flop), "FLOP/s", flop / ta, "torch", flop / t_peer,
-                            higher_is_better=True, dtype=dname, label=f"{label} {alt}", plan=str(alt),
-                            schedule=str(asched) if asched else None, kernel_us=aseq.kernel_us())
-                    rows.append([label, str(alt), f"{flop / ta / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
-                                 f"{flop / ta / (flop / t_peer):.2f}x", f"{aerr:.1e}"])
-                    H.note(" | ".join(rows[-1]))
+                    candidate("plan", alt,
+                              lambda alt=alt: Sequence(dev, K.conv2d_kernels(geo, alt, dt, caps=caps), x, w, dt, tag="_alt"),
+                              plan=str(alt), schedule=main_schedule, kernel_us=lambda cs: cs.kernel_us())
                 spec = dev.renderer.render(steps[main_step(steps)].ast, "variants")
                 cands = candidate_schedules(spec.ast, caps, scan_kernel(spec.ast))
                 tiles = {(cands[0].matmul_tile, cands[0].tensor_core)}
@@ -221,21 +231,8 @@ def main() -> None:
                         tiles.add((sc.matmul_tile, sc.tensor_core))
                         picked.append(sc)
                 for sc in picked:
-                    try:
-                        vseq = Sequence(dev, steps, x, w, dt, schedule=sc, tag="_v")
-                        verr = check(vseq)
-                        tv = H.measure(vseq, **reps) if verr <= TOL[dname] else None
-                    except Exception as e:
-                        H.note(f"{label} {sc}: {type(e).__name__}: {str(e)[:200]}")
-                        continue
-                    if tv is None:
-                        H.note(f"{label} {sc}: relative error {verr:.2e}")
-                        continue
-                    res.add(f"{name}_variant", int(flop), "FLOP/s", flop / tv, "torch", flop / t_peer,
-                            higher_is_better=True, dtype=dname, label=f"{label} {sc}", schedule=str(sc))
-                    rows.append([label, str(sc), f"{flop / tv / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
-                                 f"{flop / tv / (flop / t_peer):.2f}x", f"{verr:.1e}"])
-                    H.note(" | ".join(rows[-1]))
+                    candidate("variant", sc, lambda sc=sc: Sequence(dev, steps, x, w, dt, schedule=sc, tag="_v"),
+                              schedule=str(sc))
             del seq
             if args.variants:
                 res.save()      # each case as it ends: a run cut short keeps what it measured
