@@ -298,18 +298,18 @@ def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng
 
 
 @pytest.mark.parametrize("N", [1, 2])
-def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu, N):
+def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N):
     """One image's columns take (channel, kernel row) as the outermost range, so a 3-channel 7x7 stem has 21
     units for the workers, not 3; a batch keeps the images outermost. Every column matches numpy (odd
     sizes, stride 2, padding)."""
     rng = np.random.default_rng(3)
     C, H, W, KH, KW, s, p = 3, 23, 19, 7, 7, 2, 3
     OH, OW = (H + 2 * p - KH) // s + 1, (W + 2 * p - KW) // s + 1
-    renderer, compiler = cpu.pair()
+    renderer, compiler = cpu_level.pair()
     spec = renderer.render(K.im2col(N, C, H, W, KH, KW, (s, s), (1, 1), (p, p, p, p)), f"stem_cols_{N}")
-    prog = cpu.dev.runtime(compiler.compile(spec))
+    prog = cpu_level.dev.runtime(compiler.compile(spec))
     x = random_array(rng, (N, C, H, W), np.float32)
-    bufs = [cpu.buf(x), cpu.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
+    bufs = [cpu_level.buf(x), cpu_level.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
     gs, ls = prog.launch.launch_dims({})
     assert gs[0] == (C * KH if N == 1 else N)
     prog.execute([b.ptr for b in bufs], [], gs, ls, wait=True)

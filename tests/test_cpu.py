@@ -779,11 +779,11 @@ def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatc
 
 
 @pytest.mark.parametrize("threads", ["2", "5", "16"])
-def test_row_partitions_of_a_narrow_matrix_balance_the_workers_and_match_numpy(cpu, rng, monkeypatch, threads):
+def test_row_partitions_of_a_narrow_matrix_balance_the_workers_and_match_numpy(cpu_level, rng, monkeypatch, threads):
     """A narrow matrix (a 7x7 or 14x14 layer's pixels as columns) takes the partition count whose busiest
     worker does least: 512 rows (85 tiles of 6) over 49 columns make 15 units for 16 workers, not 34 (3
     for the busiest); on 2 workers 2. Odd row counts leave rows dealt round-robin; every output matches
-    numpy for each worker count, the AVX-512 tile forced on any host."""
+    numpy for each worker count and x86-64 level, the AVX-512 tile forced on any host."""
     import dataclasses
     from morok_py.codegen.opt import _partitions
     assert _partitions(85, 1, 16) == 15 and _partitions(85, 1, 2) == 2 and _partitions(42, 3, 16) == 5
@@ -792,16 +792,16 @@ def test_row_partitions_of_a_narrow_matrix_balance_the_workers_and_match_numpy(c
     split_at(monkeypatch, 1, 1)
     n = int(threads)
     monkeypatch.setenv("MOROK_CPU_THREADS", threads)
-    renderer, compiler = cpu.pair()
+    renderer, compiler = cpu_level.pair()
     if not renderer.caps.tile_lanes:
         pytest.skip("this pair prints no tile lanes")
     monkeypatch.setattr(renderer, "caps", dataclasses.replace(renderer.caps, threads=n))
     for M, Kd, N in ((512, 96, 49), (259, 37, 196), (101, 64, 20)):
         with using(Schedule("threads", register_tile=(6, 64), tile_lanes=16)):
             spec = renderer.render(K.matmul(M, N, Kd), f"narrow_{M}_{N}_{threads}")
-        prog = cpu.dev.runtime(compiler.compile(spec))
+        prog = cpu_level.dev.runtime(compiler.compile(spec))
         a, b = rng.standard_normal((M, Kd)).astype(np.float32), rng.standard_normal((Kd, N)).astype(np.float32)
-        bufs = [cpu.buf(a), cpu.buf(b), cpu.buf(np.full(M * N, np.nan, np.float32))]
+        bufs = [cpu_level.buf(a), cpu_level.buf(b), cpu_level.buf(np.full(M * N, np.nan, np.float32))]
         gs, ls = prog.launch.launch_dims({})
         if M == 512:
             assert gs[0] == _partitions(85, 1, n)                   # the outer range: one column tile's partitions

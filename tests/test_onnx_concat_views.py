@@ -144,14 +144,20 @@ def test_dense_blocks_write_into_the_concat(monkeypatch, memplan):
     assert off - on == 2 * (4 + 3)        # each Concat had two copy kernels
 
 
-def test_block_output_and_inner_concat_as_graph_outputs(monkeypatch):
-    """An inner Concat (a prefix of the block's buffer) and the last one are both graph outputs."""
-    g = Graph(2)
+def nested_concats(g: Graph) -> tuple[str, str]:
+    """Two Concats over 2 input channels, the first an input of the second (so a prefix of its buffer with
+    Concat views): 3 + 5 channels, then those 8 + 3."""
     x0 = g.conv_relu("X", 2, 3)
     y1 = g.conv_relu(x0, 3, 5)
     c1 = g.op("Concat", [x0, y1], axis=1)
     y2 = g.conv_relu(c1, 8, 3)
-    c2 = g.op("Concat", [c1, y2], axis=1)
+    return c1, g.op("Concat", [c1, y2], axis=1)
+
+
+def test_block_output_and_inner_concat_as_graph_outputs(monkeypatch):
+    """An inner Concat (a prefix of the block's buffer) and the last one are both graph outputs."""
+    g = Graph(2)
+    c1, c2 = nested_concats(g)
     on, off = check(g, {"X": (1, 2, 7, 4)}, [c1, c2], monkeypatch)   # 7x4 = 28 floats: 112 bytes per channel
     assert off - on == 4
 

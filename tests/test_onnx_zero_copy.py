@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from morok_py.onnx import InferenceSession, OnnxExecutor  # noqa: E402
 from test_memplan import GRAPHS  # noqa: E402
-from test_onnx_concat_views import Graph, dense_block, np_run  # noqa: E402
+from test_onnx_concat_views import Graph, dense_block, nested_concats, np_run  # noqa: E402
 from test_onnx_session import mlp_model, reference as mlp_reference  # noqa: E402
 
 F = TensorProto.FLOAT
@@ -171,11 +171,7 @@ def test_concat_views_and_their_outputs(views, memplan, monkeypatch):
     """A dense block's inner Concat (a prefix of the last one's buffer with Concat views) and the last
     one are both outputs, beside a head convolution after the block."""
     g = Graph(2)
-    x0 = g.conv_relu("X", 2, 3)
-    y1 = g.conv_relu(x0, 3, 5)
-    c1 = g.op("Concat", [x0, y1], axis=1)
-    y2 = g.conv_relu(c1, 8, 3)
-    c2 = g.op("Concat", [c1, y2], axis=1)
+    c1, c2 = nested_concats(g)
     b2, c = dense_block(g, c2, 11, 3, 2)
     head = g.conv_relu(b2, c, 3, k=1)
     outputs = [c1, c2, head]
