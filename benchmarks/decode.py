@@ -165,7 +165,7 @@ def variant_schedules(dev, case: Case) -> list:
 
 def baseline_schedule(dev, case: Case):
     """The default schedule without the small-shape strategies (codegen/strategies/small_shapes.py) and the NVRTC
-    upcast GEMV (schedule.GEMV_UPCAST_WIDE): what the kernel ran before them, timed beside the default with
+    upcast GEMV (schedule.GEMV_UPCAST_RESIDENT): what the kernel ran before them, timed beside the default with
     --variants."""
     from morok_py.codegen import schedule as S
     from morok_py.codegen.scan import scan_kernel
@@ -175,16 +175,16 @@ def baseline_schedule(dev, case: Case):
            "few_block_tile": lambda ast, caps, scan, tile: tile, "row_split_default": lambda *a, **k: 0,
            "few_rows_group": lambda *a, **k: 0, "wide_rows_default": lambda *a, **k: 1}
     saved = {k: getattr(SS, k) for k in off}
-    wide = dict(S.GEMV_UPCAST_WIDE)
+    resident = S.GEMV_UPCAST_RESIDENT
     try:
         for k, f in off.items():
             setattr(SS, k, f)
-        S.GEMV_UPCAST_WIDE["group"] = 1 << 30      # and no NVRTC upcast GEMV (over every group limit)
+        S.GEMV_UPCAST_RESIDENT = 0      # and no NVRTC upcast GEMV
         return S.default_schedule(spec.ast, dev.renderer.caps, scan_kernel(spec.ast))
     finally:
         for k, f in saved.items():
             setattr(SS, k, f)
-        S.GEMV_UPCAST_WIDE.update(wide)
+        S.GEMV_UPCAST_RESIDENT = resident
 
 
 def run_case(dev, case: Case, args, res: H.Results, libs: dict, rows: list) -> None:

@@ -274,9 +274,15 @@ SPLIT_RESIDENT = 2048  # split reductions ask for this many work-items per SM (a
 # 49 us (benchmarks/schedule_variants.py) and 53 us (as search's winner) against the plain split's 87-95 us. The same
 # shape took 111 us on NVRTC, whose plain split runs 64-66 us: so only the NVPTX printer sets it.
 GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
-# The upcast default of the other CUDA printer (NVRTC, no split_upcast): group 1024, split 32, unroll 4 as a hint.
-# Batch-8 GEMV 8x4096x4096: 60 us against the plain split's 64-66 on an H100 (benchmarks/schedule_variants.py),
-# 58.6 against 64 us on an H200 (benchmarks/decode.py --variants); its NVPTX twin spills (856-byte frame).
+# The upcast default of the other CUDA printer (NVRTC, no split_upcast): GEMV_UPCAST_SPLIT with an occupancy hint
+# of GEMV_UPCAST_RESIDENT groups per SM (__launch_bounds__(512, 2)). Without it ptxas fits NVRTC's PTX of that
+# schedule in 32 registers and issues each of the 4 unrolled W loads after the previous one's FMAs (one W load in
+# flight per item: 111 us on an H100), where the NVPTX pair's PTX takes 128 registers and issues all 36 loads
+# before the first FMA (49 us); with the hint ptxas takes 64 registers and issues all 36 first (SASS of both,
+# ptxas 13.0, sm_90a). The hint on the NVPTX pair spills (316 bytes), so only NVRTC takes it.
+GEMV_UPCAST_RESIDENT = 2      # 0: no upcast default on NVRTC (the plain split)
+# The NVRTC upcast default before GEMV_UPCAST_RESIDENT: group 1024, split 32, unroll 4 as a hint, 57-60 us on an
+# H100 (0.79x torch, benchmarks/results/nvidia-h100/decode-nvrtc.json); a candidate, its NVPTX twin spills.
 GEMV_UPCAST_WIDE = dict(group=1024, unroll=4, split=32)
 # tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. benchmarks/kernels.py
 # on an H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
@@ -312,9 +318,12 @@ def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, spl
             sh = GEMV_UPCAST_SPLIT
             return Schedule("groups", **sh, upcast=up.src[0].arg,
                             unrolled=lowering_unroll_applies(upcast(ast, up), sh["split"], sh["unroll"]))
-        up = upcast_plan(ast, scan) if cuda and not split_upcast and GEMV_UPCAST_WIDE["group"] <= max_group else None
+        up = (upcast_plan(ast, scan) if cuda and not split_upcast and GEMV_UPCAST_RESIDENT
+              and GEMV_UPCAST_SPLIT["group"] <= max_group else None)
         if up is not None:
-            return Schedule("groups", **GEMV_UPCAST_WIDE, upcast=up.src[0].arg)
+            sh = GEMV_UPCAST_SPLIT
+            return Schedule("groups", **sh, upcast=up.src[0].arg, min_groups=GEMV_UPCAST_RESIDENT,
+                            unrolled=lowering_unroll_applies(upcast(ast, up), sh["split"], sh["unroll"]))
         return base
     return replace(base, min_groups=split_min_groups(group),
                    unrolled=cuda and lowering_unroll_applies(ast, SPLIT, SPLIT_UNROLL))
@@ -616,9 +625,14 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             if up is not None:
                 # first after the default (a search times the first few): the upcast shapes measured best on
                 # an H100 (llvm-nvptx: 512/16/4 unrolled 49 us, 1.2x torch; NVRTC: 1024/32/4 60 us)
-                first = [Schedule("groups", group=512, unroll=4, split=16, upcast=up.src[0].arg, unrolled=True),
-                         Schedule("groups", group=1024, unroll=4, split=32, upcast=up.src[0].arg),
-                         Schedule("groups", group=1024, unroll=4, split=32, upcast=up.src[0].arg, unrolled=True)]
+                n = up.src[0].arg
+                first = [Schedule("groups", group=512, unroll=4, split=16, upcast=n, unrolled=True),
+                         Schedule("groups", group=512, unroll=4, split=16, upcast=n, unrolled=True, min_groups=2),
+                         Schedule("groups", group=1024, unroll=4, split=32, upcast=n),
+                         Schedule("groups", group=1024, unroll=4, split=32, upcast=n, unrolled=True, min_groups=1),
+                         Schedule("groups", group=256, unroll=4, split=8, upcast=n, unrolled=True, min_groups=4),
+                         Schedule("groups", group=512, unroll=8, split=16, upcast=n, unrolled=True, min_groups=2),
+                         Schedule("groups", group=1024, unroll=4, split=32, upcast=n, unrolled=True)]
                 # a skinny CUDA-core tile streaming W through shared memory (strategies/small_shapes.py)
                 first += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=caps.async_copy)
                           for t in small_shapes.gemv_core_tiles(ast, caps, scan)]
