@@ -293,7 +293,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     full = M // ti
     Cj = N // tj if rem else _ceil_div(N, tj)
     if _const(full) is not None and _const(Cj) is not None:
-        P = UOp.const(_partitions(_const(full), _const(Cj), threads, plan is not None, m_static, ti), dtypes.index)
+        P = UOp.const(_partitions(_const(full), _const(Cj), threads), dtypes.index)
     else:
         P = (UOp.const(SPLIT_UNITS, dtypes.index) // Cj.maximum(1)).minimum(full // 4).maximum(1)
     Q = full // P
@@ -436,17 +436,13 @@ def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp,
     return out
 
 
-def _partitions(full: int | None, col_tiles: int | None, threads: int = 0, packed: bool = True,
-                rows: int | None = None, ti: int = 0) -> int:
+def _partitions(full: int | None, col_tiles: int | None, threads: int = 0) -> int:
     """Row partitions per column tile: a divisor of the full row tiles (so that no row is clamped)
     that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition; with the
     workers known, a narrow matrix's count balances them (_narrow_partitions), and so does a wide
-    matrix's (_balanced_partitions). Unpacked tiles with the workers and rows known take the count whose
-    busiest worker does least (_worker_partitions)."""
+    matrix's (_balanced_partitions)."""
     if full is None or col_tiles is None or full < 2:
         return 1
-    if threads > 0 and not packed and rows is not None and ti > 0:
-        return _worker_partitions(full, col_tiles, threads, rows, ti)
     want = max(1, SPLIT_UNITS // max(col_tiles, 1))
     if threads > 0 and want > 3:
         return _narrow_partitions(full, col_tiles, threads)
@@ -472,28 +468,6 @@ def _narrow_partitions(full: int, col_tiles: int, threads: int) -> int:
         units = col_tiles * P
         return -(-units // min(threads, units)) * (-(-full // P) + PACK_SHARE)
     return min(range(1, full + 1), key=lambda P: (cost(P), P))
-
-
-UNIT_SHARE = 0.25   # an unpacked unit's start (its loop set-up, its column panel's first reads), in row tiles
-WORKER_SLACK = 1.03  # a count within this of the least cost counts as equal (the fewer partitions win)
-TAIL_SHARE = 0.25   # a partition's tail tile (its leftover rows, fewer than a tile's) costs this + its rows' share
-
-
-def _worker_partitions(full: int, col_tiles: int, threads: int, rows: int, ti: int) -> int:
-    """Row partitions of an unpacked register tile's column tiles for `threads` workers: the count whose
-    busiest worker does least, counted as its units (the runtime cuts the outer range into `threads`
-    contiguous chunks) times each unit's row tiles, its tail tile (the leftover rows dealt one share per
-    partition, TAIL_SHARE plus their rows' share of a tile) and its start (UNIT_SHARE); the fewest
-    partitions within WORKER_SLACK of the least. Consecutive units of a chunk share a column tile, so the panel a worker
-    reads stays in its caches across them. Partitions of whole column tiles alone left 16 workers 12
-    or 49 units (2 or 4 rounds where 0.75 or 3.06 is even) on resnet50's 28x28 and 56x56 layers."""
-    def cost(P: int) -> float:
-        units, Q = col_tiles * P, full // P
-        h = -(-(rows - P * Q * ti) // P)
-        return -(-units // min(threads, units)) * (Q + (TAIL_SHARE + h / ti if h else 0.0) + UNIT_SHARE)
-    costs = {P: cost(P) for P in range(1, full + 1)}
-    least = min(costs.values())
-    return min(P for P, c in costs.items() if c <= least * WORKER_SLACK)
 
 
 # thread counts a split should divide well (CPU workers: MOROK_CPU_THREADS or the cores)
