@@ -71,10 +71,46 @@ def test_decode_rows_are_rounded_to_the_fragment():
 
 
 def test_float32_decode_takes_a_skinny_cuda_core_tile():
+    """cp.async fills (sm_90): the DECODE_CORE_BK-deep tile, double-buffered in the dynamic shared memory."""
     r, c = cuda_renderer()
     s = default_for(K.matmul(32, 4096, 4096), r.caps)
-    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2), s
-    c.compile(r.render(K.matmul(32, 4096, 4096), "decode32"))
+    assert s.mapping == "tiled" and s.tensor_core is None and s.async_fill, s
+    assert s.matmul_tile == (32, small_shapes.DECODE_COLS, small_shapes.DECODE_CORE_BK, 4, 2), s
+    spec = r.render(K.matmul(32, 4096, 4096), "decode32")
+    assert "extern __shared__" in spec.src           # 72 KiB: past the static limit
+    c.compile(spec)
+
+
+def test_float32_decode_without_async_copies_keeps_the_static_tile():
+    import dataclasses
+    r, _ = cuda_renderer()
+    caps = dataclasses.replace(r.caps, async_copy=False)
+    s = default_for(K.matmul(32, 4096, 4096), caps)
+    assert s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2) and not s.async_fill, s
+    s = default_for(K.matmul(32, 4096, 4096, dtype=dtypes.int32), r.caps)     # int accumulators: no cp.async
+    assert s.matmul_tile[2] == 64 and not s.async_fill, s
+
+
+@pytest.mark.parametrize("M,N,Kd", [(32, 96, 512), (19, 70, 333), (64, 37, 300)])
+def test_deep_float32_decode_tile_interpreted(rng, M, N, Kd):
+    """The deep decode tile (cp.async fills, both buffers in dynamic shared memory) on odd sizes, through the
+    linear-kernel interpreter, against numpy."""
+    r, _ = cuda_renderer()
+    tile = (_pow2(M), small_shapes.DECODE_COLS, small_shapes.DECODE_CORE_BK, _pow2(M) // 8, 2)
+    ast = simplify(K.matmul(M, N, Kd))
+    kernel, info = lower(ast, r.caps, "deep", schedule=Schedule("tiled", group=128, matmul_tile=tile, async_fill=True))
+    a = random_array(rng, (M, Kd), np.float32)
+    w = random_array(rng, (Kd, N), np.float32)
+    out = np.zeros(M * N, np.float32)
+    LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
+    np.testing.assert_allclose(out.reshape(M, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+def _pow2(x: int) -> int:
+    p = 8
+    while p < x:
+        p *= 2
+    return p
 
 
 @pytest.mark.parametrize("ast", [lambda: K.matmul(1000, 1000, 1000),
@@ -199,8 +235,8 @@ def test_decode_contractions(device, rng, dt, M, N, Kd):
 
 @pytest.mark.parametrize("B,N,Kd", [(8, 4096, 4096), (5, 333, 1000), (16, 97, 640)])
 def test_small_batch_gemv_through_the_checked_call(device, rng, B, N, Kd):
-    """The GEMV's split with the whole batch per work-item (NVRTC: GEMV_UPCAST_WIDE; llvm-nvptx:
-    GEMV_UPCAST_SPLIT), called twice on the same buffers (the checked call's remembered launch)."""
+    """The GEMV's split with the whole batch per work-item (GEMV_UPCAST_SPLIT; NVRTC with the occupancy hint
+    GEMV_UPCAST_RESIDENT), called twice on the same buffers (the checked call's remembered launch)."""
     a = random_array(rng, (B, Kd), np.float32)
     w = (random_array(rng, (Kd, N), np.float32) / np.sqrt(Kd)).astype(np.float32)
     prog = device.compile(K.matmul(B, N, Kd))

@@ -47,6 +47,10 @@ from .symbolic import simplify
 PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
                       # filled along k, and rows stay 16-byte aligned for vector reads
 SMEM_LIMIT = 48 << 10  # static shared memory of one work-group (CUDA's limit without opt-in)
+ASYNC_SMEM_LIMIT = 96 << 10  # async_fill (NVIDIA sm_80+): shared memory a tile may take, through the dynamic opt-in
+                       # the CUDA renderers take past SMEM_LIMIT (sm_86/89 allow 99 KiB). The float32 decode tile
+                       # 32x32x128 double-buffered takes 72 KiB: two k steps of the weight matrix in flight per SM
+                       # (strategies/small_shapes.py DECODE_CORE_BK)
 _VECTOR_DTYPES = ("float32", "int32", "uint32")   # what the renderers print as float4/int4/uint4
 UNROLL_FULL_TILES = True  # unroll the kk loop of full tiles in the kernel (see the note at compute)
 MIN_GROUPS = 2        # occupancy hint (LinearKernel.min_groups): two work-groups per SM, so CUDA caps a
@@ -460,13 +464,14 @@ class _Builder:
         self.tiles = [self.tile(u, kind, BM if kind == "A" else BN if kind == "B" else 1, tid, top)
                       for u, kind in p.units.items() if kind in "ABK"]
         smem_bytes = sum(t.size * t.smem.dtype.itemsize for t in self.tiles)
-        if smem_bytes > SMEM_LIMIT:
+        limit = ASYNC_SMEM_LIMIT if self.async_fill else SMEM_LIMIT
+        if smem_bytes > limit:
             return None
         # the aligned variant (symbolic strides that are multiples of 4 at launch) shares the shared tiles
         self.conds = [c for t in self.tiles for c in t.vcond]
         self.conds = list({id(c): c for c in self.conds}.values())
         self.aligned = True
-        self.db = (2 * smem_bytes <= SMEM_LIMIT and
+        self.db = (2 * smem_bytes <= limit and
                    (DOUBLE_BUFFER >= 2 or DOUBLE_BUFFER == 1 and all(t.vpasses for t in self.tiles if t.kind in "AB")))
         if self.db:
             for t in self.tiles:
