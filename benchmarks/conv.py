@@ -234,8 +234,7 @@ def main() -> None:
                     candidate("variant", sc, lambda sc=sc: Sequence(dev, steps, x, w, dt, schedule=sc, tag="_v"),
                               schedule=str(sc))
             del seq
-            if args.variants:
-                res.save()      # each case as it ends: a run cut short keeps what it measured
+            res.save()          # each case as it ends: a run cut short keeps what it measured
     H.table(rows, ["convolution", "plan / schedule", "ours TFLOP/s", "cuDNN TFLOP/s", "vs cuDNN", "max rel err"],
             f"\nConvolutions on {mach['model']} ({dev.compiler.cache_key}); target {TARGET}x cuDNN")
     res.save()

@@ -275,10 +275,15 @@ def matmul_bias_relu(M=None, N=None, K=None, relu: bool = True, dtype=dtypes.flo
 
 
 def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1, dilation: int = 1,
-           bias: bool = False, relu: bool = False, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
-    """out[N, CO, OH, OW] = sum over (c, kh, kw) of x[n, c, oh*stride + kh*dilation, ow*stride + kw*dilation]
-    * w[co, c, kh, kw] (NCHW, unpadded: pad the input first for a 'same' convolution), then + b[co] and
-    max(., 0) when asked, then `epilogue`. Params: x, w, (b,) the epilogue's operands, out.
+           bias: bool = False, relu: bool = False, dtype=dtypes.float32, epilogue: "Epilogue | None" = None,
+           pads: tuple[int, int, int, int] = (0, 0, 0, 0), tap_major: bool = False) -> UOp:
+    """out[N, CO, OH, OW] = sum over (c, kh, kw) of x[n, c, oh*stride + kh*dilation - top,
+    ow*stride + kw*dilation - left] * w[co, c, kh, kw] (NCHW), then + b[co] and max(., 0) when asked, then
+    `epilogue`. `pads` (top, left, bottom, right): zero padding read through masked taps (`_conv_tap`), no
+    padded copy of the input. `tap_major`: the reduction runs over (kh, kw, c), the channel fastest, and
+    w is given as [CO, KH, KW, C] (`conv_weights_tap_major`): where C is a multiple of a tile's k depth, each
+    k tile then holds one tap, whose coordinates and mask a tile fill computes once per row (see
+    codegen/strategies/tensor_core.py, `k_parts`). Params: x, w, (b,) the epilogue's operands, out.
 
     Written as an implicit GEMM: the output pixels (n, oh, ow) are the rows of a matmul, the output
     channels its columns and the taps (c, kh, kw) its k. No im2col buffer exists: each A element's
@@ -291,11 +296,14 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     for k, v in geo.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ArgumentError(f"conv2d: {k} must be a positive int, got {v!r}")
-    OH = (H - (KH - 1) * dilation - 1) // stride + 1
-    OW = (W - (KW - 1) * dilation - 1) // stride + 1
+    if len(pads) != 4 or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in pads):
+        raise ArgumentError(f"conv2d: pads must be 4 ints >= 0 (top, left, bottom, right), got {pads!r}")
+    pt, pl, pb, pr = pads
+    OH = _out_size(H, KH, stride, dilation, pt, pb)
+    OW = _out_size(W, KW, stride, dilation, pl, pr)
     if OH < 1 or OW < 1:
-        raise ArgumentError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input; "
-                            f"pad the input first")
+        raise ArgumentError(f"conv2d: a {KH}x{KW} kernel (dilation {dilation}) does not fit a {H}x{W} input "
+                            f"padded by {pads}")
     steps = (("bias",) if bias else ()) + (("relu",) if relu else ())
     epi = Epilogue(steps + (epilogue.steps if epilogue is not None else ()))
     N = size(N, "N")
@@ -305,11 +313,51 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     j = UOp.range(CO, 1)                           # co
     k = UOp.range(K, 2, AxisType.REDUCE)           # (c, kh, kw)
     n, oh, ow = i // P, (i // OW) % OH, i % OW
-    c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
-    xi = ((n * C + c) * H + oh * stride + kh * dilation) * W + ow * stride + kw * dilation
+    if tap_major:
+        tap, c = k // C, k % C
+        kh, kw = tap // KW, tap % KW
+    else:
+        c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
+    masked = (_needs_mask(H, OH, KH, stride, dilation, pt), _needs_mask(W, OW, KW, stride, dilation, pl))
+    if any(masked):
+        xv = _conv_tap(x, n * (C * H * W) + c * (H * W), H, W, (oh * stride - pt, kh * dilation),
+                       (ow * stride - pl, kw * dilation), dt, masked)
+    else:
+        xv = x.load(((n * C + c) * H + oh * stride + kh * dilation - pt) * W + ow * stride + kw * dilation - pl
+                    if any(pads) else ((n * C + c) * H + oh * stride + kh * dilation) * W + ow * stride + kw * dilation)
     at = (n * CO + j) * P + oh * OW + ow
-    v, nxt = epi.apply((x.load(xi) * w.load(j * K + k)).reduce(k), 2, dt, j, at)
+    v, nxt = epi.apply((xv * w.load(j * K + k)).reduce(k), 2, dt, j, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def conv_weights_tap_major(CO: int, C: int, KH: int, KW: int, dtype=dtypes.float32) -> UOp:
+    """wt[co, kh, kw, c] = w[co, c, kh, kw]: the weights as `conv2d(..., tap_major=True)` reads them.
+    Params: w, wt."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    co, t, c = ax(CO), ax(KH * KW), ax(C)
+    w, wt = UOp.param(0, dt), UOp.param(1, dt)
+    return UOp.sink(wt.store((co * (KH * KW) + t) * C + c, w.load((co * C + c) * (KH * KW) + t)))
+
+
+def _conv_tap(x: UOp, base: UOp, H: int, W: int, y: tuple[UOp, UOp], xx: tuple[UOp, UOp], dt: DType,
+              masked: tuple[bool, bool]) -> UOp:
+    """x[base + y*W + xx], zero where (y, xx) falls outside the H x W plane: the implicit GEMM's masked
+    tap, each coordinate given as (the output pixel's part, the tap's part) so that the pixel's share of
+    the offset is one value a tile fill computes once per row. The load's in-plane offset is clamped as
+    one value (two operations; `_tap` clamps each coordinate, four): outside the plane it reads some
+    element of the plane, and the mask discards it (codegen/strategies/tensor_core.py takes
+    where(mask, load, 0) as an operand and applies the mask where it fills a tile)."""
+    (py, ty), (px, tx) = y, xx
+    ok = None
+    # 0 <= y < H as one unsigned comparison (a negative y wraps past H)
+    if masked[0]:
+        ok = (py + ty).cast(dtypes.uint32) < UOp.const(H, dtypes.uint32)
+    if masked[1]:
+        okx = (px + tx).cast(dtypes.uint32) < UOp.const(W, dtypes.uint32)
+        ok = okx if ok is None else ok & okx
+    v = x.load(base + ((py * W + px) + (ty * W + tx)).clamp(0, H * W - 1))
+    return ok.where(v, UOp.const(0, dt))
 
 
 # ---- the CPU convolution family (NCHW): codegen/strategies/conv.py chooses among these -------------
@@ -821,6 +869,11 @@ def global_pool(kind: str, rows: int | None, cols: int, dtype=dtypes.float32) ->
     return UOp.sink(out.store(r, red))
 
 
+# direct_masked: input channels a multiple of this (every tensor-core and tile k depth up to 32 divides it) run
+# the reduction tap-major (`conv2d(tap_major=True)`): a k tile then holds one tap
+TAP_MAJOR_CHANNELS = 32
+
+
 @dataclass(frozen=True)
 class KernelStep:
     """One kernel of a convolution's plan: its AST, the buffers it reads by role ("x" the input,
@@ -850,9 +903,14 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     check_plan(plan, geo)
     steps = _conv2d_kernels(geo, plan, dtype, epilogue or Epilogue(), None if symbolic_batch else geo.N)
     if symbolic_batch:
-        steps = [KernelStep(st.name, st.ast, st.inputs, st.output, st.elements, st.vars + (("N", geo.N),), st.dtype)
+        steps = [KernelStep(st.name, st.ast, st.inputs, st.output, st.elements,
+                            st.vars + ((("N", geo.N),) if _uses_variable(st.ast, "N") else ()), st.dtype)
                  for st in steps]
     return steps
+
+
+def _uses_variable(ast: UOp, name: str) -> bool:
+    return any(n.op is Ops.DEFINE_VAR and n.arg[0] == name for n in ast.toposort())
 
 
 def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: int | None) -> list[KernelStep]:
@@ -895,6 +953,14 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),
                 KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi, plan.pixel_blocks),
                            ("col", "w", "epilogue"), "out", out_n, (("K", Kg),))]
+    if plan.family == "direct_masked":
+        # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match
+        tm = g.C % TAP_MAJOR_CHANNELS == 0
+        steps = [KernelStep("weights", conv_weights_tap_major(g.CO, g.C, g.KH, g.KW, dtype), ("w",), "wt",
+                            g.CO * g.C * g.KH * g.KW)] if tm else []
+        return steps + [KernelStep("direct", conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride[0], g.dilation[0],
+                                                    dtype=dtype, epilogue=epi, pads=g.pads, tap_major=tm),
+                                   ("x", "wt" if tm else "w", "epilogue"), "out", out_n)]
     pt, pl, pb, pr = g.pads
     steps, src = [], "x"
     if any(g.pads):

@@ -275,7 +275,7 @@ def test_a_plan_search_times_every_candidate_once_and_keeps_a_correct_one(cpu, r
 def test_a_gpu_target_takes_the_implicit_gemm_where_it_applies():
     from morok_py.codegen.capabilities import Capabilities
     gpu = Capabilities(has_local=True, has_shared=True)
-    assert conv_plan(GEOMETRIES[2], gpu, 2) == ConvPlan("direct")          # 16-bit: the implicit GEMM
+    assert conv_plan(GEOMETRIES[2], gpu, 2) == ConvPlan("direct_masked")   # 16-bit: the implicit GEMM, padding masked
     assert conv_plan(GEOMETRIES[6], gpu) == ConvPlan("grouped_direct")     # every position a work-item
     assert ConvPlan("depthwise_flat") not in candidate_plans(GEOMETRIES[6], gpu)
     assert conv_plan(GEOMETRIES[4], gpu).family == "grouped_direct"      # grouped: kernels.grouped_conv2d

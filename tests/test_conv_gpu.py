@@ -54,6 +54,10 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
     assert conv_plan(wide, GPU, 2) == ConvPlan("im2col_rows")
     assert conv_plan(narrow, GPU).family == "im2col_flat"                     # float32: columns at any width
     assert conv_plan(narrow, GPU, 2) == ConvPlan("direct")                    # 16-bit: the implicit GEMM
+    padded = ConvGeometry(2, 64, 9, 9, 64, 3, 3, pads=(1, 1, 1, 1))
+    assert conv_plan(padded, GPU, 2) == ConvPlan("direct_masked")            # ... its padding read masked
+    assert {ConvPlan("direct"), ConvPlan("direct_masked")} <= set(candidate_plans(padded, GPU, 2))
+    assert ConvPlan("direct_masked") not in candidate_plans(padded, Capabilities())       # a GPU family
     small = ConvGeometry(32, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
     assert conv_plan(small, GPU) == ConvPlan("im2col_flat", split=4)
     assert conv_plan(small, GPU, 2) == ConvPlan("im2col_rows")
@@ -258,6 +262,58 @@ def test_the_fitted_tiles_in_the_interpreter(rng, pair, which):
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
 
+# direct_masked: the zero padding read by masked tile fills. Input channels a multiple of 32 run tap-major (a
+# weights step first; a k tile holds one tap), others keep (c, kh, kw); odd sizes, a k tail, stride 2, dilation,
+# asymmetric pads
+MASKED = [ConvGeometry(2, 32, 7, 9, 21, 3, 3, pads=(1, 1, 1, 1)),
+          ConvGeometry(1, 64, 9, 9, 24, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),
+          ConvGeometry(1, 32, 8, 7, 17, 3, 2, (1, 1), (2, 2), (2, 0, 1, 3)),
+          ConvGeometry(2, 5, 9, 11, 21, 3, 3, pads=(1, 1, 1, 1))]
+
+
+def test_direct_masked_reorders_the_weights_where_the_channels_allow():
+    for geo in MASKED:
+        steps = K.conv2d_kernels(geo, ConvPlan("direct_masked"), dtypes.float16, symbolic_batch=True)
+        assert [st.name for st in steps] == (["weights", "direct"] if geo.C % K.TAP_MAJOR_CHANNELS == 0 else ["direct"])
+        assert steps[-1].inputs[1] == ("wt" if geo.C % K.TAP_MAJOR_CHANNELS == 0 else "w")
+        assert dict(steps[0].vars) == ({} if len(steps) == 2 else {"N": geo.N})    # the weights take no batch
+
+
+def test_direct_masked_takes_the_tensor_cores_and_one_division_per_k_tile():
+    """The masked 16-bit operand fills the tensor-core tiles; tap-major, the tap (k // C) is computed from the
+    tile's first k, not per element: the nvrtc source of a 32-channel layer divides by 32 a few times, where
+    the (c, kh, kw) order divides every element's k by 9."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90a")[0]
+    geo = ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))
+    steps = K.conv2d_kernels(geo, ConvPlan("direct_masked"), dtypes.float16)
+    spec = r.render(steps[-1].ast, "masked")
+    assert spec.linear.schedule.tensor_core == "mma_m16n8k16"
+    assert len(re.findall(r"/ 64\)", spec.src)) <= 8 and "/ 9)" not in spec.src
+    assert "/ 9)" in r.render(K.conv2d(32, 64, 56, 56, 64, 3, 3, dtype=dtypes.float16, pads=(1, 1, 1, 1)), "cm").src
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("tile", [None, "small", "static-wide"])
+@pytest.mark.parametrize("geo", MASKED, ids=_gid)
+def test_direct_masked_in_the_interpreter(rng, pair, tile, geo):
+    """float16 under the default schedule (symbolic batch) and the fitted tiles (64x64, 128x128 of 64x64 warps),
+    float32 under the default; both pairs against numpy."""
+    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_TILE_STATIC_WIDE
+    for dt in ("float16", "float32") if tile is None else ("float16",):
+        d_t, npdt = getattr(dtypes, dt), np.dtype(dt)
+        x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
+        w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
+        steps = K.conv2d_kernels(geo, ConvPlan("direct_masked"), d_t, symbolic_batch=tile is None)
+        sched = None if tile is None else {
+            "direct": _tc_schedule(TC_SMALL_TILE if tile == "small" else TC_TILE_STATIC_WIDE, MMA_M16N8K16)}
+        got = _interpret(steps, {"x": x, "w": w}, pair, npdt, geo.N, sched, "sm_90a")
+        ref = conv_ref(x, w, None, geo)
+        tol = 1e-4 if dt == "float32" else 3e-3
+        np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol,
+                                   atol=tol * np.abs(ref).max())
+
+
 # ---- on the device ------------------------------------------------------------------------------------
 
 CUDA_PAIRS = [p for p in PAIRS if p.values[0][0] == "CUDA" and p.values[0][1] != "mlir"]
@@ -283,6 +339,7 @@ FAMILY_CASES = ([("grouped_direct", g) for g in GROUPED] + [("im2col_flat", g) f
                 + [("im2col_rows", g) for g in DENSE] + [(ConvPlan("im2col_flat", split=3), g) for g in DENSE[:2]]
                 + [(ConvPlan("im2col_rows", split=9), DENSE[1])]
                 + [("direct", g) for g in DENSE if g.stride[0] == g.stride[1] and g.dilation[0] == g.dilation[1]]
+                + [("direct_masked", g) for g in DENSE[:2] + MASKED]
                 + [("depthwise", ConvGeometry(2, 7, 11, 9, 7, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=7))])
 
 
@@ -308,7 +365,9 @@ def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
 FITTED_CASES = [("direct", ConvGeometry(2, 24, 41, 37, 40, 3, 3, pads=(1, 1, 1, 1)), "float16"),
                 ("direct", ConvGeometry(3, 24, 75, 75, 100, 3, 3, pads=(1, 1, 1, 1)), "float16"),
                 ("im2col_rows", ConvGeometry(3, 16, 41, 39, 64, 3, 3, pads=(1, 1, 1, 1)), "float16"),
-                ("im2col_flat", ConvGeometry(3, 16, 41, 39, 100, 3, 3, pads=(1, 1, 1, 1)), "float32")]
+                ("im2col_flat", ConvGeometry(3, 16, 41, 39, 100, 3, 3, pads=(1, 1, 1, 1)), "float32"),
+                ("direct_masked", ConvGeometry(2, 32, 41, 37, 40, 3, 3, pads=(1, 1, 1, 1)), "float16"),
+                ("direct_masked", ConvGeometry(3, 64, 45, 43, 100, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), "float16")]
 
 
 @pytest.mark.cuda
@@ -350,14 +409,14 @@ def test_the_default_plan_with_an_epilogue_and_every_batch(gpu, rng, geo):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("family,geo", [("grouped_direct", GROUPED[0]), ("im2col_flat", DENSE[0]),
-                                        ("im2col_rows", DENSE[1])])
+                                        ("im2col_rows", DENSE[1]), ("direct_masked", MASKED[0])])
 def test_the_launch_check_guards_every_buffer(gpu, rng, family, geo):
     from morok_py.errors import LaunchError
     steps = K.conv2d_kernels(geo, ConvPlan(family), dtypes.float32, symbolic_batch=True)
     st = steps[-1]
     prog = gpu.compile(st.ast, f"conv_{st.name}")
     ins = {"x": geo.N * geo.C * geo.H * geo.W, "w": geo.CO * (geo.C // geo.groups) * geo.KH * geo.KW,
-           "col": geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW}
+           "col": geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW, "wt": geo.CO * geo.C * geo.KH * geo.KW}
     names = [n for n in st.inputs if n != "epilogue"] + [st.output]
     sizes = [ins.get(n, st.elements) for n in names]
     for short in range(len(names)):

@@ -35,8 +35,13 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                IM2COL_FLAT_MIN_CO output channels.
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
                channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
-               default there for 16-bit layers narrower than IM2COL_FLAT_MIN_CO and for 1x1 layers; on
-               the CPU a generic loop nest the others are searched against.
+               default there for unpadded 16-bit layers narrower than IM2COL_FLAT_MIN_CO and for 1x1
+               layers; on the CPU a generic loop nest the others are searched against.
+  direct_masked  (GPU) the same implicit GEMM reading the unpadded input through masked taps
+               (`kernels.conv2d` with pads): the tile fills load zero outside the image, so no pad
+               kernel writes a padded copy; the default for padded 16-bit layers where `direct` would be.
+               Input channels a multiple of 32 run the reduction tap-major (the weights reordered by a
+               small kernel first), so a k tile holds one tap (`kernels.conv2d`).
 
 `conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times;
 `search_plan` times them through a caller's timer and keeps the fastest per geometry, target and
@@ -52,7 +57,7 @@ from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
 FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
-            "grouped_direct", "im2col_flat", "im2col_rows", "direct")
+            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked")
 
 
 @dataclass(frozen=True)
@@ -284,7 +289,10 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
     if geo.CO >= IM2COL_FLAT_MIN_CO and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
         return ConvPlan("im2col_rows")
     if square:
-        return ConvPlan("direct")       # the implicit GEMM that the tiled and tensor-core contractions take
+        # the implicit GEMM that the tiled and tensor-core contractions take; 16-bit padding read by masked
+        # taps (the tensor-core fills take one division per k tile, tensor_core.k_parts; float32's tiles one
+        # per element)
+        return ConvPlan("direct_masked" if any(geo.pads) and itemsize < 4 else "direct")
     return ConvPlan("im2col_rows" if itemsize < 4 else "im2col_flat")
 
 
@@ -329,6 +337,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
     if caps.has_local and geo.pointwise:
         out.append(ConvPlan("pointwise"))
     out.append(ConvPlan("direct"))
+    if caps.has_local and any(geo.pads):
+        out.append(ConvPlan("direct_masked"))
     seen: list[ConvPlan] = []
     for p in out:
         try:
@@ -349,8 +359,8 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "depthwise_flat" and not flat_depthwise(geo):
         raise ArgumentError(f"{plan}: the flat loop takes stride 1, output rows as wide as the input's, a row "
                             f"and a column with every tap inside, at most {MAX_PEEL} border rows or columns a side")
-    if plan.family == "direct" and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
-                                    or geo.dilation[0] != geo.dilation[1]):
+    if plan.family in ("direct", "direct_masked") and (geo.groups != 1 or geo.stride[0] != geo.stride[1]
+                                                       or geo.dilation[0] != geo.dilation[1]):
         raise ArgumentError(f"{plan}: the generic loop nest takes one group and square strides and dilations")
     if plan.family in ("im2col_flat", "im2col_rows") and geo.groups != 1:
         raise ArgumentError(f"{plan}: the flat columns take one group")

@@ -81,10 +81,25 @@ TC_DTYPES = ("float16", "bfloat16")
 
 
 def _raw_load(unit: UOp) -> UOp | None:
-    """The 16-bit load under a staged unit float32(load) (or the load itself)."""
+    """The 16-bit operand under a staged unit float32(x) (or x itself): a load, or a masked load
+    where(mask, load, 0) whose mask reads no memory (a convolution's zero padding, kernels.conv2d): its
+    tiles are filled element by element, the mask applied in the fill."""
     if unit.op is Ops.CAST and unit.dtype == dtypes.float32:
         unit = unit.src[0]
-    return unit if unit.op is Ops.LOAD and unit.dtype.name in TC_DTYPES else None
+    if unit.dtype.name not in TC_DTYPES:
+        return None
+    if unit.op is Ops.LOAD:
+        return unit
+    if unit.op is Ops.WHERE and _masked_load(unit):
+        return unit
+    return None
+
+
+def _masked_load(unit: UOp) -> bool:
+    """where(mask, load, 0) with a mask that loads nothing."""
+    cond, val, zero = unit.src
+    return (val.op is Ops.LOAD and zero.op is Ops.CONST and zero.arg == 0
+            and not any(n.op is Ops.LOAD for n in cond.toposort()))
 
 
 def _pow2(x: int) -> bool:
@@ -234,6 +249,8 @@ def launch_alignment(plan, unit: UOp, kind: str, width: int, BK: int) -> list[UO
     `unit`'s full tiles: every stride but the contiguous range's, the offset, and for a fill along rows or
     columns their extent (a clamped run of 8 must stay inside); None when no sizes make them aligned."""
     from ..symbolic import simplify
+    if unit.op is not Ops.LOAD:
+        return None          # a masked load: element by element
     fast = plan.fast.get(unit, "k")
     along = plan.k if fast == "k" else plan.i if kind == "A" else plan.j
     if (fast == "k" and BK % 8) or (fast != "k" and width % 8):
@@ -263,6 +280,8 @@ def staged_fills(plan) -> bool:
     that keep 8-element runs aligned, as _MMABuilder.fill_vector decides."""
     BK = plan.tile[2]
     for u, kind in plan.units.items():
+        if u.op is not Ops.LOAD:
+            return False     # a masked load (zero padding): no 16-byte copies
         fast = plan.fast.get(u, "k")
         rng = plan.k if fast == "k" else plan.i if kind == "A" else plan.j
         width = plan.tile[0] if kind == "A" else plan.tile[1]
@@ -689,6 +708,8 @@ class _MMABuilder(_Builder):
     def fill_vector(self, t: _Tile, width: int, fast: str) -> int:
         """8 (16-byte loads) where gpu_tile would allow 4-wide ones of a 4-byte type: aligned constant strides."""
         p, vec = self.p, 8
+        if t.unit.op is not Ops.LOAD:
+            return 1         # a masked load: element by element
         rng = p.k if fast == "k" else p.i if t.kind == "A" else p.j
         if fast == "k":
             if self.BK % vec:
@@ -697,18 +718,76 @@ class _MMABuilder(_Builder):
             return 1
         return vec if _vector_aligned(t.unit.src[1], rng, vec) else 1
 
+    def k_parts(self, unit: UOp, k0: Instr, lk: Instr, out: list[Item], memo: dict) -> dict[UOp, Instr]:
+        """The unit's k // D and k % D at k = k0 + lk, for constants D that are multiples of BK: k0 // D and
+        k0 % D + lk. Every fill starts at a whole tile (k0 a multiple of BK) and 0 <= lk < BK, so k0 % D + lk
+        < D. The quotient (a tap-major convolution's tap, kernels.conv2d) is then one value per tile for all of
+        a work-item's elements, and what depends on it and on the row alone (the tap's mask and offset) too,
+        instead of a division per element. `memo` keeps k0's quotients and remainders across passes."""
+        k, BK = self.p.k, self.BK
+        parts: dict[UOp, Instr] = {}
+        for n in unit.toposort():
+            if (n.op in (Ops.IDIV, Ops.MOD) and n.src[0] is k and n.src[1].op is Ops.CONST
+                    and n.src[1].arg > 0 and n.src[1].arg % BK == 0):
+                key = (id(k0), n.op, n.src[1].arg)
+                if key not in memo:
+                    memo[key] = self.op(out, n.op, k0, self.c(n.src[1].arg))
+                parts[n] = memo[key] if n.op is Ops.IDIV else self.op(out, Ops.ADD, memo[key], lk)
+        return parts
+
+    def fill(self, t: _Tile, passes: list[_Pass], k0: Instr, k_last: Instr | None, off: Instr | None,
+             loads: list[Item], stores: list[Item]) -> None:
+        """gpu_tile's fill of tile rows k0..k0+BK (k clamped to k_last in the tail), with the unit's k // D
+        and k % D taken from k0 (`k_parts`); the global loads go to `loads`, the rest of the unit and the
+        shared stores (at buffer offset `off`) to `stores`."""
+        p = self.p
+        kmemo: dict = {}
+        for ps in passes:
+            lk = ps.lk if k_last is None else self.op(loads, Ops.MIN, ps.lk, k_last)
+            kc = self.op(loads, Ops.ADD, k0, lk)
+            env = {**self.bind, p.k: kc, **self.k_parts(t.unit, k0, lk, loads, kmemo)}
+            if ps.w is not None:
+                env[p.i if t.kind == "A" else p.j] = ps.w
+            memo: dict[UOp, Instr] = {}
+            if ps.vec > 1:
+                idx = self.expr(t.unit.src[1], env, loads, memo)
+                v = self.new(L.LOAD, t.unit.dtype, (self.expr(t.unit.src[0], env, loads, memo), idx), ps.vec)
+                loads.append(v)
+            else:
+                for n in t.unit.toposort():      # the loads first: in flight while the tile is computed
+                    if n.op is Ops.LOAD:
+                        self.expr(n, env, loads, memo)
+            blk = stores
+            if ps.guard is not None:
+                g = If(ps.guard)
+                stores.append(g)
+                blk = g.body
+            sidx = ps.sidx if off is None else self.op(blk, Ops.ADD, ps.sidx, off)
+            if ps.vec == 1:
+                blk.append(self.new(L.STORE, None, (t.smem, sidx, self.expr(t.unit, env, blk, memo))))
+            elif ps.along == "w":    # contiguous in the tile row too: one vector store
+                blk.append(self.new(L.STORE, None, (t.smem, sidx, v), ps.vec))
+            else:
+                for lane in range(ps.vec):   # consecutive k: one tile row each
+                    x = self.new(L.EXTRACT, t.unit.dtype, (v,), lane)
+                    si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
+                    blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
+
     def fill_zero_padded(self, t: _Tile, k0: Instr, k_rem: Instr, out: list[Item]) -> None:
         """The tail tile into buffer 0: rows k0 + lk for lk < k_rem, zeros below them (clamped loads)."""
         p = self.p
         k_last = self.op(out, Ops.SUB, k_rem, self.c(1))
+        kmemo: dict = {}
         for ps in t.passes:
             blk = out
             if ps.guard is not None:
                 g = If(ps.guard)
                 out.append(g)
                 blk = g.body
-            kc = self.op(blk, Ops.ADD, k0, self.op(blk, Ops.MIN, ps.lk, k_last))
-            env = {**self.bind, p.k: kc, (p.i if t.kind == "A" else p.j): ps.w}
+            lk = self.op(blk, Ops.MIN, ps.lk, k_last)
+            kc = self.op(blk, Ops.ADD, k0, lk)
+            env = {**self.bind, p.k: kc, (p.i if t.kind == "A" else p.j): ps.w,
+                   **self.k_parts(t.unit, k0, lk, blk, kmemo if blk is out else {})}
             v = self.expr(t.unit, env, blk, {})
             ok = self.op(blk, Ops.CMPLT, ps.lk, k_rem)
             z = self.leaf(L.CONST, t.unit.dtype, 0.0)
