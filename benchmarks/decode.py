@@ -165,7 +165,7 @@ def variant_schedules(dev, case: Case) -> list:
 
 def baseline_schedule(dev, case: Case):
     """The default schedule without the small-shape strategies (codegen/strategies/small_shapes.py) and the NVRTC
-    upcast GEMV (schedule.GEMV_UPCAST_RESIDENT): what the kernel ran before them, timed beside the default with
+    upcast GEMV (schedule.GEMV_UPCAST_RESIDENT 0): what the kernel ran before them, timed beside the default with
     --variants."""
     from morok_py.codegen import schedule as S
     from morok_py.codegen.scan import scan_kernel

@@ -71,24 +71,31 @@ def test_decode_rows_are_rounded_to_the_fragment():
 
 
 def test_float32_decode_takes_a_skinny_cuda_core_tile():
-    """cp.async fills (sm_90): the DECODE_CORE_BK-deep tile, double-buffered in the dynamic shared memory."""
     r, c = cuda_renderer()
     s = default_for(K.matmul(32, 4096, 4096), r.caps)
-    assert s.mapping == "tiled" and s.tensor_core is None and s.async_fill, s
-    assert s.matmul_tile == (32, small_shapes.DECODE_COLS, small_shapes.DECODE_CORE_BK, 4, 2), s
-    spec = r.render(K.matmul(32, 4096, 4096), "decode32")
+    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2), s
+    c.compile(r.render(K.matmul(32, 4096, 4096), "decode32"))
+
+
+def test_deep_float32_decode_tiles_are_candidates_with_async_copies_only():
+    """The DECODE_CORE_BK-deep tiles (double-buffered in the dynamic shared memory) are searched where the
+    default fills by cp.async: float accumulators on a target with asynchronous copies."""
+    import dataclasses
+    r, c = cuda_renderer()
+    deep = (32, small_shapes.DECODE_COLS, small_shapes.DECODE_CORE_BK, 4, 2)
+    ast = simplify(K.matmul(32, 4096, 4096))
+    cands = candidate_schedules(ast, r.caps, scan_kernel(ast))
+    s = next(s for s in cands if s.matmul_tile == deep)
+    assert s.async_fill
+    from morok_py.codegen.schedule import using
+    with using(s):
+        spec = r.render(K.matmul(32, 4096, 4096), "deep")
     assert "extern __shared__" in spec.src           # 72 KiB: past the static limit
     c.compile(spec)
-
-
-def test_float32_decode_without_async_copies_keeps_the_static_tile():
-    import dataclasses
-    r, _ = cuda_renderer()
-    caps = dataclasses.replace(r.caps, async_copy=False)
-    s = default_for(K.matmul(32, 4096, 4096), caps)
-    assert s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2) and not s.async_fill, s
-    s = default_for(K.matmul(32, 4096, 4096, dtype=dtypes.int32), r.caps)     # int accumulators: no cp.async
-    assert s.matmul_tile[2] == 64 and not s.async_fill, s
+    for caps, dt in ((dataclasses.replace(r.caps, async_copy=False), dtypes.float32), (r.caps, dtypes.int32)):
+        ast = simplify(K.matmul(32, 4096, 4096, dtype=dt))
+        assert all(s.matmul_tile is None or s.matmul_tile[2] < small_shapes.DECODE_CORE_BK
+                   for s in candidate_schedules(ast, caps, scan_kernel(ast)))
 
 
 @pytest.mark.parametrize("M,N,Kd", [(32, 96, 512), (19, 70, 333), (64, 37, 300)])

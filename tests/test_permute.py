@@ -127,28 +127,6 @@ def test_full_aligned_tiles_use_vector_loads_and_stores(rng):
     assert not any(i.kind in (L.LOAD, L.STORE) and not i.arg and i.src[0].kind is L.PARAM for i in k.walk())
 
 
-@pytest.mark.parametrize("shape", [(131, 197), (132, 196), (63, 65)])
-def test_unaligned_whole_tiles_move_unguarded_scalars(rng, shape):
-    """Symbolic sizes: whole tiles take vectors where the strides are multiples of 4 at launch, unguarded scalars
-    where they are not (UNALIGNED_TILES), edge tiles guarded scalars; every size right, each output stored once."""
-    from morok_py.codegen.linear import If
-    k = interpret(permuted(shape, (1, 0), True), shape, (1, 0), True, rng=rng)
-    branches = [i for i in k.body if isinstance(i, If)]
-    assert len(branches) == 3         # vectors, whole unaligned tiles, edges
-
-    def guarded(branch):
-        return any(isinstance(i, If) for i in branch.body)
-    assert [guarded(b) for b in branches] == [False, False, True]
-    scalar_loads = [i for i in branches[1].body if getattr(i, "kind", None) is L.LOAD and i.src[0].kind is L.PARAM]
-    assert scalar_loads and not any(i.arg for i in scalar_loads)
-
-
-def test_unaligned_whole_tiles_can_take_the_guarded_path(rng, monkeypatch):
-    from morok_py.codegen.strategies import permute as P
-    monkeypatch.setattr(P, "UNALIGNED_TILES", False)
-    interpret(permuted((131, 197), (1, 0), True), (131, 197), (1, 0), True, rng=rng)
-
-
 @pytest.mark.parametrize("dt", [np.float16, np.float64, np.int8, np.int32])
 def test_every_candidate_schedule_is_right(rng, dt):
     shape, perm = (66, 72), (1, 0)

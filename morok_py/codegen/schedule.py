@@ -280,9 +280,13 @@ GEMV_UPCAST_SPLIT = dict(group=512, unroll=4, split=16)
 # flight per item: 111 us on an H100), where the NVPTX pair's PTX takes 128 registers and issues all 36 loads
 # before the first FMA (49 us); with the hint ptxas takes 64 registers and issues all 36 first (SASS of both,
 # ptxas 13.0, sm_90a). The hint on the NVPTX pair spills (316 bytes), so only NVRTC takes it.
+# Measured on an H100 (benchmarks/decode.py, nvrtc): 46.1 us, 0.97x torch (was 57 us, 0.79x).
 GEMV_UPCAST_RESIDENT = 2      # 0: no upcast default on NVRTC (the plain split)
-# The NVRTC upcast default before GEMV_UPCAST_RESIDENT: group 1024, split 32, unroll 4 as a hint, 57-60 us on an
-# H100 (0.79x torch, benchmarks/results/nvidia-h100/decode-nvrtc.json); a candidate, its NVPTX twin spills.
+# NVRTC's upcast default where the lowering can unroll it (K a multiple of split x unroll = 128): group 1024, split 32,
+# unroll 4 unrolled, with __launch_bounds__(1024, 1) (ptxas: 64 registers, all 36 loads before the first FMA; without
+# the hint 70.9 us). Batch-8 GEMV 8x4096x4096 on an H100 (benchmarks/decode.py --variants, nvrtc): 41.2 us against
+# 50.2 us for GEMV_UPCAST_SPLIT with GEMV_UPCAST_RESIDENT in the same run; the hint form without the lowering's
+# unroll (the NVRTC default before) 61 us. Its NVPTX twin spills (856-byte frame).
 GEMV_UPCAST_WIDE = dict(group=1024, unroll=4, split=32)
 # tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. benchmarks/kernels.py
 # on an H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
@@ -321,6 +325,9 @@ def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, spl
         up = (upcast_plan(ast, scan) if cuda and not split_upcast and GEMV_UPCAST_RESIDENT
               and GEMV_UPCAST_SPLIT["group"] <= max_group else None)
         if up is not None:
+            wide = GEMV_UPCAST_WIDE
+            if wide["group"] <= max_group and lowering_unroll_applies(upcast(ast, up), wide["split"], wide["unroll"]):
+                return Schedule("groups", **wide, upcast=up.src[0].arg, min_groups=1, unrolled=True)
             sh = GEMV_UPCAST_SPLIT
             return Schedule("groups", **sh, upcast=up.src[0].arg, min_groups=GEMV_UPCAST_RESIDENT,
                             unrolled=lowering_unroll_applies(upcast(ast, up), sh["split"], sh["unroll"]))
@@ -461,10 +468,11 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         if not permute_applies(ast, caps, scan):
             raise ArgumentError(f"{schedule}: the kernel is no permutation or the target has no shared memory")
     if schedule.tensor_core is not None:
-        from .strategies.tensor_core import tc_plan, tc_threads
+        from .strategies.matrix_units import mma_plan
+        from .strategies.tensor_core import tc_threads
         if (schedule.tensor_core not in caps.tensor_cores or tc_threads(schedule.matmul_tile, schedule.tensor_core) != schedule.group
-                or tc_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle,
-                           schedule.tensor_core) is None):
+                or mma_plan(ast, caps, scan, schedule.matmul_tile, schedule.tc_stages, schedule.tc_swizzle,
+                            schedule.tensor_core) is None):
             raise ArgumentError(f"{schedule}: the target or the kernel cannot take these tensor-core tiles")
     elif schedule.mapping == "tiled":
         from .gpu_tile import plan_tile
@@ -556,8 +564,9 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                     if base.matmul_tile == t]
             if WGMMA in caps.tensor_cores:
                 from .strategies.wgmma import WG_CANDIDATES
+                from .strategies.wgmma_f8 import F8_CANDIDATES
                 out += [Schedule("tiled", group=tc_threads(t, WGMMA), matmul_tile=t, tensor_core=WGMMA, tc_stages=st,
-                                 tc_swizzle=True) for t, st in WG_CANDIDATES]
+                                 tc_swizzle=True) for t, st in WG_CANDIDATES + F8_CANDIDATES]
             first = caps.tensor_cores[0]      # the warp-level instruction (mma.sync on NVIDIA)
             if base.tensor_core == first:
                 out += [replace(base, tc_stages=st, tc_swizzle=sw) for st, sw in TC_PIPELINES]

@@ -33,10 +33,6 @@ GROUP = 256                # work-items per group: 16 elements each in a 64 x 64
 MERGE_BELOW = 32           # a contiguous run shorter than this takes the next range out (PermutePlan)
 TILES = (32, 64)           # the edges a schedule may name
 VECTOR = 4                 # lanes of a vector load or store
-UNALIGNED_TILES = True     # whole tiles that cannot take vectors (symbolic strides not multiples of VECTOR at launch)
-                           # move unguarded scalars; False: the guarded path of the edge tiles, per element. The
-                           # guarded path moved 8191x8193 float32 at 0.72x memcpy on an H100
-                           # (benchmarks/results/nvidia-h100/permute-nvrtc.json, transpose_2d_odd)
 _VECTOR_DTYPES = ("float32", "int32", "uint32", "float16", "bfloat16")   # what the printers print as vectors
 
 
@@ -232,9 +228,8 @@ class _PermuteBuilder(_Builder):
         vl = VECTOR if pp.load_vec is not None else 1
         vs = VECTOR if pp.store_vec is not None else 1
         last = self.c(T - 1)
-        inside = self.op(top, Ops.AND, self.op(top, Ops.CMPLT, last, self.rem[0]),
-                         self.op(top, Ops.CMPLT, last, self.rem[1]), dtype=dtypes.bool)
-        full = inside
+        full = self.op(top, Ops.AND, self.op(top, Ops.CMPLT, last, self.rem[0]),
+                       self.op(top, Ops.CMPLT, last, self.rem[1]), dtype=dtypes.bool)
         conds = [c for c in (pp.load_vec or ()) + (pp.store_vec or ())]
         conds = list({id(c): c for c in conds}.values())
         if conds:       # symbolic strides: vectors only when each is a multiple of VECTOR at launch
@@ -249,24 +244,11 @@ class _PermuteBuilder(_Builder):
         if not conds and all(e.op is Ops.CONST and e.arg % T == 0 for e in ends):
             self.move(top, vl, vs, guarded=False)      # every tile is full and aligned
             return self.finish(top)
-        true = self.leaf(L.CONST, dtypes.bool, True)
         fast = If(full)
-        top.append(fast)
-        self.move(fast.body, vl, vs, guarded=False)
-        if conds and (vl > 1 or vs > 1):
-            # a whole tile whose strides are not multiples of VECTOR at launch (odd symbolic sizes: every tile):
-            # scalar but unguarded, so its loads issue together (UNALIGNED_TILES)
-            if UNALIGNED_TILES:
-                unaligned = self.new(L.ALU, dtypes.bool, (full, true), Ops.XOR)
-                top.append(unaligned)
-                odd = self.op(top, Ops.AND, inside, unaligned, dtype=dtypes.bool)
-                whole = If(odd)
-                top.append(whole)
-                self.move(whole.body, 1, 1, guarded=False)
-                full = inside
-        slow_cond = self.new(L.ALU, dtypes.bool, (full, true), Ops.XOR)
+        slow_cond = self.new(L.ALU, dtypes.bool, (full, self.leaf(L.CONST, dtypes.bool, True)), Ops.XOR)
         slow = If(slow_cond)
-        top += [slow_cond, slow]
+        top += [fast, slow_cond, slow]
+        self.move(fast.body, vl, vs, guarded=False)
         self.move(slow.body, 1, 1, guarded=True)
         return self.finish(top)
 

@@ -32,10 +32,11 @@ DECODE_ROWS = 64        # a contraction of at most this many constant rows is a 
 DECODE_MIN_ROWS = 16    # ... and at least this many (fewer: a GEMV, strategies/split_reduce.py's split)
 DECODE_COLS = 32        # columns of a decode block: 4096 / 32 = 128 blocks, about one per SM of an H100 (132)
 DECODE_BK = 128         # k depth of a 16-bit decode tile: 4 cp.async stages of (32 + 32) x 128 halves in flight
-DECODE_CORE_BK = 128    # k depth of the float32 decode tile where tiles are filled by cp.async (async_fill): its
-                        # double buffer (72 KiB, gpu_tile.ASYNC_SMEM_LIMIT) keeps 16 KiB of the weight matrix in
-                        # flight per block, twice the 64-deep tile's, whose 128 blocks read 0.79 TB/s on an H100
-                        # (32x4096x4096, 87 us, benchmarks/results/nvidia-h100/decode-nvrtc.json): latency-bound
+DECODE_CORE_BK = 128    # k depth of the deep float32 decode tiles a search may time where tiles are filled by cp.async
+                        # (async_fill; 72 KiB double-buffered, gpu_tile.ASYNC_SMEM_LIMIT): 16 KiB of the weight matrix
+                        # in flight per block, twice the 64-deep tile's. Not the default: on an H100 (32x4096x4096,
+                        # benchmarks/decode.py --variants) 32x32x128 ran 92.6-95.4 us against 88 us 64 deep, so the
+                        # 64-deep tile is not bound by the weight bytes in flight
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
 FEW_COLUMNS = 128       # a float32 contraction over at most this many constant columns: 128 x 64 blocks
 FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
@@ -109,17 +110,16 @@ def decode_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool
 
 def decode_core_tiles(M: int, deep: bool = False) -> list[tuple[int, int, int, int, int]]:
     """CUDA-core decode tiles (BM, BN, BK, TM, TN), the default first: 8 work-items along the rows, each
-    BM / 8 x 2 outputs (4 warps a block), 64 deep, or DECODE_CORE_BK deep where `deep` (tiles filled by cp.async,
-    which may take the dynamic shared memory). On an H200 (benchmarks/decode.py, 32 x 4096 x 4096 float32)
+    BM / 8 x 2 outputs (4 warps a block), 64 deep; `deep` (tiles filled by cp.async, which may take the dynamic
+    shared memory) adds DECODE_CORE_BK-deep candidates. On an H200 (benchmarks/decode.py, 32 x 4096 x 4096 float32)
     the 64-deep tile ran 84-86 us, as 2 x 2 outputs per item 64 deep (84-85 us), against 90-92 us 32 deep and
     252-398 us with the 128 x 128 blocks: all short of torch's 57-69 us (shared reads are not what bounds them)."""
     BM = _pow2_at_least(M, 8)
     TM = max(1, BM // 8)
     half = max(1, TM // 2)
-    deeper = [(BM, DECODE_COLS, DECODE_CORE_BK, TM, 2), (BM, DECODE_COLS, DECODE_CORE_BK, half, 2),
-              (BM, 16, DECODE_CORE_BK, TM, 2)] if deep else []
-    return deeper + [(BM, DECODE_COLS, 64, TM, 2), (BM, DECODE_COLS, 32, TM, 2), (BM, DECODE_COLS, 64, TM, 4),
-                     (BM, DECODE_COLS, 64, half, 2), (BM, DECODE_COLS, 32, half, 2), (BM, 16, 64, TM, 2)]
+    deeper = [(BM, DECODE_COLS, DECODE_CORE_BK, TM, 2), (BM, DECODE_COLS, DECODE_CORE_BK, half, 2)] if deep else []
+    return [(BM, DECODE_COLS, 64, TM, 2), (BM, DECODE_COLS, 64, half, 2)] + deeper + [
+        (BM, DECODE_COLS, 32, TM, 2), (BM, DECODE_COLS, 64, TM, 4), (BM, DECODE_COLS, 32, half, 2), (BM, 16, 64, TM, 2)]
 
 
 def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bool = False):
