@@ -263,6 +263,11 @@ class Buffer:
         dev = get_device(f"{name}:{0 if kind == D.CPU else ordinal}")
         stream_of = getattr(dev, "dlpack_stream", None)
         stream = stream_of() if stream_of is not None else None
+        after = getattr(dev, "dlpack_imported", None)
+        # a producer that names its stream exports without the handshake; this device orders itself after it
+        produced_on = D.producer_stream(obj, kind, ordinal) if after is not None else None
+        if produced_on is not None:
+            stream = -1
         try:
             try:
                 capsule = obj.__dlpack__(stream=stream, max_version=D.VERSION)
@@ -274,9 +279,8 @@ class Buffer:
             raise D.DLPackError(f"{type(obj).__name__} refused to export: {e}") from e
         imported = D.Imported(capsule)
         try:
-            after = getattr(dev, "dlpack_imported", None)
             if after is not None:       # the device's stream waits for the one the producer ordered
-                after()
+                after(produced_on)
             if imported.device != (kind, ordinal):
                 raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "
                                     f"that __dlpack_device__ said")

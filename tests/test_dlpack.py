@@ -408,6 +408,35 @@ def test_a_buffer_views_a_torch_tensor_and_writes_go_both_ways(gpu, torch, rng):
     np.testing.assert_array_equal(z.cpu().numpy(), 2 * x.cpu().numpy())
 
 
+def test_only_a_torch_gpu_tensor_names_its_stream(torch):
+    """dlpack.producer_stream: PyTorch's current stream for its GPU tensors; None for a CPU tensor, for
+    other libraries' objects and for a device type without streams (those take the protocol's handshake)."""
+    from morok_py import dlpack as D
+    assert D.producer_stream(torch.arange(4, dtype=torch.float32), D.CPU, 0) is None
+    assert D.producer_stream(np.arange(4, dtype=np.float32), D.CUDA, 0) is None
+    assert D.producer_stream(object(), D.CUDA, 0) is None
+
+
+@pytest.mark.cuda
+def test_an_import_waits_for_work_on_torchs_side_stream(gpu, torch):
+    """A tensor written on a non-default torch stream behind a long sleep: the import orders this device's
+    stream after that stream (torch exported with stream=-1), so our copy-out sees the write."""
+    from morok_py import dlpack as D
+    n = 1 << 20
+    z = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert D.producer_stream(z, D.CUDA, 0) == side.cuda_stream
+        torch.cuda._sleep(200_000_000)       # ~0.1 s of GPU cycles before the write
+        z.fill_(3)
+        bz = Buffer.from_dlpack(z)
+    out = gpu.buffer(n, dtypes.float32)
+    gpu.compile(K.add(), name="dlpack_gpu_add")(bz, bz, out, n=n)     # on our stream, after the fill
+    np.testing.assert_array_equal(out.numpy(), np.full(n, 6, np.float32))
+    side.synchronize()
+
+
 @pytest.mark.cuda
 def test_torch_refusals(gpu, torch):
     x = torch.randn(64, device="cuda")

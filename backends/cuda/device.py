@@ -110,14 +110,21 @@ class CUDADevice(Device):
         one per call for any other stream); `dlpack_imported` then orders this device's stream after it."""
         return 1
 
-    def dlpack_imported(self) -> None:
-        """This device's stream waits for the legacy default stream (where the producer ordered its work),
-        unless that stream is idle."""
+    def dlpack_imported(self, producer: int | None = None) -> None:
+        """This device's stream waits for the producer's: the legacy default stream, where a producer
+        asked with `dlpack_stream` ordered its work, or the raw stream handle `producer` its library
+        named (dlpack.producer_stream; 0 is the legacy default stream), unless that stream is idle."""
         query, record, wait, ok, legacy, check, events, streams = self._dlpack_api or self._dlpack_setup()
         self.make_current()
-        if query(legacy)[0] == ok:
+        src = legacy if producer is None or producer in (0, 1) else streams.get(producer)
+        if src is None:
+            from cuda.bindings import driver as cu
+            src = cu.CUstream(producer)
+            if len(streams) < 64:
+                streams[producer] = src
+        if query(src)[0] == ok:
             return
-        check(record(events[0], legacy), "cuEventRecord")
+        check(record(events[0], src), "cuEventRecord")
         check(wait(self.stream, events[0], 0), "cuStreamWaitEvent")
 
     # (cuStreamQuery, cuEventRecord, cuStreamWaitEvent, CUDA_SUCCESS, the legacy stream, check, (import
