@@ -7,7 +7,8 @@ symbolic sizes), which the default schedule moves through shared-memory tiles (c
 permute.py), as bytes read + written per second; PyTorch's `x.permute(...).contiguous()` and a
 device-to-device copy of the same bytes (`dst.copy_(src)`, the memcpy ceiling) timed with CUDA events in
 the same run. Ours is the program's own `wait=True` time on the raw launch path. Every result is checked
-against numpy first. `--variants` also times every permute candidate schedule of the 2-D case.
+against numpy first. `--variants` also times every permute candidate schedule of the 2-D cases (8192^2 and the
+odd 8191 x 8193).
 
 dlpack...: microseconds per call, perf_counter over many calls: `Buffer.from_dlpack(torch tensor)` (the
 Buffer dropped after each), `buffer.__dlpack__(stream=1)` (what torch.from_dlpack asks), the round trip
@@ -68,7 +69,7 @@ def transposes(dev, res, args, torch, timer, rows) -> None:
         ast = permuted(shape, perm, sym)
         want = x.transpose(perm)
         progs = [("default", dev.compile(ast, name=name))]
-        if args.variants and name == "transpose_2d":
+        if args.variants and name in ("transpose_2d", "transpose_2d_odd"):
             from morok_py.codegen.scan import scan_kernel
             from morok_py.codegen.schedule import candidate_schedules
             spec = dev.renderer.render(ast, name)
@@ -180,7 +181,7 @@ def dlpack(dev, res, args, torch, cupy, rows) -> None:
 
 def main() -> None:
     p = H.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--variants", action="store_true", help="time every permute candidate schedule of the 2-D case")
+    p.add_argument("--variants", action="store_true", help="time every permute candidate schedule of the 2-D cases")
     p.add_argument("--only", default="", help="transpose or dlpack (default: both)")
     args = p.parse_args()
     dev = H.open_device(args.device)

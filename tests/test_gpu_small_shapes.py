@@ -98,6 +98,57 @@ def test_deep_float32_decode_tiles_are_candidates_with_async_copies_only():
                    for s in candidate_schedules(ast, caps, scan_kernel(ast)))
 
 
+def test_float32_decode_splits_k_over_four_groups_per_tile():
+    """The decode tile's 128 blocks would leave an H100's 132 SMs with one group each: DECODE_SPLIT_K groups per
+    output tile, a hidden scratch for the parts and a ticket counter per tile; both CUDA pairs compile it."""
+    pairs = __import__("backends.cuda.device", fromlist=["x"]).compile_only_pairs("sm_90")[:2]
+    for r, c in pairs:
+        s = default_for(K.matmul(32, 4096, 4096), r.caps)
+        assert s.split_k == small_shapes.DECODE_SPLIT_K and f"split_k={small_shapes.DECODE_SPLIT_K}" in str(s), s
+        spec = r.render(K.matmul(32, 4096, 4096), "decode32")
+        assert spec.launch_dims({})[0] == (4096 // small_shapes.DECODE_COLS, 1, small_shapes.DECODE_SPLIT_K)
+        assert [h.count for h in spec.launch.hidden] == [128 * 4 * 32 * 32, 128]
+        c.compile(spec)
+
+
+@pytest.mark.parametrize("ast,why", [
+    (lambda: K.matmul(32, 4096, 4000), "K no multiple of parts x BK"),
+    (lambda: K.matmul(32, 4096, 4096, dtype=dtypes.int32), "integer sum"),
+    (lambda: K.matmul(32, bounded("N", 4096), 4096), "symbolic N"),
+    (lambda: K.matmul(64, 8192, 4096), "256 blocks: the GPU is full"),
+])
+def test_decode_without_split_k(ast, why):
+    r, _ = cuda_renderer()
+    assert default_for(ast(), r.caps).split_k == 0, why
+
+
+def test_split_k_schedule_is_refused_where_it_cannot_apply():
+    r, _ = cuda_renderer()
+    with pytest.raises(ValueError, match="split_k"):
+        Schedule("groups", group=256, split_k=4)
+    with pytest.raises(ValueError, match="split_k"):
+        lower(simplify(K.matmul(32, 256, 300)), r.caps, "s",
+              schedule=Schedule("tiled", group=128, matmul_tile=(32, 32, 64, 4, 2), split_k=4))
+
+
+@pytest.mark.parametrize("M,N,Kd,S", [(19, 70, 512, 4), (32, 96, 256, 2), (64, 37, 1024, 8), (5, 33, 128, 2)])
+def test_split_k_interpreted(rng, M, N, Kd, S):
+    """Each output tile on S groups, the last summing the parts: odd M and N, every output stored once."""
+    r, _ = cuda_renderer()
+    BM = _pow2(M)
+    tile = (BM, small_shapes.DECODE_COLS, 64, max(1, BM // 8), 2)
+    ast = simplify(K.matmul(M, N, Kd))
+    kernel, info = lower(ast, r.caps, "sk", schedule=Schedule("tiled", group=(BM // tile[3]) * 16, matmul_tile=tile,
+                                                            async_fill=True, split_k=S))
+    assert info.launch_dims({})[0][2] == S and len(info.hidden) == 2
+    a = random_array(rng, (M, Kd), np.float32)
+    w = random_array(rng, (Kd, N), np.float32)
+    out = np.zeros(M * N, np.float32)
+    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
+    np.testing.assert_allclose(out.reshape(M, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    assert (writes[2] == 1).all()
+
+
 @pytest.mark.parametrize("M,N,Kd", [(32, 96, 512), (19, 70, 333), (64, 37, 300)])
 def test_deep_float32_decode_tile_interpreted(rng, M, N, Kd):
     """The deep decode tile (cp.async fills, both buffers in dynamic shared memory) on odd sizes, through the
@@ -238,6 +289,22 @@ def _matmul_check(target, rng, ast, M, N, Kd, dt, vals=None):
 @pytest.mark.parametrize("M,N,Kd", [(32, 4096, 4096), (17, 520, 999), (48, 1000, 333), (64, 136, 72)])
 def test_decode_contractions(device, rng, dt, M, N, Kd):
     _matmul_check(device, rng, K.matmul(M, N, Kd, dtype=dt), M, N, Kd, dt)
+
+
+@pytest.mark.parametrize("M,N,Kd", [(32, 4096, 4096), (19, 333, 1024)])
+def test_split_k_decode_launched_twice(device, rng, M, N, Kd):
+    """The split-k decode tile (float32) twice on the same buffers: the last group of each tile resets its ticket
+    counter, so the second launch combines its own parts."""
+    a = random_array(rng, (M, Kd), np.float32)
+    w = (random_array(rng, (Kd, N), np.float32) / np.sqrt(Kd)).astype(np.float32)
+    prog = device.compile(K.matmul(M, N, Kd))
+    bufs = [device.buf(a), device.buf(w), device.empty(M * N, dtypes.float32)]
+    for scale in (1, 2):
+        if scale == 2:
+            bufs[0] = device.buf(2 * a)
+        prog(*bufs)
+        np.testing.assert_allclose(bufs[2].numpy().reshape(M, N), scale * a.astype(np.float64) @ w, rtol=1e-4,
+                                   atol=1e-4)
 
 
 @pytest.mark.parametrize("B,N,Kd", [(8, 4096, 4096), (5, 333, 1000), (16, 97, 640)])

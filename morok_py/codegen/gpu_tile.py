@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from ..dtypes import DType, dtypes
 from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
-from .launch_check import Access, LaunchInfo, SteppedLoop
-from .linear import If, Instr, Item, L, LinearKernel, Loop
+from .launch_check import Access, HiddenBuffer, LaunchInfo, SteppedLoop
+from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
 from .scan import KernelScan, ast_fact, reduce_identity, scan_kernel, x_coefficient
 from .symbolic import simplify
 
@@ -367,9 +367,14 @@ class _Builder:
         sizes = [self.expr(r.src[0], {}, top, memo) for r in (p.i, p.j, p.k)]
         return (gx, gy, tid, *sizes)
 
-    def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan, async_fill: bool = False) -> None:
+    def __init__(self, ast: UOp, caps: "Capabilities", name: str, plan: _Plan, async_fill: bool = False,
+                 split_k: int = 1) -> None:
         self.ast, self.caps, self.name, self.p = ast, caps, name, plan
         self.async_fill = async_fill and caps.async_copy
+        self.split_k = split_k          # work-groups per output tile, each over K / split_k (split_k_applies)
+        self.kbeg: Instr | None = None  # split_k: the first k of this group's part
+        self.hidden: list[HiddenBuffer] = []
+        self.hidden_params: list[ParamInfo] = []
         self.next_id = 0
         self.leaves: dict[tuple, Instr] = {}
         # integer nodes of load/store indices and range ends may be printed with nsw (the launch check
@@ -451,6 +456,11 @@ class _Builder:
         body: list[Item] = []
         top = body
         gx, gy, tid, M, N, K = self.grid_prologue(p, top)
+        if self.split_k > 1:        # group z: this group's part of k (p.b is None: z is free)
+            gz = self.new(L.SPECIAL, dtypes.index, (), ("group_id", 2))
+            top.append(gz)
+            self.gz = gz
+            self.kbeg = self.op(top, Ops.MUL, gz, self.c(int(p.k.src[0].arg) // self.split_k))
         tx = self.op(top, Ops.MOD, tid, self.c(NT))
         ty = self.op(top, Ops.IDIV, tid, self.c(NT))
         # the grid has exactly ceil(M / BM) x ceil(N / BN) groups: row0 <= M - 1, col0 <= N - 1
@@ -489,8 +499,11 @@ class _Builder:
         top.append(has_k)
         work = has_k.body
         self.regs = self.register_units(work)
-        # full tiles: k0 = 0, BK, ..., k_full - BK
-        k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
+        # full tiles: k0 = 0, BK, ..., k_full - BK (split_k: kbeg, ..., kbeg + K / split_k - BK)
+        if self.kbeg is not None:
+            k_full = self.op(work, Ops.ADD, self.kbeg, self.c(int(p.k.src[0].arg) // self.split_k))
+        else:
+            k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
         # its last step reaches k_full <= K: it cannot wrap, but it is checked like every stepped loop
         Ke = p.k.src[0]
         self.stepped = [SteppedLoop(Ke - Ke % BK, UOp.const(BK, dtypes.index), UOp.const(0, dtypes.index))]
@@ -510,34 +523,102 @@ class _Builder:
             self.k_loop(slow.body, k_full, self.db and all(not t.vcond for t in self.tiles))
         else:
             self.k_loop(work, k_full, self.db)
-        # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
-        tail = If(self.op(work, Ops.CMPLT, k_full, K))
-        work.append(tail)
-        self.scalar_passes_in(tail.body)
-        k_rem = self.op(tail.body, Ops.SUB, K, k_full)
-        self.k_step(tail.body, k_full, self.op(tail.body, Ops.SUB, k_rem, self.c(1)), k_rem)
-        self.epilogue(top)
+        if self.kbeg is None:
+            # the tail: one partial tile of k_rem < BK valid k (a uniform condition: barriers are fine)
+            tail = If(self.op(work, Ops.CMPLT, k_full, K))
+            work.append(tail)
+            self.scalar_passes_in(tail.body)
+            k_rem = self.op(tail.body, Ops.SUB, K, k_full)
+            self.k_step(tail.body, k_full, self.op(tail.body, Ops.SUB, k_rem, self.c(1)), k_rem)
+            self.epilogue(top)
+        else:
+            self.epilogue(self.combine_parts(top))
         return self.finish(body)
+
+    def combine_parts(self, top: list[Item]) -> list[Item]:
+        """split_k: every group writes its accumulators to a hidden scratch (its tile's part), then takes a
+        ticket from the tile's hidden counter; the group that takes the last one sums the parts (in part
+        order) into its accumulators, resets the counter for the next launch, and runs the epilogue: the
+        list returned. As strategies/grid_reduce.py combines a full reduction's partials."""
+        p, S = self.p, self.split_k
+        BM, BN = p.tile[:2]
+        cols = -(-int(p.j.src[0].arg) // BN)
+        tiles = cols * -(-int(p.i.src[0].arg) // BM)
+        dt = p.red.dtype
+        slot = len(p.scan.params)
+        self.hidden = [HiddenBuffer(dt, tiles * S * BM * BN), HiddenBuffer(dtypes.uint32, tiles)]
+        self.hidden_params = [ParamInfo(slot, dt, True, True), ParamInfo(slot + 1, dtypes.uint32, True, True)]
+        scratch = self.new(L.PARAM, dt, (), slot)
+        counter = self.new(L.PARAM, dtypes.uint32, (), slot + 1)
+        gx, gy = (next(i for i in top if isinstance(i, Instr) and i.kind is L.SPECIAL and i.arg == ("group_id", d))
+                  for d in (0, 1))
+        tid = next(i for i in top if isinstance(i, Instr) and i.kind is L.SPECIAL and i.arg == ("local_id", 0))
+        tile = self.op(top, Ops.ADD, self.op(top, Ops.MUL, gy, self.c(cols)), gx)
+        first = self.op(top, Ops.MUL, tile, self.c(S * BM * BN))         # the tile's part 0
+        mine = self.op(top, Ops.ADD, first, self.op(top, Ops.MUL, self.gz, self.c(BM * BN)))
+        pos = {}
+        for r, ro in enumerate(self.offs["A"]):
+            lr = self.op(top, Ops.ADD, self.first["A"], self.c(ro)) if ro else self.first["A"]
+            for c, co in enumerate(self.offs["B"]):
+                lc = self.op(top, Ops.ADD, self.first["B"], self.c(co)) if co else self.first["B"]
+                pos[r, c] = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lr, self.c(BN)), lc)
+                v = self.new(L.ACC_LOAD, dt, (self.accs[r][c],))
+                top += [v, self.new(L.STORE, None, (scratch, self.op(top, Ops.ADD, mine, pos[r, c]), v))]
+        # every item's parts are visible device-wide before item 0 takes the ticket
+        top += [self.new(L.FENCE, None), self.new(L.BARRIER, None)]
+        zero = self.c(0)
+        flag = self.new(L.LOCAL, dtypes.int32, (), 1)
+        top.append(flag)
+        is0 = self.new(L.ALU, dtypes.bool, (tid, zero), Ops.CMPEQ)
+        top.append(is0)
+        taker = If(is0)
+        ticket = self.new(L.ATOMIC_ADD, dtypes.uint32, (counter, tile, self.new(L.CONST, dtypes.uint32, (), 1)))
+        got = self.new(L.ALU, dtypes.bool, (ticket, self.new(L.CONST, dtypes.uint32, (), S - 1)), Ops.CMPEQ)
+        as_int = self.new(L.ALU, dtypes.int32, (got,), Ops.CAST)
+        taker.body += [ticket, self.new(L.FENCE, None), got, as_int, self.new(L.STORE, None, (flag, zero, as_int))]
+        top += [taker, self.new(L.BARRIER, None)]
+        fv = self.new(L.LOAD, dtypes.int32, (flag, zero))
+        last_cond = self.new(L.ALU, dtypes.bool, (fv, self.new(L.CONST, dtypes.int32, (), 0)), Ops.CMPNE)
+        last = If(last_cond)
+        top += [fv, last_cond, last]
+        out = last.body
+        for (r, c), at in pos.items():
+            total = None
+            for part in range(S):
+                idx = self.op(out, Ops.ADD, self.op(out, Ops.ADD, first, self.c(part * BM * BN)) if part else first, at)
+                v = self.new(L.LOAD, dt, (scratch, idx))
+                v.volatile = True
+                out.append(v)
+                if total is None:
+                    total = v
+                else:
+                    total = self.new(L.ALU, dt, (total, v), Ops.ADD)
+                    out.append(total)
+            out.append(self.new(L.ACC_STORE, None, (self.accs[r][c], total)))
+        again = self.new(L.ALU, dtypes.bool, (tid, zero), Ops.CMPEQ)
+        out += [again, If(again, [self.new(L.STORE, None, (counter, tile, self.new(L.CONST, dtypes.uint32, (), 0)))])]
+        return out
 
     def k_loop(self, work: list[Item], k_full: Instr, db: bool) -> None:
         """The full tiles k0 = 0, BK, ..., k_full - BK, double-buffered or not."""
         zero, BK = self.c(0), self.BK
-        main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
+        start = zero if self.kbeg is None else self.kbeg
+        main = Loop(self.new(L.LOOPVAR, dtypes.index), start, k_full, AxisType.REDUCE, step=self.c(BK))
         if db:
             # the first full tile into buffer 0; then step k0 computes from buffer (k0 / BK) % 2 while the
             # next tile is in flight into the other one (read in the step before, behind its barrier):
             # register-staged loads whose shared stores follow the arithmetic, or asynchronous copies
             # (async_fill) that land at the wait before the step's barrier
             asy = {id(t): self.async_fill and self.copies_async(t) for t in self.tiles}
-            first = If(self.op(work, Ops.CMPLT, zero, k_full))
+            first = If(self.op(work, Ops.CMPLT, start, k_full))
             work.append(first)
             par = self.new(L.ACC, dtypes.index, (), 0)     # which buffer this step reads: 0, 1, 0, ...
             work.append(par)
             for t in self.tiles:
                 if asy[id(t)]:
-                    self.fill_async(t, zero, None, first.body)
+                    self.fill_async(t, start, None, first.body)
                 else:
-                    self.fill(t, self.full_passes(t), zero, None, None, first.body, first.body)
+                    self.fill(t, self.full_passes(t), start, None, None, first.body, first.body)
             if any(asy.values()):
                 first.body += [self.new(L.CP_COMMIT, None), self.new(L.CP_WAIT, None, (), 0)]
             first.body.append(self.new(L.BARRIER, None))
@@ -584,15 +665,17 @@ class _Builder:
         dims = [_cdiv_groups(p.j.src[0], BN), _cdiv_groups(p.i.src[0], BM)]
         if p.b is not None:
             dims.append(p.b.src[0])
+        elif self.split_k > 1:
+            dims.append(UOp.const(self.split_k, dtypes.index))
         local = (self.T, 1, 1)
         # the hint caps registers (CUDA: 128 for 256 items; two groups must fit the 1024 threads of an SM
         # of any arch)
         occupancy = MIN_GROUPS if self.plain and self.T * MIN_GROUPS <= 1024 else 0
-        kernel = LinearKernel(self.name, pinfo, [v.name for v in var_list], body, local,
+        kernel = LinearKernel(self.name, pinfo + self.hidden_params, [v.name for v in var_list], body, local,
                               thread_split=False, gpu=True, min_groups=occupancy)
         info = LaunchInfo(pinfo, var_list, dims, local, True, accesses,
                           [r.src[0] for r in ranges.values()], self.caps.grid_max, group_per_item=True,
-                          stepped_loops=self.stepped)
+                          hidden=self.hidden, stepped_loops=self.stepped)
         return kernel, info
 
     def tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
@@ -941,9 +1024,25 @@ def deeper_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
     return plan.tile if 2 * smem <= SMEM_LIMIT else tile
 
 
+def split_k_applies(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int],
+                    split: int) -> bool:
+    """Whether a contraction can take `split` work-groups per output tile (Schedule.split_k): a GPU with shared
+    memory, a sum over a float accumulator, constant M, N and K with K a multiple of split x BK, no batch range,
+    and targets with device-scope atomics (the tickets; CUDA-like targets, where it was timed)."""
+    if split < 2 or not caps.has_local or not caps.has_shared or not _cuda_like(caps):
+        return False
+    plan = _plan(ast, caps, scan, tile)
+    if plan is None or plan.b is not None or plan.red.arg is not Ops.ADD or not plan.red.dtype.is_float:
+        return False
+    ends = [r.src[0] for r in (plan.i, plan.j, plan.k)]
+    if any(e.op is not Ops.CONST for e in ends):
+        return False
+    return int(ends[2].arg) % (split * plan.tile[2]) == 0
+
+
 def tile_contraction(ast: "UOp", caps: "Capabilities", name: str, scan: "KernelScan | None" = None,
                      tile: tuple[int, int, int, int, int] | None = None,
-                     async_fill: bool = False) -> "tuple[LinearKernel, LaunchInfo] | None":
+                     async_fill: bool = False, split_k: int = 1) -> "tuple[LinearKernel, LaunchInfo] | None":
     """The tiled lowering of a matmul-like kernel, or None for anything else (or a tile too big).
     `scan`: `lower`'s scan_kernel(ast), when it has one; `tile`: the schedule's (None: the caps');
     `async_fill`: the schedule's (full double-buffered tiles filled by cp.async where they allow it)."""
@@ -952,4 +1051,6 @@ def tile_contraction(ast: "UOp", caps: "Capabilities", name: str, scan: "KernelS
     plan = _plan(ast, caps, scan, tile)
     if plan is None:
         return None
-    return _Builder(ast, caps, name, plan, async_fill).build()
+    if split_k > 1 and not split_k_applies(ast, caps, scan, plan.tile, split_k):
+        return None
+    return _Builder(ast, caps, name, plan, async_fill, max(1, split_k)).build()

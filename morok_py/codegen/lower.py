@@ -558,7 +558,7 @@ def lower(ast: UOp, caps: Capabilities, name: str,
             tiled = tile_mma(ast, caps, name, scan, schedule.matmul_tile, schedule.tensor_core,
                              schedule.tc_stages, schedule.tc_swizzle)
         else:
-            tiled = tile_contraction(ast, caps, name, scan, schedule.matmul_tile, schedule.async_fill)
+            tiled = tile_contraction(ast, caps, name, scan, schedule.matmul_tile, schedule.async_fill, schedule.split_k)
         if tiled is not None:
             tiled[0].schedule = schedule
             return tiled

@@ -86,6 +86,8 @@ class Schedule:
     permute        "groups": a permutation moved through shared-memory tiles of this edge (strategies/permute.py); 0: off.
     row_split      reduce "grid" over one GLOBAL range of constant rows: each row on this many work-groups (a power
                    of two), the last of them combining the row's partials (strategies/grid_reduce.py); 0: off.
+    split_k        tiled without a tensor_core: each output tile on this many work-groups, each over K / split_k,
+                   the last of them summing the parts from a hidden scratch (gpu_tile.split_k_applies); 0: off.
     """
 
     mapping: str
@@ -110,6 +112,7 @@ class Schedule:
     async_fill: bool = False
     permute: int = 0
     row_split: int = 0
+    split_k: int = 0
 
     def __post_init__(self) -> None:
         if self.row_split and (self.row_split < 2 or self.row_split & (self.row_split - 1) or self.reduce != "grid"):
@@ -137,6 +140,8 @@ class Schedule:
             raise ArgumentError("tensor_core needs mapping 'tiled'")
         if (self.tc_stages or self.tc_swizzle) and self.tensor_core is None:
             raise ArgumentError("tc_stages and tc_swizzle need a tensor_core")
+        if self.split_k and (self.split_k < 2 or self.mapping != "tiled" or self.tensor_core is not None):
+            raise ArgumentError("split_k is a field of the tiled mapping without a tensor_core, at least 2")
         if self.async_fill and (self.mapping != "tiled" or self.tensor_core is not None):
             raise ArgumentError("async_fill is a field of the tiled mapping without a tensor_core (which stages by tc_stages)")
         if self.register_tile is not None and self.mapping != "threads":
@@ -196,7 +201,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ArgumentError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute", "row_split"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute", "row_split", "split_k"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ArgumentError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
@@ -379,7 +384,8 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
             # timed on float accumulators; an int32 product spilled 8 bytes under the 128-register cap (nvrtc)
             floats = all(u.dtype.is_float for u in ast.toposort() if u.op is Ops.REDUCE)
             return Schedule("tiled", group=_tile_threads(tile), matmul_tile=tile,
-                            async_fill=caps.async_copy and ASYNC_FILL_DEFAULT and floats)
+                            async_fill=caps.async_copy and ASYNC_FILL_DEFAULT and floats,
+                            split_k=small_shapes.decode_split_k(ast, caps, scan, tile))
     group = caps.default_group
     if (caps.has_shared and shape.has_reduce and is_column_reduction(ast, shape.globals_)
             and split_applies(ast, scan)):
@@ -480,6 +486,10 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
             raise ArgumentError(f"{schedule}: the kernel is not a contraction these tiles fit")
         if schedule.async_fill and not caps.async_copy:
             raise ArgumentError(f"{schedule}: the target has no asynchronous copies (async_fill)")
+        if schedule.split_k:
+            from .gpu_tile import split_k_applies
+            if not split_k_applies(ast, caps, scan, schedule.matmul_tile, schedule.split_k):
+                raise ArgumentError(f"{schedule}: the kernel or target cannot take split_k={schedule.split_k}")
     if schedule.mapping == "group_per_row":
         if not caps.has_shared and schedule.group > 1:
             raise ArgumentError(f"{schedule}: the target has no shared memory")
@@ -576,8 +586,12 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                                     tc_stages=st, tc_swizzle=sw))
             out += candidate_schedules(ast, replace(caps, tensor_cores=()), scan)   # the CUDA-core tiles
         elif base.mapping == "tiled":
+            decs = small_shapes.decode_core(ast, caps, scan, every=True)
+            if base.split_k:        # the other parts counts of the default tile, then the tiles unsplit
+                out += [replace(base, split_k=k) for k in small_shapes.DECODE_SPLITS if k != base.split_k]
+                out.append(replace(base, split_k=0))
             out += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill)
-                    for t in small_shapes.decode_core(ast, caps, scan, every=True)]
+                    for t in decs]
             if small_shapes.contraction_rows(ast, caps, scan) is not None and caps.split_upcast >= 0:
                 out.append(Schedule("groups", group=256, unroll=8, split=8))       # the GEMV's split
             BM, BN, BK, TM, TN = base.matmul_tile

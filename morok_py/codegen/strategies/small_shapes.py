@@ -37,6 +37,11 @@ DECODE_CORE_BK = 128    # k depth of the deep float32 decode tiles a search may 
                         # in flight per block, twice the 64-deep tile's. Not the default: on an H100 (32x4096x4096,
                         # benchmarks/decode.py --variants) 32x32x128 ran 92.6-95.4 us against 88 us 64 deep, so the
                         # 64-deep tile is not bound by the weight bytes in flight
+DECODE_SPLIT_K = 4      # float32 decode tiles: each output tile on this many work-groups over a quarter of K each
+                        # (Schedule.split_k): 512 groups, 4 per SM of an H100, where the 128 unsplit ones (one per
+                        # SM, 4 warps) read the weight matrix at 0.76-0.79 TB/s (88 us for 32x4096x4096 whether 32,
+                        # 64 or 128 deep: benchmarks/decode.py --variants), bound by one tile's latency per k step
+DECODE_SPLITS = (2, 4, 8)   # the parts counts a search times
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
 FEW_COLUMNS = 128       # a float32 contraction over at most this many constant columns: 128 x 64 blocks
 FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
@@ -136,6 +141,18 @@ def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bo
     if every:
         return out
     return out[0] if out else None
+
+
+def decode_split_k(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int]) -> int:
+    """DECODE_SPLIT_K for a float32 decode tile (decode_core's default) the kernel can split (constant sizes, K a
+    multiple of the parts x BK: gpu_tile.split_k_applies), with fewer blocks than FEW_BLOCKS unsplit; else 0."""
+    from ..gpu_tile import split_k_applies
+    if decode_core(ast, caps, scan) != tile:
+        return 0
+    rows = contraction_rows(ast, caps, scan)
+    if rows is None or -(-rows[0] // tile[0]) * -(-rows[1] // tile[1]) >= FEW_BLOCKS:
+        return 0
+    return DECODE_SPLIT_K if split_k_applies(ast, caps, scan, tile, DECODE_SPLIT_K) else 0
 
 
 def few_block_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None,
