@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU runner: named suites on a machine with an NVIDIA GPU, within a time budget.
 #
-#   bash tests/gpu/run.sh [--budget SECONDS] [SUITE ...]        (default: cuda, 540 s)
+#   bash tests/gpu/run.sh [--budget SECONDS] [--jobs N] [SUITE ...]        (default: cuda, 540 s, 1 job)
+#
+# --jobs N runs the cuda suite's pytest passes in N pytest-xdist processes that share the GPU (where xdist is
+# installed: carry its wheels in .whl/), as the onnx suite runs its two pairs side by side.
 #
 # Suites, run in the order given:
 #   cuda       the cuda-marked pytest suite on both CUDA pairs: the `device` fixture runs nvrtc and llvm-nvptx,
@@ -35,11 +38,14 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 
 BUDGET=540
+JOBS=1
 SUITES=()
 while (( $# )); do
   case $1 in
     --budget) BUDGET=$2; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
+    --jobs) JOBS=$2; shift 2 ;;
+    --jobs=*) JOBS=${1#*=}; shift ;;
     -h|--help) sed -n '2,30p' "$0" | cut -c3-; exit 0 ;;
     all) SUITES+=(cuda onnx bench search cpu); shift ;;
     cuda|onnx|bench|search|cpu|cpu-bench|mlir) SUITES+=("$1"); shift ;;
@@ -112,10 +118,12 @@ python3 -c "import xdist" 2>/dev/null && XDIST=(-n 8) || XDIST=()
 OOM_TEST=out_of_memory_under_load
 
 suite_cuda() {
-  local log=$ROOT/tests/results/$GPU/cuda.log; : > "$log"
-  TAILN=3 step "$log" 120 python3 -m pytest "${pytest_args[@]}" -m cuda -k "not $OOM_TEST" tests/
+  local log=$ROOT/tests/results/$GPU/cuda.log jobs=(); : > "$log"
+  # --jobs N: N pytest-xdist processes share the GPU (the out-of-memory test still runs alone, last)
+  if (( JOBS > 1 )) && (( ${#XDIST[@]} )); then jobs=(-n "$JOBS"); fi
+  TAILN=3 step "$log" 120 python3 -m pytest "${pytest_args[@]}" "${jobs[@]}" -m cuda -k "not $OOM_TEST" tests/
   # the tests that take the default pair instead of the `device` fixture, again with llvm-nvptx as the default
-  MOROK_CUDA_COMPILER=llvm-nvptx TAILN=3 step "$log" 60 python3 -m pytest "${pytest_args[@]}" -m cuda \
+  MOROK_CUDA_COMPILER=llvm-nvptx TAILN=3 step "$log" 60 python3 -m pytest "${pytest_args[@]}" "${jobs[@]}" -m cuda \
     -k "not CUDA-nvrtc and not CUDA-llvm-nvptx and not $OOM_TEST" tests/
   TAILN=3 step "$log" 20 python3 -m pytest "${pytest_args[@]}" -m cuda -k "$OOM_TEST" tests/test_cuda_faults.py
 }
