@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import machine_kind  # noqa: E402
-from report import fmt_time  # noqa: E402  (report.py stays light: no numpy, no morok_py)
+from report import fmt_time, target_value_mark  # noqa: E402  (report.py stays light: no numpy, no morok_py)
 
 # ---------------------------------------------------------------------------------------------
 # command line and device
@@ -570,6 +570,8 @@ def results_table(records: Sequence[dict], title: str = "") -> str:
         mark = ""
         if tgt is not None and ratio is not None:
             mark = f"{'met' if ratio >= tgt else 'MISSED'} (>= {tgt:g}x)"
+        elif r.get("target_value") is not None:
+            mark = target_value_mark(r)
         rows.append([r["name"], r.get("label", r["size"]), fmt_value(r["value"], r["unit"]), r["peer"] or "-",
                      fmt_value(r["peer_value"], r["unit"]), "-" if ratio is None else f"{ratio:.2f}x", mark])
     return table(rows, ["benchmark", "size", "ours", "peer", "peer's", "ratio", "target"], title)

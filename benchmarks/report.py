@@ -101,6 +101,14 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out)
 
 
+def target_value_mark(r: dict) -> str:
+    """'met' / 'MISSED' for a record whose target is a value in its own unit (`target_value`: at most it where
+    lower is better, at least it where higher is), not a ratio against the peer (`target`)."""
+    tv, v, lower = r["target_value"], r["value"], r.get("better", "lower") == "lower"
+    ok = v <= tv if lower else v >= tv
+    return f"{'met' if ok else 'MISSED'} ({'<=' if lower else '>='} {tv:g} {r.get('unit', '')})".rstrip()
+
+
 def records_table(doc: dict) -> str:
     """The harness's flat records (kernels, copies, launch, compile, half_bandwidth, conv, cpu_launch)."""
     rows, sweep, variants = [], 0, 0
@@ -113,6 +121,8 @@ def records_table(doc: dict) -> str:
             continue
         tgt, rt = r.get("target"), r.get("ratio")
         mark = "" if tgt is None or rt is None else f"{'met' if rt >= tgt else 'missed'} (>= {tgt:g}x)"
+        if r.get("target_value") is not None:
+            mark = target_value_mark(r).replace("MISSED", "missed")
         rows.append([r["name"], r.get("label", r.get("size")), fmt(r.get("value"), r.get("unit", "")),
                      r.get("peer") or "-", fmt(r.get("peer_value"), r.get("unit", "")), ratio(rt), mark])
     text = md_table(["kernel", "size", "ours", "peer", "peer's", "ratio", "target"], rows)
@@ -226,6 +236,15 @@ def targets_table(results: Path) -> str:
             doc = json.loads(f.read_text())
             for r in doc.get("results", []) if isinstance(doc.get("results"), list) else []:
                 tgt, rt = r.get("target"), r.get("ratio")
+                if r.get("target_value") is not None:       # a value in the record's unit to reach
+                    mark = target_value_mark(r)
+                    c = counts.setdefault(folder.name, [0, 0])
+                    c[mark.startswith("MISSED")] += 1
+                    if mark.startswith("MISSED"):
+                        missed.append([folder.name, f.stem, r["name"], r.get("label", r.get("size")),
+                                       r.get("peer") or "-", f"{mark.split(' ', 1)[1].strip('()')}: {fmt(r['value'], r['unit'])}",
+                                       ratio(rt)])
+                    continue
                 if tgt is None or rt is None:
                     continue
                 c = counts.setdefault(folder.name, [0, 0])
