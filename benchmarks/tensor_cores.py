@@ -6,10 +6,17 @@ sm_80+), or with --no-tensor-cores the CUDA-core tiles for comparison. Times are
 medians (the checked call's wait=True time for ours, torch.cuda.Event for torch); every output is
 checked against torch's (float32 accumulation) before it is timed.
 
-    python benchmarks/tensor_cores.py [--no-tensor-cores | --sweep]
+--float8: float8 contractions instead (kernels_f8.matmul, float32 sums; rows `matmul_f8e4m3...`) beside
+torch._scaled_mm with scales 1.0 and the same output dtype, B given as B^T [N, K] (the column-major B that
+_scaled_mm asks for and that the sm_90a wgmma path needs): e4m3 4096^3 (float32 and bfloat16 out), e4m3 x e5m2
+4096^3, e4m3 4000x3008x1040 (no whole tiles), and B [K, N] row-major on the ordinary path. torch's
+use_fast_accum=False (its default: cuBLAS adds the tensor cores' partial sums into float32 every few k) is
+the peer; its use_fast_accum=True time (one accumulator, as ours) is recorded beside it.
 
-writes benchmarks/results/<machine kind>/tensor_cores[-cuda-cores|-sweep]-<pair>.json (--json PATH: there
-instead).
+    python benchmarks/tensor_cores.py [--no-tensor-cores | --sweep | --float8]
+
+writes benchmarks/results/<machine kind>/tensor_cores[-cuda-cores|-sweep|-float8]-<pair>.json (--json PATH:
+there instead).
 """
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true",
                     help="only time the tensor-core pipeline forms (tile x stages x swizzle) of 4096^3 float16/bfloat16")
     ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--float8", action="store_true", help="only the float8 contractions beside torch._scaled_mm")
     args = ap.parse_args()
     import torch
     dev = Device["CUDA"]
@@ -72,6 +80,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     if args.sweep:
         return sweep(dev, torch, rng, args)
+    if args.float8:
+        return float8(dev, torch, args)
     rows = []
     cases = [("matmul", 4096, 4096, 4096, True), ("matmul", 4096, 4096, 4096, False),
              ("dense", 4096, 4096, 4096, True), ("dense", 4000, 3001, 1023, True)]
@@ -151,6 +161,82 @@ def save(args, dev, mode: str, doc: dict) -> None:
             json.dump(doc, f, indent=1)
     else:
         H.write_result(H.result_name("tensor_cores", dev, mode), doc, dev)
+
+
+F8_CASES = [("matmul_f8e4m3", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "float32", "nk"),
+            ("matmul_f8e4m3_bf16out", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", "nk"),
+            ("matmul_f8e4m3xe5m2", 4096, 4096, 4096, "float8_e4m3fn", "float8_e5m2", "float32", "nk"),
+            ("matmul_f8e4m3", 4000, 3008, 1040, "float8_e4m3fn", "float8_e4m3fn", "float32", "nk"),
+            ("matmul_f8e4m3_bkn", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "float32", "kn")]
+
+
+def float8(dev, torch, args) -> None:
+    """The F8_CASES rows: ours (default schedule) and torch._scaled_mm, timed in alternating rounds."""
+    import ml_dtypes
+    from morok_py import kernels_f8 as KF
+    rows = []
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    for kind, M, N, Kd, an, bn, on, layout in F8_CASES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ta = torch.randn(M, Kd, device="cuda", generator=g).to(getattr(torch, an))
+        tb = torch.randn(N, Kd, device="cuda", generator=g).to(getattr(torch, bn))      # B^T [N, K]
+        odt, tod = getattr(dtypes, on), getattr(torch, on)
+        ref = ta.float() @ tb.float().t()
+        flops = 2.0 * M * N * Kd
+        host = [t.view(torch.uint8).cpu().numpy().view(getattr(ml_dtypes, n)) for t, n in ((ta, an), (tb, bn))]
+        if layout == "kn":
+            host[1] = np.ascontiguousarray(host[1].T)
+        bufs = [dev.buffer(M * Kd, getattr(dtypes, an)), dev.buffer(Kd * N, getattr(dtypes, bn))]
+        for b, h in zip(bufs, host):
+            b.copyin(h.reshape(-1))
+        out = dev.buffer(M * N, odt)
+        row = {"kernel": kind, "dtype": f"{an} x {bn} -> {on}", "M": M, "N": N, "K": Kd, "static": True, "b_layout": layout}
+
+        def timer(fast):
+            def t_torch():
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record(); torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one, out_dtype=tod, use_fast_accum=fast)
+                e.record(); e.synchronize()
+                return s.elapsed_time(e) / 1e3
+            return t_torch
+        try:
+            tref = torch._scaled_mm(ta, tb.t(), scale_a=one, scale_b=one, out_dtype=tod)
+            row["torch_max_rel_err"] = float((tref.float() - ref).abs().max() / ref.abs().max())
+            t_torch = timer(False)
+        except Exception as e:  # noqa: BLE001 -- torch may not take a shape or type: ours is still timed
+            row["torch_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            t_torch = None
+        ast = KF.matmul(M, N, Kd, getattr(dtypes, an), getattr(dtypes, bn), out_dtype=odt, b_layout=layout)
+        try:
+            sched = dev.renderer.render(ast, "f8mm").linear.schedule
+            t0 = time.perf_counter()
+            prog = dev.compile(ast, "f8mm")
+            compile_s = time.perf_counter() - t0
+            prog(*bufs, out)
+            dev.synchronize()
+            got = torch.from_numpy(out.numpy().astype(np.float32).reshape(M, N)).cuda()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            ours = lambda: prog(*bufs, out, wait=True)  # noqa: E731
+            if t_torch is not None:
+                tt, t = alternating(t_torch, ours, repeats=3 * args.repeats)
+                tf = median_time(timer(True), repeats=args.repeats)
+                row.update(torch_s=tt, torch_tflops=flops / tt / 1e12, torch_fast_accum_s=tf,
+                           torch_fast_accum_tflops=flops / tf / 1e12)
+            else:
+                t = median_time(ours, repeats=args.repeats)
+            row["default"] = {"s": t, "tflops": flops / t / 1e12, "max_rel_err": err, "compile_s": compile_s,
+                              "schedule": str(sched)}
+            if t_torch is not None:
+                row["default"]["vs_torch"] = row["torch_s"] / t
+                row["default"]["vs_torch_fast_accum"] = row["torch_fast_accum_s"] / t
+        except Exception as e:  # noqa: BLE001 -- a row that fails is recorded, not fatal
+            row["default"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del bufs, out
+    info = {"device": str(dev.info()) if hasattr(dev, "info") else str(dev), "torch": torch.__version__,
+            "compiler": dev.compiler.cache_key, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    save(args, dev, "float8", {"machine": info, "rows": rows})
 
 
 SWEEP = [((128, 256, 32, 64, 64), 4, True), ((128, 256, 32, 64, 64), 3, True), ((128, 256, 64, 64, 64), 2, True),

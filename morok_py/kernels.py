@@ -244,8 +244,13 @@ def matmul(M=None, N=None, K=None, dtype=dtypes.float32, epilogue: "Epilogue | N
            ldb: int | None = None) -> UOp:
     """C[M,N] = A[M,K] @ B[K,N], row-major, then `epilogue` (its per-channel operands are per column,
     length N; its tensor operands [M, N]). `ldb`: B's row stride in elements (default N; see
-    `padded_ldb`). Params: A, B, the epilogue's operands, C."""
+    `padded_ldb`). Params: A, B, the epilogue's operands, C. A storage-only dtype (float8, ...) is widened to
+    float32 per element, summed in float32 and stored in that dtype (kernels_f8.matmul: other output dtypes,
+    B^T)."""
     dt = as_dtype(dtype)
+    if dt.storage_only:
+        from .kernels_f8 import matmul as widened
+        return widened(M, N, K, dt, dt, dt, "kn", epilogue, ldb)
     M, N, K = size(M, "M"), size(N, "N"), size(K, "K")
     epi = epilogue or Epilogue()
     a, b = UOp.param(0, dt), UOp.param(1, dt)

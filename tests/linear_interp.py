@@ -340,12 +340,12 @@ class _Group:
         return byte ^ (((byte >> 7) & 7) << 4)
 
     def operand(self, desc: Instr, start: int, rows: int, trans: int, itemsize: int) -> np.ndarray:
-        """Element indices of a (rows x 16 k) operand (A: rows = 64; B: rows = N) read through a descriptor
-        whose start element is `start`. K-major (trans 0): 8-row groups `stride` bytes apart, 128-byte rows,
-        k along a row. MN-major (trans 1): 64-element atoms along rows `leading` bytes apart, 8-k groups
-        `stride` bytes apart, 128-byte k rows."""
+        """Element indices of a (rows x k) operand (A: rows = 64; B: rows = N; k: 32 bytes, 16 of 16-bit and 32
+        of 8-bit types) read through a descriptor whose start element is `start`. K-major (trans 0): 8-row
+        groups `stride` bytes apart, 128-byte rows, k along a row. MN-major (trans 1): 64-element atoms along
+        rows `leading` bytes apart, 8-k groups `stride` bytes apart, 128-byte k rows."""
         _, lbo, sbo = self.descs[desc.id]
-        r, kk = np.meshgrid(np.arange(rows), np.arange(16), indexing="ij")
+        r, kk = np.meshgrid(np.arange(rows), np.arange(32 // itemsize), indexing="ij")   # 32 bytes of k
         if trans:
             byte = (r // 64) * lbo + (kk // 8) * sbo + (kk % 8) * 128 + (r % 64) * itemsize
         else:
@@ -391,7 +391,7 @@ class _Group:
                 sh.wg_read[flat] = np.maximum(sh.wg_read[flat], self.wg_done[wg])
                 self.wg_issued.append((wg, int(self.wg_done[wg]), [], sh, flat))
                 mats.append(sh.data[ix].astype(np.float32))
-            A, B = mats[0], mats[1].T                    # (64 x 16), (16 x n)
+            A, B = mats[0], mats[1].T                    # (64 x k), (k x n)
             rows = 16 * (l // 32) + (l % 32) // 4
             D = np.zeros((64, n), np.float32)
             for j in range(n // 8):

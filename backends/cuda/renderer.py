@@ -173,7 +173,7 @@ class CUDACPrinter(GPUCPrinter):
             da, db, *accs = ins.src
             n, ab, ta, tb = ins.arg
             outs = ", ".join(f'"+f"(acc{c.id})' for c in accs)
-            text = wgmma_text(n, "f16" if ab == "float16" else "bf16", ta, tb)
+            text = wgmma_text(n, ab, ta, tb)
             self.emit(f'asm volatile("{text}" : {outs} : "l"({self.ref(da)}), "l"({self.ref(db)}), "r"(1) : "memory");')
 
     def kernel_decl(self) -> str:
@@ -337,7 +337,7 @@ class NVPTXPrinter(LLVMIRPrinter):
         else:
             da, db, *accs = ins.src
             n, ab, ta, tb = ins.arg
-            head = wgmma_text(n, "f16" if ab == "float16" else "bf16", ta, tb, dollar=True)
+            head = wgmma_text(n, ab, ta, tb, dollar=True)
             ins_args = [f"i64 {self.ref(da)}", f"i64 {self.ref(db)}", "i32 1"]
         m = len(accs)
         tag = f"%wg{ins.id}"

@@ -29,6 +29,8 @@ def llvm_float(value: float, dt: DType) -> str:
             return "0xR7FC0"
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16   # round to nearest even
         return "0xR%04X" % (rounded & 0xFFFF)
+    if dt.storage_only and value == 0 and math.copysign(1.0, value) > 0 and dt.name != "float8_e8m0fnu":
+        return "0"          # +0.0 of a storage-only format (its byte, an i8): the zero fill of a float8 tile
     raise TypeError(dt)
 
 

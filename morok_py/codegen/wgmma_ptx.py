@@ -19,17 +19,44 @@ def desc_high(lbo: int, sbo: int) -> int:
     return ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | SWIZZLE_128B
 
 
-def wgmma_text(n: int, ab: str, trans_a: int, trans_b: int, dollar: bool = False) -> str:
-    """`wgmma.mma_async ... m64n{n}k16.f32.{ab}.{ab}` with D += A @ B (scale-d from the operand after the
-    descriptors: 1 accumulates), A and B from descriptors, transposed (MN-major) per the flags."""
-    if n % 8 or not 8 <= n <= 256 or ab not in ("f16", "bf16") or trans_a not in (0, 1) or trans_b not in (0, 1):
-        raise ValueError(f"no wgmma m64n{n}k16 for {ab} with transposes {trans_a}, {trans_b}")
+# PTX operand types of wgmma by the shared tiles' dtype names (the PTX names are accepted as they are)
+WG_TYPES = {"float16": "f16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2",
+            "f16": "f16", "bf16": "bf16", "e4m3": "e4m3", "e5m2": "e5m2"}
+WG_8BIT = ("e4m3", "e5m2")
+
+
+def wg_types(ab: "str | tuple[str, str]") -> tuple[str, str]:
+    """The PTX types (A, B) of a WGMMA's `ab`: one dtype name for both operands, or a pair (float8 only:
+    e4m3 and e5m2 mix)."""
+    a, b = (ab, ab) if isinstance(ab, str) else ab
+    if a not in WG_TYPES or b not in WG_TYPES:
+        raise ValueError(f"no wgmma for operands {ab!r}")
+    ta, tb = WG_TYPES[a], WG_TYPES[b]
+    if ta != tb and not (ta in WG_8BIT and tb in WG_8BIT):
+        raise ValueError(f"wgmma mixes only the 8-bit float types, got {ta} and {tb}")
+    return ta, tb
+
+
+def wg_k(ab: "str | tuple[str, str]") -> int:
+    """k of one wgmma: 32 bytes of each operand row (16 for 16-bit types, 32 for 8-bit ones)."""
+    return 32 if wg_types(ab)[0] in WG_8BIT else 16
+
+
+def wgmma_text(n: int, ab: "str | tuple[str, str]", trans_a: int, trans_b: int, dollar: bool = False) -> str:
+    """`wgmma.mma_async ... m64n{n}k{16|32}.f32.{a}.{b}` with D += A @ B (scale-d from the operand after the
+    descriptors: 1 accumulates), A and B from descriptors. 16-bit operands (k16) may be transposed (MN-major)
+    per the flags; 8-bit ones (e4m3, e5m2: k32) have no transpose operands and must be K-major."""
+    ta, tb = wg_types(ab)
+    k = wg_k(ab)
+    if n % 8 or not 8 <= n <= 256 or trans_a not in (0, 1) or trans_b not in (0, 1) or (k == 32 and (trans_a or trans_b)):
+        raise ValueError(f"no wgmma m64n{n}k{k} for {ta}.{tb} with transposes {trans_a}, {trans_b}")
     m = n // 2
     mark = "$" if dollar else "%"
     regs = ", ".join(f"{mark}{i}" for i in range(m))
+    tail = "p, 1, 1" if k == 32 else f"p, 1, 1, {trans_a}, {trans_b}"
     return (f"{{ .reg .pred p; setp.ne.b32 p, {mark}{m + 2}, 0; "
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}.{ab} {{{regs}}}, {mark}{m}, {mark}{m + 1}, "
-            f"p, 1, 1, {trans_a}, {trans_b}; }}")
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ta}.{tb} {{{regs}}}, {mark}{m}, {mark}{m + 1}, "
+            f"{tail}; }}")
 
 
 def wg_sync_text(arg: "str | int") -> str:
@@ -62,4 +89,4 @@ def mbar_text(op: str, dollar: bool = False) -> str:
     return texts[op]
 
 
-__all__ = ["SWIZZLE_128B", "desc_high", "mbar_text", "wg_sync_text", "wgmma_text"]
+__all__ = ["SWIZZLE_128B", "WG_8BIT", "WG_TYPES", "desc_high", "mbar_text", "wg_k", "wg_sync_text", "wg_types", "wgmma_text"]

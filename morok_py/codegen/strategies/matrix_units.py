@@ -10,6 +10,7 @@ from ..capabilities import Capabilities
 from ..scan import KernelScan
 from .tensor_core import _BUILDERS, MMA_M16N8K16, WGMMA, choose_tc_tile, tc_pipeline, tc_plan
 from .wgmma import _WGMMABuilder, choose_wg_tile
+from .wgmma_f8 import choose_f8_tile, f8_plan
 
 
 def choose_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[str, tuple, int, bool] | None:
@@ -17,7 +18,7 @@ def choose_tc(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tuple[st
     where the target has it and the kernel takes it, else the target's first (warp-level) instruction with
     `choose_tc_tile` and `tc_pipeline`; None when no tile applies."""
     if WGMMA in caps.tensor_cores:
-        got = choose_wg_tile(ast, caps, scan)
+        got = choose_wg_tile(ast, caps, scan) or choose_f8_tile(ast, caps, scan)
         if got is not None:
             return WGMMA, got[0], got[1], True
     tile = choose_tc_tile(ast, caps, scan)
@@ -33,7 +34,7 @@ def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, t
     builder = _WGMMABuilder if mma == WGMMA else _BUILDERS.get(mma)
     if builder is None or mma not in caps.tensor_cores:
         return None
-    plan = tc_plan(ast, caps, scan, tile, stages, swizzle, mma)
+    plan = mma_plan(ast, caps, scan, tile, stages, swizzle, mma)
     if plan is None:
         return None
     if mma not in (MMA_M16N8K16, WGMMA):
@@ -41,4 +42,14 @@ def tile_mma(ast: UOp, caps: Capabilities, name: str, scan: KernelScan | None, t
     return builder(ast, caps, name, plan, stages, swizzle).build()
 
 
-__all__ = ["choose_tc", "tile_mma"]
+def mma_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile, stages: int = 0, swizzle: bool = False,
+             mma: str | None = None):
+    """The tensor-core plan of `tile` under instruction `mma`: the 16-bit one (tensor_core.tc_plan) or, for
+    the warpgroup form, the float8 one (strategies/wgmma_f8.py); None when neither takes the kernel."""
+    plan = tc_plan(ast, caps, scan, tile, stages, swizzle, mma)
+    if plan is None and mma == WGMMA:
+        plan = f8_plan(ast, caps, scan, tile, stages, swizzle, mma)
+    return plan
+
+
+__all__ = ["choose_tc", "mma_plan", "tile_mma"]

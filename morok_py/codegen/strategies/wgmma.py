@@ -101,12 +101,18 @@ class _WGMMABuilder(_MMABuilder):
         if self.stages < 3 or not self.swizzle:
             raise ValueError("the warpgroup form needs >= 3 cp.async stages in the swizzled layout")
         self.consumers = self.p.tile[0] // WG_ROWS * 128      # work-items of the consumer warpgroups
+        # element bytes of the operands, elements a 16-byte copy moves and k one wgmma takes (32 bytes a row:
+        # k16 for 16-bit types, k32 for 8-bit ones, strategies/wgmma_f8.py)
+        self.esize = next(iter(self.p.units)).dtype.itemsize
+        self.vec, self.ks = 16 // self.esize, 32 // self.esize
+        if self.p.tile[2] * self.esize != 128:
+            raise ValueError("the warpgroup form's k tile is one 128-byte swizzled row")
         kernel, info = super().build()
         if not self.staged:
             raise ValueError("the warpgroup form needs 16-byte (cp.async) fills of both tiles")
         # two blocks a SM where their shared memory fits and 64K registers / (2 x work-items) hold the
         # accumulators and addresses, else one
-        smem = sum(self.stages * t.size * 2 for t in self.tiles) + WG_BARS
+        smem = sum(self.stages * t.size * self.esize for t in self.tiles) + WG_BARS
         kernel.min_groups = 2 if 2 * smem <= WG_SMEM and 65536 // (2 * self.T) >= len(self.wg_accs) + 40 else 1
         return kernel, info
 
@@ -116,13 +122,30 @@ class _WGMMABuilder(_MMABuilder):
             self.ptid = self.op(top, Ops.MOD, tid, self.c(WG_PRODUCER))
         T, self.T = self.T, WG_PRODUCER
         try:
-            t = super().tile(unit, kind, width, self.ptid, top)
+            t = super().tile(unit, kind, width, self.ptid, top) if self.esize == 2 else \
+                self.byte_tile(unit, kind, width, self.ptid, top)
         finally:
             self.T = T
         fast = self.p.fast.get(unit, "k")
         fill = self.fill_passes if t.kmajor else self.fill_passes_along_k
         t.make_passes = lambda out, t=t, width=width, fast=fast: fill(t, width, fast, 1, tid, out)
         t.prod = self.producer_passes(t, width, top) if t.vpasses else None
+        return t
+
+    def byte_tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
+        """tensor_core.py's tile for 1-byte operands, which are K-major only ([width][128], one swizzled row
+        of k each): 16-element (16-byte) passes where the strides prove 16-element runs aligned."""
+        from ..gpu_tile import _vector_aligned
+        if self.p.fast.get(unit, "k") != "k":
+            raise ValueError("8-bit wgmma operands are K-major only")
+        smem = self.new(L.LOCAL, unit.dtype, (), width * self.BK)
+        top.append(smem)
+        t = _Tile(unit, kind, smem, self.BK, width * self.BK)
+        t.kmajor = False
+        t.make_passes = lambda out, t=t, width=width: self.fill_passes_along_k(t, width, "k", 1, tid, out)
+        t.vcond = []
+        aligned = unit.op is Ops.LOAD and _vector_aligned(unit.src[1], self.p.k, self.vec)
+        t.vpasses = self.fill_passes_along_k(t, width, "k", self.vec, tid, top) if aligned else []
         return t
 
     def producer_passes(self, t: _Tile, width: int, top: list[Item]):
@@ -142,10 +165,10 @@ class _WGMMABuilder(_MMABuilder):
             raw0 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lk0, self.c(t.ld)), lw0)
             passes = [(rb * R, cb * C, (cb * C // 64) * BK * 64 + rb * R * 64)
                       for cb in range(width // C) for rb in range(BK // R)]
-        else:                              # [width][64]: 16 rows of 8 chunks a pass
-            per = BK // 8
+        else:                              # [width][BK]: 16 rows of 8 16-byte chunks a pass
+            per = BK // self.vec
             R = P // per
-            lk0 = self.op(top, Ops.MUL, self.op(top, Ops.MOD, self.ptid, self.c(per)), self.c(8))
+            lk0 = self.op(top, Ops.MUL, self.op(top, Ops.MOD, self.ptid, self.c(per)), self.c(self.vec))
             lw0 = self.op(top, Ops.IDIV, self.ptid, self.c(per))
             raw0 = self.op(top, Ops.ADD, self.op(top, Ops.MUL, lw0, self.c(t.ld)), lk0)
             passes = [(0, rb * R, rb * R * t.ld) for rb in range(width // R)]
@@ -239,11 +262,13 @@ class _WGMMABuilder(_MMABuilder):
                                                     self.op(out, Ops.MOD, w, self.c(64))))
 
     def swizzled(self, t: _Tile, sidx: Instr, out: list[Item]) -> Instr:
+        """Element `sidx`'s place under the 128-byte swizzle: 128-byte rows of 128 / esize elements, 16-byte
+        chunks of `vec`."""
         at = self.phys(t, sidx, out)
-        row = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(64)), self.c(8))
-        chunk = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(8)), self.c(8))
+        row = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(128 // self.esize)), self.c(8))
+        chunk = self.op(out, Ops.MOD, self.op(out, Ops.IDIV, at, self.c(self.vec)), self.c(8))
         moved = self.op(out, Ops.XOR, chunk, row)
-        return self.op(out, Ops.ADD, at, self.op(out, Ops.MUL, self.op(out, Ops.SUB, moved, chunk), self.c(8)))
+        return self.op(out, Ops.ADD, at, self.op(out, Ops.MUL, self.op(out, Ops.SUB, moved, chunk), self.c(self.vec)))
 
     # accumulators, descriptors ------------------------------------------------------------------------
     def fragments(self, top: list[Item], lane: Instr, wm0: Instr, wn0: Instr) -> None:
@@ -275,12 +300,12 @@ class _WGMMABuilder(_MMABuilder):
         top.append(self.new(L.BARRIER, None))
 
     def descs(self, out: list[Item], rd: dict[str, Instr | None], step: int) -> list[Instr]:
-        """The A and B descriptors of 16-k step `step` of the buffers at element offsets rd."""
+        """The A and B descriptors of k step `step` (`ks` k, 32 bytes a row) of the buffers at element offsets rd."""
         got = []
         for t in self.tiles:
             base = self.wg_base[t.kind]
-            # K-major: a step is 16 elements along the 128-byte row; MN-major: 16 rows of 64 elements
-            const = 16 * step * (64 if t.kmajor else 1)
+            # K-major: a step is ks elements (32 bytes) along the 128-byte row; MN-major: 16 rows of 64 elements
+            const = self.ks * step * (64 if t.kmajor else 1)
             idx = base
             if rd.get(t.kind) is not None:
                 idx = rd[t.kind] if idx is None else self.op(out, Ops.ADD, idx, rd[t.kind])
@@ -295,15 +320,16 @@ class _WGMMABuilder(_MMABuilder):
 
     def wg_steps(self, out: list[Item], rd: dict[str, Instr | None], steps: int, wait: int,
                  guard: Instr | None = None) -> None:
-        """fence; `steps` 16-k wgmmas on the buffers at rd (step s >= 1 under `s * 16 < guard` when a
+        """fence; `steps` wgmmas of `ks` k on the buffers at rd (step s >= 1 under `s * ks < guard` when a
         guard is given: the tail); commit; wait until at most `wait` groups are pending."""
         out.append(self.new(L.WG_SYNC, None, tuple(self.wg_accs), "fence"))
-        ab = self.tiles[0].smem.dtype.name
+        names = tuple(t.smem.dtype.name for t in self.tiles)
+        ab = names[0] if names[0] == names[1] else names      # a pair: mixed 8-bit operands
         trans = {t.kind: int(t.kmajor) for t in self.tiles}
         for s in range(steps):
             blk = out
             if guard is not None and s:
-                g = If(self.op(out, Ops.CMPLT, self.c(16 * s), guard))
+                g = If(self.op(out, Ops.CMPLT, self.c(self.ks * s), guard))
                 out.append(g)
                 blk = g.body
             da, db = self.descs(blk, rd, s)
@@ -329,7 +355,7 @@ class _WGMMABuilder(_MMABuilder):
         The consumers never wait for a copy they did not need yet nor meet the producer at a barrier
         inside the loop; a refill starts as soon as the buffer is released (S-1 tiles ahead)."""
         BK, S, zero = self.BK, self.stages, self.c(0)
-        steps = BK // 16
+        steps = BK // self.ks
         k_full = self.op(work, Ops.SUB, K, self.op(work, Ops.MOD, K, self.c(BK)))
         from ..launch_check import SteppedLoop
         Ke = self.p.k.src[0]
@@ -389,10 +415,10 @@ class _WGMMABuilder(_MMABuilder):
         return [self.new(L.WG_SYNC, None, (), "proxy"), self.new(L.BARRIER, None)]
 
     def full_tile_steps(self, out: list[Item]) -> None:
-        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // 16, 0)
+        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // self.ks, 0)
 
     def tail_steps(self, out: list[Item], k_rem: Instr) -> None:
-        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // 16, 0, guard=k_rem)
+        self.wg_steps(self.role(out, producer=False).body, {}, self.BK // self.ks, 0, guard=k_rem)
 
     def main_loop(self, work: list[Item], K: Instr) -> None:
         raise ValueError("the warpgroup form has no register-staged loop")
@@ -400,8 +426,8 @@ class _WGMMABuilder(_MMABuilder):
     def epilogue(self, top: list[Item]) -> None:
         """gpu_tile's epilogue, for the consumers (the producer holds no results), each column's place
         computed under its row (not 128 places live at once: they spilled under the 168-register cap); a
-        work-item's two adjacent columns 8 j + 2 (l % 4) + {0, 1} stored as one 4-byte vector where
-        `paired_columns` holds."""
+        work-item's two adjacent columns 8 j + 2 (l % 4) + {0, 1} stored as one 4-byte (float32: 8-byte) vector
+        where `paired_columns` holds."""
         body = self.role(top, producer=False).body
         p = self.p
         buf, out_idx, val = p.store.src
@@ -438,14 +464,15 @@ class _WGMMABuilder(_MMABuilder):
                 blk += [vec, self.new(L.STORE, None, (dst, ix, vec), 2)]
 
     def paired_columns(self) -> bool:
-        """Whether outputs j and j + 1 (j even) are adjacent 16-bit elements of a 4-byte aligned pair: the
-        output index is 1 x j plus terms of even constant coefficients, and N is an even constant."""
+        """Whether outputs j and j + 1 (j even) are adjacent 16-bit (or float32) elements of a 4-byte (8-byte)
+        aligned pair: the output index is 1 x j plus terms of even constant coefficients, and N is an even
+        constant."""
         from ..gpu_tile import _terms
         from ..symbolic import simplify
         p = self.p
         buf, out_idx, val = p.store.src
         ext = p.j.src[0]
-        if val.dtype.itemsize != 2 or ext.op is not Ops.CONST or ext.arg % 2:
+        if val.dtype.itemsize not in (2, 4) or ext.op is not Ops.CONST or ext.arg % 2:
             return False
         form = _terms(out_idx)
         if form is None or p.j not in form:
