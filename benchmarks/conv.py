@@ -10,8 +10,9 @@ Cases (batch 32): ResNet 3x3 stages (pad 1), 3x3 stride 2, 1x1 projections, dept
 float16 and bfloat16 accumulate in float32 on both sides. cuDNN picks its algorithm by its heuristics
 (torch.backends.cudnn.benchmark off; --cudnn-benchmark times its algorithms first): in that mode its float16
 times differed up to 2x between processes on one H200 (32x512x7x7 3x3: 68 and 142 TFLOP/s), so compare
-ratios across runs. Ours is the sum of the plan's kernels' own `wait=True` times on the
-raw launch path (a pad kernel included where the plan has one); PyTorch's is timed with its CUDA events.
+ratios across runs. Ours is the sum of the plan's kernels' own `wait=True` times on the raw launch path (a
+pad kernel or direct_masked's weights reorder included where the plan has one: the reorder of 64x64x3x3 float16
+weights, 74 KB, took 7-9 us on an H100); PyTorch's is timed with its CUDA events.
 Each result is checked against PyTorch's float32 convolution first. Records are named after the case
 (conv3x3, conv3x3_s2, conv1x1, conv_depthwise, conv_grouped) with a target of 0.9 of cuDNN. --variants N
 also times the plan's main kernel under the first N candidate schedules with other tiles (records `<name>_variant`, no target)

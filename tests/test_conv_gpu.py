@@ -176,6 +176,10 @@ def test_the_tensor_core_tile_fits_the_output_channels():
     c128 = ConvGeometry(32, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))
     s = _main_schedule(c64, ConvPlan("direct"))
     assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_SMALL_TILE)
+    from morok_py.codegen.strategies.tensor_core import TC_MASKED_NARROW_TILE
+    s = _main_schedule(c64, ConvPlan("direct_masked"))                        # masked fills: 128 rows a block
+    assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_MASKED_NARROW_TILE)
+    assert _main_schedule(c128, ConvPlan("direct_masked")).matmul_tile == TC_TILE_STATIC_WIDE
     s = _main_schedule(c128, ConvPlan("direct"))
     assert (s.tensor_core, s.matmul_tile) == (MMA_M16N8K16, TC_TILE_STATIC_WIDE)
     few = ConvGeometry(2, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))           # 13 blocks of 128x128
@@ -294,19 +298,21 @@ def test_direct_masked_takes_the_tensor_cores_and_one_division_per_k_tile():
 
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
-@pytest.mark.parametrize("tile", [None, "small", "static-wide"])
+@pytest.mark.parametrize("tile", [None, "small", "masked-narrow", "static-wide"])
 @pytest.mark.parametrize("geo", MASKED, ids=_gid)
 def test_direct_masked_in_the_interpreter(rng, pair, tile, geo):
-    """float16 under the default schedule (symbolic batch) and the fitted tiles (64x64, 128x128 of 64x64 warps),
-    float32 under the default; both pairs against numpy."""
-    from morok_py.codegen.strategies.tensor_core import MMA_M16N8K16, TC_SMALL_TILE, TC_TILE_STATIC_WIDE
+    """float16 under the default schedule (symbolic batch) and the fitted tiles (64x64, 128x64 of 64x32 warps,
+    128x128 of 64x64 warps), float32 under the default; both pairs against numpy."""
+    from morok_py.codegen.strategies.tensor_core import (MMA_M16N8K16, TC_MASKED_NARROW_TILE, TC_SMALL_TILE,
+                                                         TC_TILE_STATIC_WIDE)
     for dt in ("float16", "float32") if tile is None else ("float16",):
         d_t, npdt = getattr(dtypes, dt), np.dtype(dt)
         x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
         w = (random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
         steps = K.conv2d_kernels(geo, ConvPlan("direct_masked"), d_t, symbolic_batch=tile is None)
         sched = None if tile is None else {
-            "direct": _tc_schedule(TC_SMALL_TILE if tile == "small" else TC_TILE_STATIC_WIDE, MMA_M16N8K16)}
+            "direct": _tc_schedule({"small": TC_SMALL_TILE, "masked-narrow": TC_MASKED_NARROW_TILE,
+                                    "static-wide": TC_TILE_STATIC_WIDE}[tile], MMA_M16N8K16)}
         got = _interpret(steps, {"x": x, "w": w}, pair, npdt, geo.N, sched, "sm_90a")
         ref = conv_ref(x, w, None, geo)
         tol = 1e-4 if dt == "float32" else 3e-3

@@ -248,7 +248,11 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 # least POINTWISE_MIN_PIXELS pixels: the batched contraction of the input itself (256 -> 64 at 56x56 21.3
 # against 17.8; 1024 -> 256 at 14x14 the direct form, 23.8 against 22.6). Groups and depthwise:
 # grouped_direct (depthwise float16 128 channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise
-# depthwise kernel, float32 the same)
+# depthwise kernel, float32 the same). Padded 16-bit layers below IM2COL_FLAT_MIN_CO take direct_masked, no pad
+# kernel (H100, benchmarks/results/nvidia-h100/conv-variants-nvrtc.json: 64 at 56x56 95.9 TFLOP/s against 57.4
+# for pad + direct, stride 2 at 56x56 104.3 against 52.6); from IM2COL_FLAT_MIN_CO im2col_rows stays (256 at 14x14
+# 97.7 against 101.9 for direct_masked, 512 at 7x7 118.1 against 72.7, 256 stride 2 at 28x28 93.4 against 92.0).
+# float32 keeps im2col_flat (128 at 28x28 29.0 against 25.6 for direct_masked)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
 # the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);

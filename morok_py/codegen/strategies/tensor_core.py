@@ -69,6 +69,10 @@ TC_SMALL_TILE = (64, 64, 32, 32, 32)   # 4 warps of 32x32: more blocks for small
 # warps' tile: 1x1 1024 -> 256 at 14x14 (98 blocks) 101.4 against 93.7 for TC_SMALL_TILE on an H100
 # (nvidia-h100/conv-nvrtc.json), 98.2 against 95.5 on the H200
 TC_NARROW_N = 64
+# a masked operand (direct_masked: the padding read by masked fills, one tap per k tile) over at most TC_NARROW_N
+# columns: 128x64 blocks of 64x32 warps, 100.1 TFLOP/s against 94.0 for TC_SMALL_TILE (float16 3x3 64 -> 64
+# channels at 56x56, batch 32, on an H100: benchmarks/results/nvidia-h100/conv-variants-nvrtc.json)
+TC_MASKED_NARROW_TILE = (128, 64, 32, 64, 32)
 TC_WIDE_N = 128
 TC_TILE_STATIC_WIDE = (128, 128, 32, 64, 64)
 TC_STATIC_WIDE_MIN_BLOCKS = 96
@@ -217,7 +221,8 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
     most TC_NARROW_N columns, register-staged 128x128 of 64x64 warps (TC_TILE_STATIC_WIDE) where they make
     TC_STATIC_WIDE_MIN_BLOCKS blocks over at most TC_WIDE_N columns (over more: up to 264 blocks), else 64x64
     where 128x128 blocks would leave fewer than 2 per SM (about 264 blocks on an H100); None when the kernel
-    cannot take one. MFMA's 32x32 fragments: 64x64 per wave (4 waves of 64)."""
+    cannot take one (a masked operand over at most TC_NARROW_N columns: TC_MASKED_NARROW_TILE). MFMA's 32x32
+    fragments: 64x64 per wave (4 waves of 64)."""
     mfma = caps.tensor_cores and caps.tensor_cores[0] != MMA_M16N8K16
     big = TC_TILE_MFMA if caps.tensor_cores and caps.tensor_cores[0] == MFMA_32X32X8 else TC_TILE
     if mfma and big == TC_TILE:
@@ -232,6 +237,9 @@ def choose_tc_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> tup
         small = tc_plan(ast, caps, scan, TC_SMALL_TILE) is not None
         blocks = -(-M.arg // 128) * -(-N.arg // 128)
         if not mfma and N.arg <= TC_NARROW_N and small:
+            if (any(u.op is Ops.WHERE for u in plan.units)
+                    and tc_plan(ast, caps, scan, TC_MASKED_NARROW_TILE) is not None):
+                return TC_MASKED_NARROW_TILE    # a masked operand's fill: 128 rows a block
             return TC_SMALL_TILE                # a 128-wide block would compute half its columns past N
         if (not mfma and big == TC_TILE and (N.arg <= TC_WIDE_N or blocks < 264)
                 and blocks >= TC_STATIC_WIDE_MIN_BLOCKS and not staged_fills(plan)
@@ -941,6 +949,6 @@ _BUILDERS = {MMA_M16N8K16: _MMABuilder, MFMA_32X32X8: _MFMABuilder, WMMA_16X16X1
 
 
 __all__ = ["MFMA_32X32X8", "MMA_M16N8K16", "WGMMA", "WMMA_16X16X16", "TC_PIPELINES", "TC_TILE", "TC_TILE_CANDIDATES",
-           "WG_BARS", "WG_PRODUCER", "WG_SMEM", "TC_NARROW_N", "TC_WIDE_N", "TC_TILE_STATIC_WIDE",
+           "WG_BARS", "WG_PRODUCER", "WG_SMEM", "TC_NARROW_N", "TC_MASKED_NARROW_TILE", "TC_WIDE_N", "TC_TILE_STATIC_WIDE",
            "TC_STATIC_WIDE_MIN_BLOCKS", "choose_tc_tile", "tc_pipeline", "tc_plan", "tc_smem_bytes", "tc_threads", "valid_tc_tile",
            "wg_tile_ok"]
