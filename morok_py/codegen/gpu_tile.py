@@ -48,9 +48,8 @@ PAD = 4               # elements added to each row of a shared tile: no bank con
                       # filled along k, and rows stay 16-byte aligned for vector reads
 SMEM_LIMIT = 48 << 10  # static shared memory of one work-group (CUDA's limit without opt-in)
 ASYNC_SMEM_LIMIT = 96 << 10  # async_fill (NVIDIA sm_80+): shared memory a tile may take, through the dynamic opt-in
-                       # the CUDA renderers take past SMEM_LIMIT (sm_86/89 allow 99 KiB). The float32 decode tile
-                       # 32x32x128 double-buffered takes 72 KiB: two k steps of the weight matrix in flight per SM
-                       # (strategies/small_shapes.py DECODE_CORE_BK)
+                       # the CUDA renderers take past SMEM_LIMIT (sm_86/89 allow 99 KiB). The float32 decode
+                       # candidate 32x32x128 double-buffered takes 72 KiB (strategies/small_shapes.py DECODE_CORE_BK)
 _VECTOR_DTYPES = ("float32", "int32", "uint32")   # what the renderers print as float4/int4/uint4
 UNROLL_FULL_TILES = True  # unroll the kk loop of full tiles in the kernel (see the note at compute)
 MIN_GROUPS = 2        # occupancy hint (LinearKernel.min_groups): two work-groups per SM, so CUDA caps a

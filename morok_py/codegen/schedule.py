@@ -291,7 +291,8 @@ GEMV_UPCAST_RESIDENT = 2      # 0: no upcast default on NVRTC (the plain split)
 # unroll 4 unrolled, with __launch_bounds__(1024, 1) (ptxas: 64 registers, all 36 loads before the first FMA; without
 # the hint 70.9 us). Batch-8 GEMV 8x4096x4096 on an H100 (benchmarks/decode.py --variants, nvrtc): 41.2 us against
 # 50.2 us for GEMV_UPCAST_SPLIT with GEMV_UPCAST_RESIDENT in the same run; the hint form without the lowering's
-# unroll (the NVRTC default before) 61 us. Its NVPTX twin spills (856-byte frame).
+# unroll (the NVRTC default before) 61 us. As the default: 37.4 us, 1.19x torch (benchmarks/results/nvidia-h100/
+# decode-nvrtc.json). Its NVPTX twin spills (856-byte frame).
 GEMV_UPCAST_WIDE = dict(group=1024, unroll=4, split=32)
 # tiled contractions on targets with asynchronous copies: fill the double-buffered tiles by cp.async. benchmarks/kernels.py
 # on an H100: float32 4096^3 with symbolic sizes ran 0.950x its static twin (3.04 vs 2.89 ms, interleaved) because
@@ -316,7 +317,9 @@ def split_default(ast: UOp, scan: KernelScan, group: int, cuda: bool = True, spl
     column sum) with the occupancy hint and the loop unrolled by the lowering where its trip count allows
     (8192^2: 108 -> 97 us); several (a GEMV: x and W) the plain split, which ran 64-66 us on NVRTC where the
     hint and the lowering's unroll took 92; on a printer with `split_upcast` (llvm-nvptx, 86-95 us plain) a
-    GEMV whose batch is at most that computes the whole batch per work-item (GEMV_UPCAST_SPLIT)."""
+    GEMV whose batch is at most that computes the whole batch per work-item (GEMV_UPCAST_SPLIT); on the other
+    CUDA printer (NVRTC) too, with an occupancy hint (GEMV_UPCAST_WIDE where K allows, else GEMV_UPCAST_SPLIT with
+    GEMV_UPCAST_RESIDENT)."""
     from .scan import top_reduces
     from .strategies.split_reduce import lowering_unroll_applies, upcast, upcast_plan
     loads = {n for red in top_reduces(list(ast.src)) for n in red.src[0].toposort() if n.op is Ops.LOAD}

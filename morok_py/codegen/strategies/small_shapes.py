@@ -5,6 +5,8 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
   4096 weight matrix) takes a skinny block, as few rows as the kernel has and DECODE_COLS columns, so the
   weight matrix is streamed by about one block per SM with a deep k step in flight; 16-bit operands on the
   warp-level tensor cores (strategies/tensor_core.py), float32 on the CUDA-core tiles (gpu_tile.py).
+- split k: a float32 decode tile whose blocks number fewer than FEW_BLOCKS runs each output tile on
+  DECODE_SPLIT_K work-groups over a part of K each (Schedule.split_k), the last summing the parts.
 - few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
   1000^3, or symbolic sizes bounded by 1024) takes blocks of half the rows (or half the rows and columns); a
   symbolic extent counts at its variable's upper bound.
@@ -40,7 +42,10 @@ DECODE_CORE_BK = 128    # k depth of the deep float32 decode tiles a search may 
 DECODE_SPLIT_K = 4      # float32 decode tiles: each output tile on this many work-groups over a quarter of K each
                         # (Schedule.split_k): 512 groups, 4 per SM of an H100, where the 128 unsplit ones (one per
                         # SM, 4 warps) read the weight matrix at 0.76-0.79 TB/s (88 us for 32x4096x4096 whether 32,
-                        # 64 or 128 deep: benchmarks/decode.py --variants), bound by one tile's latency per k step
+                        # 64 or 128 deep: benchmarks/decode.py --variants), bound by one tile's latency per k step.
+                        # Split in 4 on an H100: 66.8 us nvrtc, 68.1 us llvm-nvptx (0.89x / 0.87x torch's 59 us);
+                        # 2 parts 66.1 and 8 parts 69.3 against 67.3 for 4 in one --variants run, unsplit 84.6
+                        # (benchmarks/results/nvidia-h100/decode-*.json, tests/results/nvidia-h100/bench-decode-*.log)
 DECODE_SPLITS = (2, 4, 8)   # the parts counts a search times
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
 FEW_COLUMNS = 128       # a float32 contraction over at most this many constant columns: 128 x 64 blocks
