@@ -38,7 +38,7 @@ peer before it is timed.
 | `launch.py`, `cpu_launch.py` | launch overhead of a checked call, an `ExecutionPlan` replay and a bare ctypes call | the bare call |
 | `compile.py`, `compile_time.py` | compile and disk-cache-hit times; compile time per kernel and pair | targets |
 | `half_bandwidth.py` | float16/bfloat16 elementwise and reductions as bytes/s, over float32's | torch |
-| `tensor_cores.py` | float16/bfloat16 contractions on tensor cores (`--sweep`: the pipeline forms) | torch.matmul (cuBLAS) |
+| `tensor_cores.py` | float16/bfloat16 contractions on tensor cores (`--sweep`: the pipeline forms; `--float8`: float8 ones) | torch.matmul (cuBLAS); torch._scaled_mm |
 | `decode.py` | small and skinny shapes: decoding-step contractions (32-64 rows), a batch-8 GEMV through the checked call, a bounded symbolic 1000^3 matmul, softmax and sums over 8 long rows | torch, CuPy |
 | `conv.py` | 2-D convolutions (implicit GEMM) | torch |
 | `schedule_variants.py` | named schedules of one kernel side by side | torch |
