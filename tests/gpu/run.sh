@@ -3,8 +3,8 @@
 #
 #   bash tests/gpu/run.sh [--budget SECONDS] [--jobs N] [SUITE ...]        (default: cuda, 540 s, 1 job)
 #
-# --jobs N runs the cuda suite's pytest passes in N pytest-xdist processes that share the GPU (where xdist is
-# installed: carry its wheels in .whl/), as the onnx suite runs its two pairs side by side.
+# --jobs N runs the cuda suite's pytest passes, and each pair of the onnx suite, in N pytest-xdist processes
+# that share the GPU (where xdist is installed: carry its wheels in .whl/).
 #
 # Suites, run in the order given:
 #   cuda       the cuda-marked pytest suite on both CUDA pairs: the `device` fixture runs nvrtc and llvm-nvptx,
@@ -129,12 +129,14 @@ suite_cuda() {
 }
 
 suite_onnx() {
-  local log=$ROOT/tests/results/$GPU/onnx.log pair lim; : > "$log"
+  local log=$ROOT/tests/results/$GPU/onnx.log pair lim jobs=(); : > "$log"
+  # --jobs N: each pair's pytest in N xdist processes (2N on the GPU at once)
+  if (( JOBS > 1 )) && (( ${#XDIST[@]} )); then jobs=(-n "$JOBS"); fi
   lim=$(( $(left) - 10 ))
   if (( lim < 150 )); then say "-- onnx skipped (${lim}s left)"; return; fi
   say "-- onnx: node cases and models on CUDA, nvrtc and llvm-nvptx side by side (at ${SECONDS}s, up to ${lim}s)"
   for pair in nvrtc llvm-nvptx; do
-    ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair timeout "$lim" python3 -m pytest "${pytest_args[@]}" \
+    ( MOROK_ONNX_DEVICE=CUDA MOROK_CUDA_COMPILER=$pair timeout "$lim" python3 -m pytest "${pytest_args[@]}" "${jobs[@]}" \
         tests/test_onnx_*.py > "/tmp/onnx-$pair.log" 2>&1; echo "exit $?" >> "/tmp/onnx-$pair.log" ) &
   done
   wait
