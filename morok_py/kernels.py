@@ -798,6 +798,119 @@ def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: 
     return UOp.sink(*stores)
 
 
+# Winograd F(m x m, 3 x 3) (Lavin and Gray, 2015): an m x m tile of a stride-1 3x3 convolution is
+# A^T [(G g G^T) . (B^T d B)] A, d the (m + 2) x (m + 2) input patch and g the 3x3 filter: per output
+# 2.25x (m = 2) or 4x (m = 4) fewer multiplies in the contraction, which becomes (m + 2)^2 independent
+# [CO, C] x [C, tiles] products. The matrices (B^T, G, A^T) by m; G's fractions are exact in binary
+# only for m = 2 (m = 4's sixths and twelfths round once, in the weights).
+WINOGRAD_MATRICES = {
+    2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1)),
+        ((1, 1, 1, 0), (0, 1, -1, -1))),
+    4: (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+         (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+        ((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+         (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
+}
+
+
+def _winograd(m: int):
+    if m not in WINOGRAD_MATRICES:
+        raise ArgumentError(f"Winograd output tiles are {sorted(WINOGRAD_MATRICES)} wide, got {m}")
+    return WINOGRAD_MATRICES[m]
+
+
+def _combine(coefs: Sequence[float], vals: Sequence[UOp], dt: DType) -> UOp:
+    """sum of coefs[i] * vals[i], zero coefficients skipped and +-1 without a multiply."""
+    out = None
+    for c, v in zip(coefs, vals):
+        if c == 0:
+            continue
+        term = v if abs(c) == 1 else v * UOp.const(float(abs(c)), dt)
+        out = (term if c > 0 else -term) if out is None else (out + term if c > 0 else out - term)
+    return out if out is not None else UOp.const(0.0, dt)
+
+
+def _sandwich(L: Sequence[Sequence[float]], X: list[list[UOp]], R: Sequence[Sequence[float]], dt: DType) -> list[list[UOp]]:
+    """L X R^T for constant matrices L and R and a matrix X of values."""
+    LX = [[_combine([L[i][k] for k in range(len(X))], [X[k][c] for k in range(len(X))], dt)
+           for c in range(len(X[0]))] for i in range(len(L))]
+    return [[_combine(R[j], LX[i], dt) for j in range(len(R))] for i in range(len(L))]
+
+
+def winograd_tiles(geo_out: tuple[int, int], m: int) -> tuple[int, int]:
+    """(tile rows, tile columns) of an OH x OW output in m x m tiles (both must divide)."""
+    OH, OW = geo_out
+    if OH % m or OW % m:
+        raise ArgumentError(f"a {OH}x{OW} output does not split into {m}x{m} Winograd tiles")
+    return OH // m, OW // m
+
+
+def winograd_weights(CO: int, C: int, m: int, dtype=dtypes.float32) -> UOp:
+    """u[s, co, c] = (G g G^T)[s // (m + 2), s % (m + 2)] for the 3x3 filter g = w[co, c]: the weights of
+    the (m + 2)^2 contractions of `winograd_conv2d_kernels`. Params: w [CO, C, 3, 3], u."""
+    dt = as_dtype(dtype)
+    _, G, _ = _winograd(m)
+    a = m + 2
+    ax = _Axes()
+    co, c = ax(CO), ax(C)
+    w = UOp.param(0, dt)
+    g = [[w.load((co * C + c) * 9 + k * 3 + l) for l in range(3)] for k in range(3)]
+    u = _sandwich(G, g, G, dt)
+    out = UOp.param(1, dt)
+    return UOp.sink(*[out.store(((i * a + j) * CO + co) * C + c, u[i][j]) for i in range(a) for j in range(a)])
+
+
+def winograd_input(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int], m: int,
+                   dtype=dtypes.float32) -> UOp:
+    """v[s, c, t] = (B^T d B)[s // (m + 2), s % (m + 2)], d the (m + 2) x (m + 2) patch of x[n, c] (zero in the
+    padding) under output tile t = (n, tile row, tile column), the tiles of every image side by side: the
+    right-hand operands of the Winograd contractions. Params: x, v."""
+    dt = as_dtype(dtype)
+    BT, _, _ = _winograd(m)
+    a = m + 2
+    pt, pl, pb, pr = pads
+    TH, TW = winograd_tiles((H + pt + pb - 2, W + pl + pr - 2), m)
+    T = N * TH * TW
+    ax = _Axes()
+    c, n, ty, tx = ax(C), ax(N), ax(TH), ax(TW)
+    x = UOp.param(0, dt)
+    masked = (pt > 0 or pb > 0, pl > 0 or pr > 0)
+    base = (n * C + c) * (H * W)
+    d = [[_tap(x, base, H, W, ty * m + k - pt, tx * m + l - pl, dt, masked) for l in range(a)] for k in range(a)]
+    v = _sandwich(BT, d, BT, dt)
+    t = (n * TH + ty) * TW + tx
+    out = UOp.param(1, dt)
+    return UOp.sink(*[out.store(((i * a + j) * C + c) * T + t, v[i][j]) for i in range(a) for j in range(a)])
+
+
+def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.float32,
+                    epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, ty * m + i, tx * m + j] = (A^T M A)[i, j], M the (m + 2) x (m + 2) products of output tile
+    t = (n, ty, tx) and channel co (mm[s, co, t]), then `epilogue`. Params: mm, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    _, _, AT = _winograd(m)
+    a = m + 2
+    TH, TW = winograd_tiles((OH, OW), m)
+    T = N * TH * TW
+    epi = epilogue or Epilogue()
+    ax = _Axes()
+    n, co, ty, tx = ax(N), ax(CO), ax(TH), ax(TW)
+    mm = UOp.param(0, dt)
+    t = (n * TH + ty) * TW + tx
+    M = [[mm.load(((i * a + j) * CO + co) * T + t) for j in range(a)] for i in range(a)]
+    y = _sandwich(AT, M, AT, dt)
+    stores, nxt = [], 1
+    for i in range(m):
+        for j in range(m):
+            at = ((n * CO + co) * OH + ty * m + i) * OW + tx * m + j
+            v, nxt = epi.apply(y[i][j], 1, dt, co, at)
+            stores.append((at, v))
+    out = UOp.param(nxt, dt)
+    return UOp.sink(*[out.store(at, v) for at, v in stores])
+
+
 def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int], value: float = 0.0,
           dtype=dtypes.float32) -> UOp:
     """out[n, c, y, x] = x[n, c, y - top, x - left] inside, `value` in the border. Params: x, out."""
@@ -896,6 +1009,12 @@ class KernelStep:
     vars: tuple[tuple[str, int], ...] = ()     # the values of the AST's variables at launch
     dtype: DType | None = None                 # the written buffer's element type; None: the convolution's
 
+    @property
+    def weights_only(self) -> bool:
+        """It reads the weights alone (a reorder, Winograd's filter transform): a caller whose weights stay
+        the same runs it once and keeps its output."""
+        return self.inputs == ("w",)
+
 
 def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes.float32,
                    epilogue: Epilogue | None = None, caps: Capabilities | None = None,
@@ -961,6 +1080,18 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                            ("x",), "col", g.N * g.C * g.KH * g.KW * P),
                 KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi, plan.pixel_blocks),
                            ("col", "w", "epilogue"), "out", out_n, (("K", Kg),))]
+    if plan.family == "winograd":
+        if N is None:
+            raise ArgumentError(f"{plan}: the Winograd tiles of every image sit side by side; it takes a static batch")
+        m, a2 = plan.winograd, (plan.winograd + 2) ** 2
+        pt, pl, pb, pr = g.pads
+        T = g.N * (g.OH // m) * (g.OW // m)
+        return [KernelStep("weights", winograd_weights(g.CO, g.C, m, dtype), ("w",), "wt", a2 * g.CO * g.C),
+                KernelStep("input", winograd_input(g.N, g.C, g.H, g.W, g.pads, m, dtype), ("x",), "col", a2 * g.C * T),
+                KernelStep("gemm", conv_gemm(1, a2, g.CO, None, T, dtype), ("col", "wt"), "prod", a2 * g.CO * T,
+                           (("K", g.C),)),
+                KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi), ("prod", "epilogue"),
+                           "out", out_n)]
     if plan.family == "direct_masked":
         # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match
         tm = g.C % TAP_MAJOR_CHANNELS == 0

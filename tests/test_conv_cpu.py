@@ -297,6 +297,52 @@ def test_a_symbolic_batch_serves_every_batch_size_with_the_same_kernels(cpu, rng
         np.testing.assert_allclose(got.reshape(N, g.CO, g.OH, g.OW), conv_ref(x, w, None, g), rtol=1e-4, atol=1e-4)
 
 
+WINOGRAD_GEOMETRIES = [
+    ConvGeometry(2, 5, 8, 12, 7, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # same padding, 8x12 out
+    ConvGeometry(1, 13, 14, 6, 3, 3, 3, (1, 1), (1, 1), (2, 0, 0, 2)),     # asymmetric pads
+    ConvGeometry(3, 3, 10, 6, 9, 3, 3),                                   # unpadded: 8x4 out
+]
+
+
+@pytest.mark.parametrize("geo", WINOGRAD_GEOMETRIES, ids=_gid)
+def test_winograd_tiles_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, geo):
+    """F(2x2, 3x3) and F(4x4, 3x3) where the output sides divide: weights, input and output transforms
+    around (m + 2)^2 contractions, the epilogue in the output transform; F(4x4)'s rounding stays within
+    float32 noise of the direct sum."""
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, 3, 3), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
+    want = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
+    plans = [p for p in candidate_plans(geo, cpu_level.dev.renderer.caps) if p.family == "winograd"]
+    assert [p.winograd for p in plans] == [m for m in (4, 2) if geo.OH % m == 0 and geo.OW % m == 0]
+    for plan in plans:
+        steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "add", "relu"))
+        assert [st.name for st in steps] == ["weights", "input", "gemm", "output"]
+        got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, r))
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=str(plan))
+
+
+def test_winograd_refuses_what_it_cannot_tile():
+    """Other kernels, strides, groups, output sides m does not divide, 16-bit candidates and a symbolic
+    batch are refused with a reason."""
+    from morok_py.codegen.capabilities import Capabilities
+    ok = WINOGRAD_GEOMETRIES[0]
+    for geo in (ConvGeometry(1, 4, 9, 9, 4, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),     # stride 2
+                ConvGeometry(1, 4, 9, 9, 4, 5, 5, pads=(2, 2, 2, 2)),                # 5x5
+                ConvGeometry(1, 4, 9, 9, 4, 3, 3, pads=(1, 1, 1, 1), groups=2),      # groups
+                ConvGeometry(1, 4, 9, 9, 4, 3, 3, pads=(1, 1, 1, 1))):               # 9x9 output
+        with pytest.raises(ArgumentError, match="Winograd"):
+            check_plan(ConvPlan("winograd", winograd=2), geo)
+    with pytest.raises(ArgumentError, match="winograd=3"):
+        ConvPlan("winograd", winograd=3)
+    with pytest.raises(ArgumentError, match="winograd=2"):
+        ConvPlan("im2col_gemm", winograd=2)
+    assert not any(p.family == "winograd" for p in candidate_plans(ok, Capabilities(), itemsize=2))
+    with pytest.raises(ArgumentError, match="static batch"):
+        K.conv2d_kernels(ok, ConvPlan("winograd", winograd=4), symbolic_batch=True)
+
+
 @pytest.mark.parametrize("N", [1, 2])
 def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N):
     """One image's columns take (channel, kernel row) as the outermost range, so a 3-channel 7x7 stem has 21

@@ -128,6 +128,28 @@ def test_depthwise_hardswish_and_pointwise_with_a_residual_computed_later(rng):
            {"MorokConv": 4, "Add": 0, "Relu": 0, "HardSwish": 0})
 
 
+def test_a_plans_weights_only_step_runs_once_and_every_run_matches(monkeypatch, rng):
+    """A plan whose first kernel reads the weights alone (Winograd's filter transform, forced here on two
+    convolutions with a residual add) runs that kernel once per weights buffer: it is not among a run's
+    launches, and three runs with new inputs each match onnx's reference evaluator."""
+    from morok_py.codegen.strategies.conv import ConvPlan
+    from morok_py.onnx import fuse as F
+    monkeypatch.setattr(F, "_choose_plan", lambda ctx, geo, *a: (ConvPlan("winograd", winograd=2), None))
+    b = _Builder(rng)
+    h = b.node("Relu", [b.conv("x", 5, 7, 3)])
+    y = b.node("Relu", [b.node("Add", [b.conv(h, 7, 7, 3), h])])
+    model = b.model({"x": [2, 5, 8, 10]}, [y])
+    ex = OnnxExecutor(model, "CPU")
+    for run in range(3):
+        feeds = {"x": random_array(rng, (2, 5, 8, 10), np.float32)}
+        np.testing.assert_allclose(ex.run(feeds)[0], ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+        if run == 0:        # the first run's recorded launches: each convolution's input, gemm and output kernels
+            names = [prog.name for prog, *_ in ex.k.launches]
+            assert sum("input" in n for n in names) == 2 and sum("output" in n for n in names) == 2, names
+            assert not any("weights" in n for n in names), names
+    assert sum(len(v) for v in F._weights_outputs.values()) >= 2      # both transformed filters, kept
+
+
 def test_a_convolution_output_read_elsewhere_keeps_its_node(rng):
     b = _Builder(rng)
     c = b.conv("x", 3, 4, 3)

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from morok_py import config, kernels as K
+from morok_py.buffer import Buffer
 from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.schedule import conv_plan, search_plan
 from morok_py.codegen.strategies.conv import ConvGeometry
@@ -541,11 +542,37 @@ def _scratch_buffer(k, elements: int, dtype, role: str = "col"):
         return buf
 
 
+# the outputs of a plan's weights-only steps (KernelStep.weights_only: a reorder, Winograd's filter transform)
+# by weights buffer and kernel: a MorokConv's weights are an initializer, uploaded once and never written, so
+# each such step runs once and every later run and replay reads its output
+_weights_outputs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _weights_output(ctx, st, w_buf):
+    """The output of weights-only step `st` on `w_buf`, computed at its first use."""
+    with _scratch_lock:
+        per = _weights_outputs.setdefault(w_buf, {})
+        buf = per.get(st.ast.key)
+    if buf is None:
+        prog = ctx.k.programs.get(st.ast.key)
+        if prog is None:
+            prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
+        buf = Buffer(ctx.k.dev, st.elements, st.dtype or w_buf.dtype)     # not a run's buffer: no plan reuses it
+        prog(w_buf, buf, **dict(st.vars))
+        with _scratch_lock:
+            buf = per.setdefault(st.ast.key, buf)
+    return buf
+
+
 def _plan_launches(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View) -> list[tuple]:
-    """(kernel step, its buffers) of a convolution plan on these views, its scratch buffers taken."""
+    """(kernel step, its buffers) of a convolution plan on these views, its scratch buffers taken; a step that
+    reads the weights alone runs once here (`_weights_output`) instead of at every run."""
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
     launches = []
     for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer):
+        if st.weights_only:
+            bufs[st.output] = _weights_output(ctx, st, w.buf)
+            continue
         if st.output != "out":
             bufs[st.output] = _scratch_buffer(ctx.k, st.elements, st.dtype or x.dtype, st.output)
         args = []

@@ -43,6 +43,13 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                Input channels a multiple of 32 run the reduction tap-major (the weights reordered by a
                small kernel first), so a k tile holds one tap (`kernels.conv2d`).
 
+  winograd     Winograd F(m x m, 3 x 3) for a 3x3, stride-1 layer whose output sides m (4 or 2) divides:
+               `kernels.winograd_weights` transforms the filters (a weights-only step, which the ONNX
+               executor runs once), `kernels.winograd_input` the input tiles of every image side by side,
+               then (m + 2)^2 contractions [CO, C] x [C, tiles] (`kernels.conv_gemm` with that many groups),
+               and `kernels.winograd_output` with the epilogue: 4x (m = 4) or 2.25x fewer multiplies in the
+               contraction, for the transforms' traffic. Float32 only (a candidate).
+
 `conv_plan` is the heuristic choice; `candidate_plans` lists what a search (MOROK_BEAM) times;
 `search_plan` times them through a caller's timer and keeps the fastest per geometry, target and
 epilogue for the process.
@@ -57,7 +64,7 @@ from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
 FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
-            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked")
+            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked", "winograd")
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,7 @@ class ConvPlan:
     lanes: int = 0
     pixel_blocks: int = 1
     split: int = 1          # im2col_flat / im2col_rows: runs the contraction's reduction is cut into (flat_split)
+    winograd: int = 0       # winograd: the output tile's side m of F(m x m, 3 x 3) (2 or 4)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -129,6 +137,9 @@ class ConvPlan:
             raise ArgumentError(f"{self.family}: pixel_blocks {self.pixel_blocks} (a contraction's, >= 1)")
         if self.split < 1 or (self.split > 1 and self.family not in ("im2col_flat", "im2col_rows")):
             raise ArgumentError(f"{self.family}: split {self.split} (the flat columns' reduction runs, >= 1)")
+        if (self.family == "winograd") != (self.winograd in WINOGRAD_TILES):
+            raise ArgumentError(f"{self.family}: winograd={self.winograd} (the winograd family's output tile, one "
+                                f"of {WINOGRAD_TILES}; 0 for the others)")
 
     def __str__(self) -> str:
         parts = [self.family]
@@ -140,6 +151,8 @@ class ConvPlan:
             parts.append(f"pixel_blocks={self.pixel_blocks}")
         if self.split > 1:
             parts.append(f"split={self.split}")
+        if self.winograd:
+            parts.append(f"tile={self.winograd}x{self.winograd}")
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
@@ -343,6 +356,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
     out.append(ConvPlan("direct"))
     if caps.has_local and any(geo.pads):
         out.append(ConvPlan("direct_masked"))
+    if itemsize >= 4:           # 16-bit elements would round the transformed tiles (G's sixths at m = 4)
+        out += [ConvPlan("winograd", winograd=m) for m in WINOGRAD_TILES]
     seen: list[ConvPlan] = []
     for p in out:
         try:
@@ -352,6 +367,16 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
         if p not in seen:
             seen.append(p)
     return seen
+
+
+# Winograd F(m x m, 3 x 3): output tiles of these sides (kernels.WINOGRAD_MATRICES)
+WINOGRAD_TILES = (4, 2)
+
+
+def winograd_applies(geo: ConvGeometry, m: int) -> bool:
+    """A 3x3, stride-1, undilated, one-group convolution whose output sides m divides."""
+    return ((geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.groups == 1
+            and m in WINOGRAD_TILES and geo.OH % m == 0 and geo.OW % m == 0)
 
 
 def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
@@ -373,6 +398,9 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
                             f"channels x taps x output channels per group), stride 1 and the width kept")
+    if plan.family == "winograd" and not winograd_applies(geo, plan.winograd):
+        raise ArgumentError(f"{plan}: Winograd F({plan.winograd}x{plan.winograd}, 3x3) takes a 3x3 kernel, stride "
+                            f"and dilation 1, one group and an output whose sides {plan.winograd} divides")
     if (geo.C // geo.groups * geo.KH * geo.KW) % plan.split:
         raise ArgumentError(f"{plan}: {plan.split} runs do not divide the reduction")
     if (geo.OH * geo.OW) % plan.pixel_blocks:
