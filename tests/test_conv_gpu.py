@@ -320,6 +320,32 @@ def test_direct_masked_in_the_interpreter(rng, pair, tile, geo):
                                    atol=tol * np.abs(ref).max())
 
 
+WINOGRAD = [ConvGeometry(2, 20, 12, 16, 24, 3, 3, pads=(1, 1, 1, 1)),      # both tiles
+            ConvGeometry(1, 9, 10, 6, 5, 3, 3, pads=(0, 1, 2, 1))]          # 10x6 out: 2x2 tiles only
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("geo", WINOGRAD, ids=_gid)
+def test_winograd_in_the_interpreter(rng, pair, geo):
+    """Each Winograd tile the geometry takes, its four kernels rendered by both pairs under their default GPU
+    schedules (every output written once) against numpy, a bias/relu epilogue in the output transform."""
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, 3, 3), np.float32) / 4
+    b = random_array(rng, (geo.CO,), np.float32)
+    ref = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1), 0)
+    plans = [p for p in candidate_plans(geo, GPU) if p.family == "winograd"]
+    assert plans
+    for plan in plans:
+        steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "relu"))
+        # _interpret reads each input by its role: the epilogue's one operand (the bias) gets the role "b"
+        steps = [st if "epilogue" not in st.inputs else K.KernelStep(st.name, st.ast, tuple(
+            "b" if r == "epilogue" else r for r in st.inputs), st.output, st.elements, st.vars, st.dtype)
+            for st in steps]
+        got = _interpret(steps, {"x": x, "w": w, "b": b}, pair, np.float32, geo.N, None, "sm_90a")
+        np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=str(plan))
+
+
 # ---- on the device ------------------------------------------------------------------------------------
 
 CUDA_PAIRS = [p for p in PAIRS if p.values[0][0] == "CUDA" and p.values[0][1] != "mlir"]
@@ -364,6 +390,22 @@ def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 3e-3
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("geo", WINOGRAD, ids=_gid)
+def test_winograd_on_the_device(gpu, rng, geo):
+    """Every Winograd tile the geometry takes, float32, a constant batch, a bias/residual/relu epilogue."""
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, 3, 3), np.float32) / 4
+    b = random_array(rng, (geo.CO,), np.float32)
+    r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
+    ref = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
+    for plan in [p for p in candidate_plans(geo, gpu.dev.renderer.caps) if p.family == "winograd"]:
+        steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "add", "relu"))
+        got = _run(gpu, steps, {"x": x, "w": w}, dtypes.float32, (b, r))
+        np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(),
+                                   err_msg=str(plan))
 
 
 # a constant batch takes the fitted tiles by default: float16 64x64 over 40 channels, 128x128 of 64x64 warps over
