@@ -127,6 +127,44 @@ def test_full_aligned_tiles_use_vector_loads_and_stores(rng):
     assert not any(i.kind in (L.LOAD, L.STORE) and not i.arg and i.src[0].kind is L.PARAM for i in k.walk())
 
 
+# odd row strides: full tiles whose rows start at every offset modulo the vector width, on both sides
+ODD = [((131, 197), (1, 0)), ((130, 201), (1, 0)), ((3, 67, 133), (0, 2, 1)), ((70, 3, 133), (2, 1, 0))]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+@pytest.mark.parametrize("symbolic", [False, True])
+@pytest.mark.parametrize("shape,perm", ODD)
+def test_full_tiles_of_unaligned_rows_move_shifted_vectors(rng, shape, perm, symbolic, dt):
+    """Rows that start anywhere are read and written as the aligned vectors inside them (the interpreter
+    checks each vector's alignment, every access's bounds and the shared-memory races)."""
+    ast = simplify(permuted(shape, perm, symbolic, from_numpy(np.dtype(dt))))
+    for s in (None, Schedule("groups", group=64, permute=32), Schedule("groups", group=1024, permute=64)):
+        k = interpret(ast, shape, perm, symbolic, dt, s, rng)
+        widths = {(i.kind, i.arg) for i in k.walk() if i.kind in (L.LOAD, L.STORE) and i.arg}
+        assert widths == {(L.LOAD, 4), (L.STORE, 4)}
+
+
+def test_a_static_odd_transpose_has_no_scalar_path_for_its_full_tiles():
+    """Constant odd strides were scalar on every tile; the full ones now take vectors."""
+    kernel, _ = lower(simplify(permuted((129, 131), (1, 0))), CAPS, "p")
+    assert any(i.kind is L.LOAD and i.arg == 4 for i in kernel.walk())
+    assert any(i.kind is L.STORE and i.arg == 4 for i in kernel.walk())
+
+
+def test_a_value_of_the_ranges_follows_its_shifted_lanes(rng):
+    x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
+    R, C = 131, 197
+    r, c = UOp.range(R, 0), UOp.range(C, 1)
+    ast = UOp.sink(out.store(c * R + r, x.load(r * C + c) * 2.0 + (c * 1000 + r).cast(dtypes.float32)))
+    kernel, info = lower(ast, CAPS, "p")
+    assert kernel.schedule.permute
+    xv = random_array(rng, (R, C), np.float32)
+    o = np.zeros(R * C, np.float32)
+    LI.run(kernel, info, [xv.reshape(-1).copy(), o])
+    want = xv * 2 + (np.arange(C)[None, :] * 1000 + np.arange(R)[:, None]).astype(np.float32)
+    np.testing.assert_array_equal(o.reshape(C, R), want.T)
+
+
 @pytest.mark.parametrize("dt", [np.float16, np.float64, np.int8, np.int32])
 def test_every_candidate_schedule_is_right(rng, dt):
     shape, perm = (66, 72), (1, 0)
@@ -163,6 +201,7 @@ def test_the_launch_check_still_guards_both_buffers(rng):
 # ---- rendered and compiled for every GPU pair -----------------------------------------------------------
 
 KERNELS = {"2d": ((4096, 4100), (1, 0), False), "3d_sym": ((8, 300, 500), (0, 2, 1), True),
+           "2d_odd": ((8191, 8193), (1, 0), True),
            "5d": ((2, 3, 4, 40, 36), (4, 1, 0, 3, 2), False)}
 
 
@@ -176,6 +215,7 @@ def test_cuda_pairs_render_and_compile_the_tiled_kernel(arch, key, kernel):
     assert spec.launch.local_size[0] == 256 and spec.linear.schedule.permute == TILE
     src = spec.src
     assert ("__shared__" in src and "__syncthreads" in src) if key == "nvrtc" else "addrspace(3)" in src
+    assert ("float4" in src) if key == "nvrtc" else ("<4 x float>" in src)     # odd strides too: shifted rows
     out = c.compile(spec)
     assert out.bytes[:4] == b"\x7fELF"
 
@@ -224,7 +264,8 @@ def gpu(request):
 
 
 @pytest.mark.parametrize("symbolic", [False, True])
-@pytest.mark.parametrize("shape,perm", CASES + [((1000, 1001), (1, 0)), ((512, 1024), (1, 0))])
+@pytest.mark.parametrize("shape,perm", CASES + [((1000, 1001), (1, 0)), ((512, 1024), (1, 0)), ((515, 2051), (1, 0)),
+                                                ((5, 131, 67), (0, 2, 1))])
 def test_device_permutations_match_numpy(gpu, rng, shape, perm, symbolic):
     run_on(gpu, rng, shape, perm, symbolic)
 
