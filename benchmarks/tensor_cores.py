@@ -7,9 +7,10 @@ medians (the checked call's wait=True time for ours, torch.cuda.Event for torch)
 checked against torch's (float32 accumulation) before it is timed.
 
 --float8: float8 contractions instead (kernels_f8.matmul, float32 sums; rows `matmul_f8e4m3...`) beside
-torch._scaled_mm with scales 1.0 and the same output dtype, B given as B^T [N, K] (the column-major B that
-_scaled_mm asks for and that the sm_90a wgmma path needs): e4m3 4096^3 (float32 and bfloat16 out), e4m3 x e5m2
-4096^3, e4m3 4000x3008x1040 (no whole tiles), and B [K, N] row-major on the ordinary path. torch's
+torch._scaled_mm with scales 1.0 and the same output dtype (torch is given B column-major, as it asks): e4m3
+4096^3 (float32 and bfloat16 out), e4m3 x e5m2 4096^3, e4m3 4000x3008x1040 (no whole tiles), ours with B as
+B^T [N, K] (K-major: cp.async fills) and, rows `..._bkn`, as B [K, N] row-major (kernels.matmul's layout:
+the producer's transposed fill). torch's
 use_fast_accum=False (its default: cuBLAS adds the tensor cores' partial sums into float32 every few k) is
 the peer; its use_fast_accum=True time (one accumulator, as ours) is recorded beside it.
 
@@ -167,7 +168,8 @@ F8_CASES = [("matmul_f8e4m3", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn"
             ("matmul_f8e4m3_bf16out", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16", "nk"),
             ("matmul_f8e4m3xe5m2", 4096, 4096, 4096, "float8_e4m3fn", "float8_e5m2", "float32", "nk"),
             ("matmul_f8e4m3", 4000, 3008, 1040, "float8_e4m3fn", "float8_e4m3fn", "float32", "nk"),
-            ("matmul_f8e4m3_bkn", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "float32", "kn")]
+            ("matmul_f8e4m3_bkn", 4096, 4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "float32", "kn"),
+            ("matmul_f8e4m3_bkn", 4000, 3008, 1040, "float8_e4m3fn", "float8_e4m3fn", "float32", "kn")]
 
 
 def float8(dev, torch, args) -> None:

@@ -4,9 +4,10 @@ products are summed in float32, and the result is stored in `out_dtype` (float32
     C[M, N] = out_dtype(sum_k float32(A[M, K]) * float32(B[K, N]))
 
 `b_layout` "kn" takes B as [K, N] row-major (kernels.matmul's layout); "nk" as B^T [N, K] row-major (B
-column-major, what torch._scaled_mm asks for). On sm_90a GPUs a float8 contraction whose operands are
-both contiguous along k ("nk") with strides that are multiples of 16 runs on the warpgroup tensor cores
-(codegen/strategies/wgmma_f8.py); every other case is correct on the ordinary path.
+column-major, what torch._scaled_mm asks for). On sm_90a GPUs a float8_e4m3fn / float8_e5m2 contraction
+whose strides are multiples of 16 (K, and N for "kn") runs on the warpgroup tensor cores
+(codegen/strategies/wgmma_f8.py: "nk" filled by cp.async, "kn" turned around by the producer); every other
+case is correct on the ordinary path.
 Params: A, B, the epilogue's operands, C.
 """
 from __future__ import annotations

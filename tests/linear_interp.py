@@ -436,8 +436,9 @@ class _Group:
             raise InterpError(f"unknown wg_sync {what!r}")
 
     def mbar(self, ins: Instr, mask: np.ndarray) -> None:
-        """PTX mbarrier: init (expected arrivals), arrive, cp.async arrive (the lane's copies not landed yet
-        belong to the current phase, and land for a lane whose wait sees that phase complete) and wait on
+        """PTX mbarrier: init (expected arrivals), arrive (the lane's shared stores since the last barrier
+        become visible to a lane whose wait sees the phase complete), cp.async arrive (the lane's copies not
+        landed yet belong to the current phase, and land for a lane whose wait sees that phase complete) and wait on
         a phase parity. Lock step runs the roles of a warp-specialized loop one after the other, so a wait
         whose phase has not completed here is an error (the order would deadlock, or the parity is wrong)."""
         (op, count), (local, idx, *par) = ins.arg, ins.src
@@ -477,16 +478,24 @@ class _Group:
                     if not mine.all():
                         keep.append([sh, ls[~mine], group[~mine], span[~mine], vals[~mine]])
                 self.cp_pending = keep
-            elif op != "arrive":
+            elif op == "arrive":
+                # a release: the lane's shared stores since the last barrier are visible to a lane whose wait
+                # sees this phase complete
+                for sh in self.shared.values():
+                    span = np.flatnonzero(sh.writer == lane)
+                    if span.size:
+                        bar[3].append([sh, span, None])
+            else:
                 raise InterpError(f"unknown mbarrier operation {op!r}")
             bar[1] -= 1
             if bar[1] == 0:          # the phase completes: its copies land
                 for sh, span, vals in bar[3]:
                     flat = span.reshape(-1)
-                    sh.data[flat] = vals.reshape(-1)
-                    sh.init[flat] = True
-                    sh.unfenced[flat] = True
-                    sh.pending[flat] = False
+                    if vals is not None:          # copies land (stores arrived with were made already)
+                        sh.data[flat] = vals.reshape(-1)
+                        sh.init[flat] = True
+                        sh.unfenced[flat] = True
+                        sh.pending[flat] = False
                     sh.writer[flat] = -2          # visible only to a lane whose wait sees this phase
                 bar[4] = [(sh, span) for sh, span, _ in bar[3]]
                 bar[3] = []

@@ -1,6 +1,7 @@
 """float8 matmuls (kernels_f8.matmul, kernels.matmul of a float8 dtype): float32 sums of float8_e4m3fn /
 float8_e5m2 products, on every pair; on sm_90a the warpgroup tensor cores (`wgmma ... m64nNk32.f32.e4m3.e4m3`,
-codegen/strategies/wgmma_f8.py) where both operands are K-major with 16-element-aligned strides.
+codegen/strategies/wgmma_f8.py) where the strides keep 16-byte runs aligned: B^T [N, K] filled by cp.async,
+B [K, N] turned around in registers by the producer warpgroup.
 
 Hardware-free: the CPU computes them; the sm_90a lowering is chosen, interpreted (tests/linear_interp.py models
 the descriptors and the 128-byte swizzle) and compiled by both CUDA pairs; the other layouts, odd strides,
@@ -172,9 +173,12 @@ def test_default_schedule_on_sm90a():
     assert sched_of(KF.matmul(4096, 48, 4096, b_layout="nk")).tensor_core is None        # under 64 columns
     assert sched_of(KF.matmul(4096, 64, 4096, b_layout="nk")) == wg(F8_TILE_NARROW, 8)
     assert sched_of(KF.matmul(None, None, 4096, b_layout="nk")).tensor_core == WGMMA       # symbolic M, N: clamped
-    # not the warpgroup form: B [K, N] (MN-major: 8-bit wgmma has no transpose), K not a multiple of 16,
-    # symbolic K (strides unknown), targets without wgmma
-    for ast, caps in [(KF.matmul(4096, 4096, 4096), CAPS), (KF.matmul(4096, 4096, 4104, b_layout="nk"), CAPS),
+    # B [K, N] (kernels.matmul's layout): transposed fills
+    assert sched_of(KF.matmul(4096, 4096, 4096)) == wg(F8_TILE, 4)
+    assert sched_of(K.matmul(4096, 4096, 4096, dtype=E4M3)) == wg(F8_TILE, 4)
+    # not the warpgroup form: B [K, N] with N not a multiple of 16, B^T with K not one, symbolic K (strides
+    # unknown), targets without wgmma
+    for ast, caps in [(KF.matmul(4096, 4100, 4096), CAPS), (KF.matmul(4096, 4096, 4104, b_layout="nk"), CAPS),
                       (KF.matmul(4096, 4096, None, b_layout="nk"), CAPS),
                       (KF.matmul(4096, 4096, 4096, b_layout="nk"), cuda_renderer.cuda_caps("sm_89"))]:
         assert sched_of(ast, caps).tensor_core is None
@@ -196,21 +200,23 @@ def test_explicit_schedules_and_refusals():
 
 # ---- interpreted (sm_90a, hardware-free) --------------------------------------------------------------
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("adt,bdt", F8_PAIRS, ids=PAIR_IDS)
-def test_interpreted_odd_sizes(rng, adt, bdt):
-    M, N, Kd = 130, 200, 304           # a partial block of rows and columns, a k tail of 48 (1.5 wgmmas)
-    a, b, b_kn = operands(rng, M, N, Kd, adt, bdt, "nk")
-    kernel, out = interpret(KF.matmul(M, N, Kd, adt, bdt, b_layout="nk"), [a, b], M * N, dtypes.float32)
+def test_interpreted_odd_sizes(rng, adt, bdt, layout):
+    M, N, Kd = 130, 208, 304           # a partial block of rows and columns, a k tail of 48 (1.5 wgmmas)
+    a, b, b_kn = operands(rng, M, N, Kd, adt, bdt, layout)
+    kernel, out = interpret(KF.matmul(M, N, Kd, adt, bdt, b_layout=layout), [a, b], M * N, dtypes.float32)
     ks = wgmmas(kernel)
     assert ks and all(i.arg[1] == (adt.name if adt == bdt else (adt.name, bdt.name)) for i in ks)
     check(out.reshape(M, N), a, b_kn, 1e-6)
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("tile,stages", F8_CANDIDATES, ids=lambda x: str(x))
-def test_interpreted_every_candidate(rng, tile, stages):
-    M, N, Kd = 136, 200, 400
-    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, "nk")
-    kernel, out = interpret(KF.matmul(M, N, Kd, b_layout="nk"), [a, b], M * N, dtypes.float32, tile=(tile, stages))
+def test_interpreted_every_candidate(rng, tile, stages, layout):
+    M, N, Kd = 136, 208, 400
+    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, layout)
+    kernel, out = interpret(KF.matmul(M, N, Kd, b_layout=layout), [a, b], M * N, dtypes.float32, tile=(tile, stages))
     assert wgmmas(kernel)
     check(out.reshape(M, N), a, b_kn, 1e-6)
 
@@ -224,10 +230,20 @@ def test_interpreted_bfloat16_output_symbolic_rows(rng):
     check(out.reshape(M, N), a, b_kn, 1e-6, dtypes.bfloat16)
 
 
-@pytest.mark.parametrize("case", ["kn", "k_unaligned", "sm_80"])
+def test_interpreted_kernels_matmul_float8_out(rng):
+    """kernels.matmul(dtype=float8_e5m2), B [K, N]: transposed fills, float8 outputs (one rounding)."""
+    M, N, Kd = 100, 96, 208
+    a, b, _ = operands(rng, M, N, Kd, E5M2, E5M2, "kn")
+    kernel, out = interpret(K.matmul(M, N, Kd, dtype=E5M2), [a, b], M * N, E5M2)
+    assert wgmmas(kernel)
+    want, _ = reference(a, b)
+    np.testing.assert_array_equal(out.reshape(M, N), want.astype(np.float32).astype(to_numpy(E5M2)))
+
+
+@pytest.mark.parametrize("case", ["kn_unaligned", "k_unaligned", "sm_80"])
 def test_interpreted_ordinary_paths(rng, case):
     M, N, Kd = 67, 90, 100 if case == "k_unaligned" else 96
-    layout = "kn" if case == "kn" else "nk"
+    layout = "kn" if case == "kn_unaligned" else "nk"
     a, b, b_kn = operands(rng, M, N, Kd, E4M3, E5M2, layout)
     caps = cuda_renderer.cuda_caps("sm_80") if case == "sm_80" else CAPS
     kernel, out = interpret(KF.matmul(M, N, Kd, E4M3, E5M2, b_layout=layout), [a, b], M * N, dtypes.float32, caps)
@@ -238,17 +254,20 @@ def test_interpreted_ordinary_paths(rng, case):
 # ---- both CUDA pairs compile it for sm_90a (no GPU needed) ----------------------------------------------
 
 @pytest.mark.parametrize("key", ["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("adt,bdt", F8_PAIRS, ids=PAIR_IDS)
-def test_both_pairs_compile_float8_wgmma(key, adt, bdt):
+def test_both_pairs_compile_float8_wgmma(key, adt, bdt, layout):
     from conftest import cuda_compile_pair
     from test_gpu_tile import cubin_resources
     r, c = cuda_compile_pair(key, "sm_90a")
-    spec = r.render(KF.matmul(4096, 4096, 4096, adt, bdt, b_layout="nk"), "f8mm")
+    spec = r.render(KF.matmul(4096, 4096, 4096, adt, bdt, b_layout=layout), "f8mm")
     assert spec.linear.schedule == wg(F8_TILE, 4)
     names = {E4M3: "e4m3", E5M2: "e5m2"}
     assert set(re.findall(r"wgmma\.mma_async\.\S+", spec.src)) == \
         {f"wgmma.mma_async.sync.aligned.m64n256k32.f32.{names[adt]}.{names[bdt]}"}
     assert "mbarrier.try_wait.parity" in spec.src and "cp.async.mbarrier.arrive.noinc" in spec.src
+    # the transposed fill stores 4-byte words of 4 k (packed float8 vectors)
+    assert (("uint1" if key == "nvrtc" else "store <4 x i8>") in spec.src) == (layout == "kn")
     compiled = c.compile(spec)
     assert compiled.arch == "sm_90a" and compiled.bytes[:4] == b"\x7fELF"
     assert cubin_resources(compiled.payload)["regs"] <= 168
@@ -263,7 +282,7 @@ GPU_RTOL = 2**-10
 @pytest.mark.parametrize("adt,bdt", F8_PAIRS, ids=PAIR_IDS)
 @pytest.mark.parametrize("layout", ["nk", "kn"])
 def test_device_float8_matmul(device, rng, adt, bdt, layout):
-    M, N, Kd = 999, 520, 1008
+    M, N, Kd = 999, 528, 1008
     a, b, b_kn = operands(rng, M, N, Kd, adt, bdt, layout)
     prog = device.compile(KF.matmul(M, N, Kd, adt, bdt, b_layout=layout))
     out = device.empty(M * N, dtypes.float32)
@@ -271,15 +290,29 @@ def test_device_float8_matmul(device, rng, adt, bdt, layout):
     check(out.numpy().reshape(M, N), a, b_kn, GPU_RTOL)
 
 
-@pytest.mark.parametrize("M,N,Kd", [(4096, 4096, 4096), (257, 136, 80), (1000, 1030, 520), (300, 200, 301)])
-def test_device_sizes_and_bfloat16_output(device, rng, M, N, Kd):
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+@pytest.mark.parametrize("M,N,Kd", [(4096, 4096, 4096), (257, 144, 80), (1000, 1030, 520), (300, 200, 301)])
+def test_device_sizes_and_bfloat16_output(device, rng, M, N, Kd, layout):
     if M * N * Kd > 1 << 30 and device.dev.name.upper().startswith("CPU"):
         pytest.skip("4096^3 is a GPU size (30-45 s on a 2-core CPU)")
-    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, "nk")
-    prog = device.compile(KF.matmul(M, N, Kd, out_dtype=dtypes.bfloat16, b_layout="nk"))
+    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, layout)
+    prog = device.compile(KF.matmul(M, N, Kd, out_dtype=dtypes.bfloat16, b_layout=layout))
     out = device.empty(M * N, dtypes.bfloat16)
     prog(device.buf(a), device.buf(b), out)
     check(out.numpy().reshape(M, N), a, b_kn, GPU_RTOL, dtypes.bfloat16)
+
+
+def test_device_kernels_matmul_float8(device, rng):
+    """The client spelling kernels.matmul(dtype=float8_e4m3fn): B [K, N], float8 out."""
+    M, N, Kd = 520, 272, 1040
+    a, b = ((rng.standard_normal(sh) * 0.3).astype(np.float32).astype(to_numpy(E4M3)) for sh in ((M, Kd), (Kd, N)))
+    prog = device.compile(K.matmul(M, N, Kd, dtype=E4M3))    # sums well inside float8's range (448)
+    out = device.empty(M * N, E4M3)
+    prog(device.buf(a), device.buf(b), out)
+    want, scale = reference(a, b)
+    got = out.numpy().reshape(M, N).astype(np.float64)
+    # one float8 rounding of a sum within GPU_RTOL of the exact one: at most one float8 step apart
+    assert (np.abs(got - want) <= 2.0 ** -3 * np.abs(want) + GPU_RTOL * scale * 1.2 + 2.0 ** -9).all()
 
 
 def test_device_symbolic_sizes(device, rng):
@@ -303,20 +336,22 @@ def hopper(request):
     return t
 
 
+@pytest.mark.parametrize("layout", ["nk", "kn"])
 @pytest.mark.parametrize("tile,stages", F8_CANDIDATES, ids=lambda x: str(x))
-def test_device_every_candidate(hopper, rng, tile, stages):
+def test_device_every_candidate(hopper, rng, tile, stages, layout):
     from morok_py.codegen.schedule import using
-    M, N, Kd = 999, 520, 1008
-    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, "nk")
+    M, N, Kd = 999, 528, 1008
+    a, b, b_kn = operands(rng, M, N, Kd, E4M3, E4M3, layout)
     renderer, compiler = hopper.pair()
     with using(wg(tile, stages)):
-        spec = renderer.render(KF.matmul(M, N, Kd, b_layout="nk"), "f8mm")
+        spec = renderer.render(KF.matmul(M, N, Kd, b_layout=layout), "f8mm")
     assert spec.linear.schedule == wg(tile, stages) and ".m64n" in spec.src and "k32.f32.e4m3.e4m3" in spec.src
     out = hopper.empty(M * N, dtypes.float32)
     hopper.dev.runtime(compiler.compile(spec))(hopper.buf(a), hopper.buf(b), out, wait=True)
     check(out.numpy().reshape(M, N), a, b_kn, GPU_RTOL)
 
 
-def test_device_default_takes_wgmma(hopper):
-    spec = hopper.pair()[0].render(KF.matmul(4096, 4096, 4096, b_layout="nk"), "f8mm")
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_device_default_takes_wgmma(hopper, layout):
+    spec = hopper.pair()[0].render(KF.matmul(4096, 4096, 4096, b_layout=layout), "f8mm")
     assert spec.linear.schedule.tensor_core == WGMMA and "m64n256k32.f32.e4m3.e4m3" in spec.src

@@ -21,6 +21,11 @@ from .linear import If, Instr, L, LinearKernel, Loop
 _HALF = ("float16", "bfloat16")
 
 
+def _byte(dt: DType) -> bool:
+    """An 8-bit storage-only type (float8, ...): packed four to a 32-bit word in a vector."""
+    return dt.storage_only and dt.itemsize == 1
+
+
 def half_bits(value: float, dt: DType) -> int:
     """The 16-bit pattern of `value` rounded to float16 or bfloat16 (round to nearest even)."""
     if dt.name == "float16":
@@ -136,6 +141,8 @@ class CStylePrinter:
         """The built-in vector type of `width` elements of dt (float4, int4, uint4)."""
         if dt.name in _HALF and width in (2, 4, 8):     # 16-bit elements packed in pairs into 32-bit words
             return f"uint{width // 2}"
+        if _byte(dt) and width in (4, 8, 16):           # 8-bit storage-only elements (float8): 4 to a word
+            return f"uint{width // 4}"
         base = self._VECTOR_BASE.get(dt.name)
         if base is None or width not in (2, 4):
             raise NotImplementedError(f"{type(self).__name__} has no {width}-wide vector of {dt.name}")
@@ -266,11 +273,18 @@ class CStylePrinter:
             parts = [self.ref(x) for x in ins.src]
             if ins.dtype.name in _HALF:     # 16-bit patterns, two to a word, the lower index in the low half
                 parts = [f"((unsigned){lo} | ((unsigned){hi} << 16))" for lo, hi in zip(parts[::2], parts[1::2])]
+            elif _byte(ins.dtype):          # bytes, four to a word, the lowest index in the low byte
+                parts = ["(" + " | ".join(f"((unsigned){x} << {8 * e})" if e else f"(unsigned){x}"
+                                          for e, x in enumerate(parts[w:w + 4])) + ")" for w in range(0, len(parts), 4)]
             self.emit(f"{vt} v{ins.id} = make_{vt}({', '.join(parts)});")
         elif k is L.EXTRACT:
             if ins.dtype.name in _HALF:    # a lane of 16-bit elements packed into a uint4
                 word = f"(&{self.ref(ins.src[0])}.x)[{ins.arg // 2}]"
                 self.define(ins, f"({self.ctype(ins.dtype)})({word} >> {16 * (ins.arg % 2)})")
+                return
+            if _byte(ins.dtype):           # a byte of a packed vector
+                word = f"(&{self.ref(ins.src[0])}.x)[{ins.arg // 4}]"
+                self.define(ins, f"({self.ctype(ins.dtype)})({word} >> {8 * (ins.arg % 4)})")
                 return
             self.define(ins, f"{self.ref(ins.src[0])}.{'xyzw'[ins.arg]}")
         elif k is L.ATOMIC_ADD:

@@ -30,6 +30,8 @@ strategies/tensor_core.py with the inner product issued by whole warpgroups from
   the pipeline when every size is a multiple of 8, else scalar fills tile by tile.
 - Sizes stay arbitrary: rows and columns past the end are clamped, the k tail is zero-filled, and the
   epilogue and launch check are gpu_tile's.
+- 1-byte operands (float8, strategies/wgmma_f8.py): 128-deep k tiles (one swizzled row), k32 steps, K-major
+  only; an operand contiguous along its rows or columns is turned around by the producer (`fill_transposed`).
 """
 from __future__ import annotations
 
@@ -126,27 +128,153 @@ class _WGMMABuilder(_MMABuilder):
                 self.byte_tile(unit, kind, width, self.ptid, top)
         finally:
             self.T = T
+        t.transposed = getattr(t, "transposed", False)
         fast = self.p.fast.get(unit, "k")
         fill = self.fill_passes if t.kmajor else self.fill_passes_along_k
         t.make_passes = lambda out, t=t, width=width, fast=fast: fill(t, width, fast, 1, tid, out)
-        t.prod = self.producer_passes(t, width, top) if t.vpasses else None
+        t.prod = self.producer_passes(t, width, top) if t.vpasses and not t.transposed else None
         return t
 
     def byte_tile(self, unit: UOp, kind: str, width: int, tid: Instr, top: list[Item]) -> _Tile:
         """tensor_core.py's tile for 1-byte operands, which are K-major only ([width][128], one swizzled row
         of k each): 16-element (16-byte) passes where the strides prove 16-element runs aligned."""
-        from ..gpu_tile import _vector_aligned
-        if self.p.fast.get(unit, "k") != "k":
-            raise ValueError("8-bit wgmma operands are K-major only")
+        from ..gpu_tile import _Pass, _vector_aligned
         smem = self.new(L.LOCAL, unit.dtype, (), width * self.BK)
         top.append(smem)
         t = _Tile(unit, kind, smem, self.BK, width * self.BK)
         t.kmajor = False
         t.make_passes = lambda out, t=t, width=width: self.fill_passes_along_k(t, width, "k", 1, tid, out)
         t.vcond = []
+        t.transposed = self.p.fast.get(unit, "k") != "k"
+        if t.transposed:
+            # contiguous along its rows (columns): `fill_transposed` turns 16 x 16 blocks around in registers;
+            # one marker pass makes the tile staged (its place, swizzled by the builder, is unused)
+            t.width = width
+            t.vpasses = [_Pass(None, self.c(0), self.c(0), None, self.vec, "k")]
+            return t
         aligned = unit.op is Ops.LOAD and _vector_aligned(unit.src[1], self.p.k, self.vec)
         t.vpasses = self.fill_passes_along_k(t, width, "k", self.vec, tid, top) if aligned else []
         return t
+
+    def fill_transposed(self, out: list[Item], t: _Tile, k0: Instr, off: Instr | None,
+                        k_rem: Instr | None = None) -> None:
+        """The producer's fill of a 1-byte tile whose operand is contiguous along its rows (columns) -- B [K, N]
+        row-major: 8-bit wgmma operands must be K-major. Work-item q (of 8 * width / 16) takes the 16 x 16
+        block of k 16 (q % 8) .. + 16 and rows (columns) 16 (q / 8) .. + 16 in four turns of 4 k: four
+        16-byte loads along the rows, then per row one 4-byte word of its 4 k (bytes gathered from the four
+        loads) stored into the swizzled K-major tile. Four turns keep 16 registers of loads live: the
+        consumers' accumulators hold the rest of the register cap. Consecutive work-items take the 8 k
+        blocks of one 128-byte row, whose 16-byte chunks the swizzle spreads over 8 bank groups. With `k_rem`
+        (the tail; a multiple of 16): blocks at k >= k_rem store zeros."""
+        from ..gpu_tile import _terms
+        from ..symbolic import simplify
+        p = self.p
+        nblk = 8 * (t.width // 16)
+        blk = out
+        if nblk < WG_PRODUCER:
+            g = If(self.op(out, Ops.CMPLT, self.ptid, self.c(nblk)))
+            out.append(g)
+            blk = g.body
+        kb = self.op(blk, Ops.MOD, self.ptid, self.c(8))
+        wb = self.op(blk, Ops.MUL, self.op(blk, Ops.IDIV, self.ptid, self.c(8)), self.c(16))
+        var = p.i if t.kind == "A" else p.j
+        sk = simplify(_terms(t.unit.src[1])[p.k])             # the k stride: a constant (wgmma_f8.f8_plan)
+        kc = self.op(blk, Ops.ADD, k0, self.op(blk, Ops.MUL, kb, self.c(16)))
+        memo: dict[UOp, Instr] = {}
+        env = {**self.bind, p.k: kc, var: self.clamped(blk, t.kind, wb, 16)}
+        g0 = self.expr(t.unit.src[1], env, blk, memo)
+        buf = self.expr(t.unit.src[0], env, blk, memo)
+        base = self.op(blk, Ops.MUL, wb, self.c(self.BK))          # row wb of the tile
+        if off is not None:
+            base = self.op(blk, Ops.ADD, base, off)
+        # row r's 16-byte chunk kb sits at chunk kb ^ (r % 8) = kb ^ (w % 8) (rows 16 apart share it)
+        chunk = [self.op(blk, Ops.MUL, self.op(blk, Ops.XOR, kb, self.c(w)), self.c(16)) if w else
+                 self.op(blk, Ops.MUL, kb, self.c(16)) for w in range(8)]
+        if k_rem is not None:
+            k16 = self.op(blk, Ops.MUL, kb, self.c(16))
+            zeros = If(self.op(blk, Ops.CMPLT, self.op(blk, Ops.SUB, k_rem, self.c(1)), k16))
+            blk.append(zeros)
+            zero = self.zero_vector(zeros.body, t.unit.dtype, 4)
+            for turn in range(4):
+                for w in range(16):
+                    at = self.op(zeros.body, Ops.ADD, base, self.c(w * self.BK + 4 * turn))
+                    zeros.body.append(self.new(L.STORE, None, (t.smem, self.op(zeros.body, Ops.ADD, at, chunk[w % 8]),
+                                                               zero), 4))
+            live = If(self.op(blk, Ops.CMPLT, k16, k_rem))
+            blk.append(live)
+            blk = live.body
+        for turn in range(4):
+            rows = []
+            for e in range(4):
+                d = (4 * turn + e) * int(sk.arg)
+                gi = self.op(blk, Ops.ADD, g0, self.c(d)) if d else g0
+                v = self.new(L.LOAD, t.unit.dtype, (buf, gi), 16)
+                blk.append(v)
+                rows.append(v)
+            for w in range(16):
+                lanes = [self.new(L.EXTRACT, t.unit.dtype, (rows[e],), w) for e in range(4)]
+                word = self.new(L.VECTOR, t.unit.dtype, tuple(lanes))
+                at = self.op(blk, Ops.ADD, base, self.c(w * self.BK + 4 * turn))
+                sidx = self.op(blk, Ops.ADD, at, chunk[w % 8])
+                blk += lanes + [word, self.new(L.STORE, None, (t.smem, sidx, word), 4)]
+
+    def zero_vector(self, out: list[Item], dt, width: int) -> Instr:
+        z = self.leaf(L.CONST, dt, 0.0)
+        v = self.new(L.VECTOR, dt, (z,) * width)
+        out.append(v)
+        return v
+
+    def padded_tail(self, work: list[Item], K: Instr, k_full: Instr) -> None:
+        """1-byte operands whose k extent is a constant multiple of 16 (so is the tail's k_rem): the producer
+        fills the tail tile in 16-byte runs -- cp.async along k, the transposed fill along rows (columns) --
+        and zeros past k_rem (whole runs), instead of tensor_core.py's element-by-element fill by every
+        work-item (a 32 KiB B tile is 86 scalar loads a work-item). Else tensor_core.py's tail."""
+        Ke = self.p.k.src[0]
+        if self.esize != 1 or not self.staged or Ke.op is not Ops.CONST or Ke.arg % 16:
+            return super().padded_tail(work, K, k_full)
+        tail = If(self.op(work, Ops.CMPLT, k_full, K))
+        work.append(tail)
+        tb = tail.body
+        k_rem = self.op(tb, Ops.SUB, K, k_full)
+        pro = self.role(tb, producer=True)
+        for t in self.tiles:
+            if t.transposed:
+                self.fill_transposed(pro.body, t, k_full, None, k_rem)
+            else:
+                self.fill_rows_tail(pro.body, t, k_full, k_rem)
+        pro.body += [self.new(L.CP_COMMIT, None), self.new(L.CP_WAIT, None, (), 0)]
+        tb += self.stores_visible()
+        self.tail_steps(tb, k_rem)
+
+    def fill_rows_tail(self, out: list[Item], t: _Tile, k0: Instr, k_rem: Instr) -> None:
+        """The tail tile of a K-major 1-byte operand into buffer 0: the producer's 16-byte passes (one k chunk
+        lk0 per work-item, t.prod), cp.async where lk0 < k_rem, zeros elsewhere."""
+        lk0, lw0, swz0, passes = t.prod
+        zeros = If(self.op(out, Ops.CMPLT, self.op(out, Ops.SUB, k_rem, self.c(1)), lk0))
+        live = If(self.op(out, Ops.CMPLT, lk0, k_rem))
+        out += [zeros, live]
+        zero = self.zero_vector(zeros.body, t.unit.dtype, 16)
+        kc = self.op(live.body, Ops.ADD, k0, lk0)
+        for dk, dw, ds in passes:
+            sz = self.op(zeros.body, Ops.ADD, swz0, self.c(ds)) if ds else swz0
+            zeros.body.append(self.new(L.STORE, None, (t.smem, sz, zero), 16))
+            sidx = self.op(live.body, Ops.ADD, swz0, self.c(ds)) if ds else swz0
+            w = self.clamped(live.body, t.kind, self.op(live.body, Ops.ADD, lw0, self.c(dw)) if dw else lw0)
+            self.copy(live.body, t, self.op(live.body, Ops.ADD, kc, self.c(dk)) if dk else kc, w, sidx)
+
+    def arrivals(self) -> int:
+        """Arrivals per producer work-item on a stage's full barrier: one when its cp.async copies land, one
+        after its shared stores (transposed fills)."""
+        return int(any(not t.transposed for t in self.tiles)) + int(any(t.transposed for t in self.tiles))
+
+    def producer_arrive(self, out: list[Item], stage: Instr) -> None:
+        """The producer's arrivals on full[stage] after filling it: cp.async arrival (counted when the copies
+        land); after shared stores, the proxy fence (wgmma reads through the async proxy) and a plain arrival."""
+        if any(not t.transposed for t in self.tiles):
+            self.mbar(out, "cp_arrive", stage)
+        if any(t.transposed for t in self.tiles):
+            out.append(self.new(L.WG_SYNC, None, (), "proxy"))
+            self.mbar(out, "arrive", stage)
 
     def producer_passes(self, t: _Tile, width: int, top: list[Item]):
         """The producer's 16-byte copies of a full tile as one base place and constant offsets that keep the
@@ -184,6 +312,9 @@ class _WGMMABuilder(_MMABuilder):
         for t in self.tiles:
             off = (self.c(stage * t.size) if stage else None) if isinstance(stage, int) else \
                 self.op(out, Ops.MUL, stage, self.c(t.size))
+            if t.transposed:
+                self.fill_transposed(out, t, k0, off)
+                continue
             if t.prod is None:
                 for ps in t.vpasses:
                     blk = out
@@ -295,7 +426,7 @@ class _WGMMABuilder(_MMABuilder):
         first = If(self.op(top, Ops.CMPLT, self.tid, self.c(1)))
         top.append(first)
         for s in range(S):
-            self.mbar(first.body, "init", self.c(s), count=WG_PRODUCER)
+            self.mbar(first.body, "init", self.c(s), count=WG_PRODUCER * self.arrivals())
             self.mbar(first.body, "init", self.c(S + s), count=self.consumers // 32)
         top.append(self.new(L.BARRIER, None))
 
@@ -371,7 +502,7 @@ class _WGMMABuilder(_MMABuilder):
                 blk.append(g)
                 blk = g.body
             self.fill_async(blk, self.c(s * BK), s)
-            self.mbar(blk, "cp_arrive", self.c(s))
+            self.producer_arrive(blk, self.c(s))
         main = Loop(self.new(L.LOOPVAR, dtypes.index), zero, k_full, AxisType.REDUCE, step=self.c(BK))
         fb.append(main)
         lb = main.body
@@ -404,7 +535,7 @@ class _WGMMABuilder(_MMABuilder):
         self.mbar(pb, "wait", self.op(pb, Ops.ADD, sp, self.c(S)),
                   self.op(pb, Ops.MOD, self.op(pb, Ops.IDIV, prev, self.c(S)), self.c(2)))
         self.fill_async(pb, kp, sp)
-        self.mbar(pb, "cp_arrive", sp)
+        self.producer_arrive(pb, sp)
         # every warpgroup (the producer has nothing pending): in a branch, ptxas serializes the wgmmas (C7518)
         fb += [self.new(L.WG_SYNC, None, tuple(self.wg_accs), 0), self.new(L.BARRIER, None)]
         self.padded_tail(work, K, k_full)

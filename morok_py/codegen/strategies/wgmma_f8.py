@@ -2,13 +2,16 @@
 float32(b[k, j]))` with a and b float8_e4m3fn or float8_e5m2 (mixed too), accumulated in float32 by
 `wgmma.mma_async.m64nNk32.f32.{e4m3|e5m2}.{e4m3|e5m2}`.
 
-The kernel is strategies/wgmma.py's (producer warpgroup, cp.async into 128-byte-swizzled buffers, mbarriers)
-with 1-byte elements: a k tile is one 128-byte row, 128 k; one wgmma takes 32 k (32 bytes a row, as the
-16-bit k16 form), a 16-byte copy 16 elements. PTX gives the 8-bit forms no transpose: both operands must
-be K-major in shared memory, so the path takes operands whose loads are contiguous along k -- A row-major
-[M, K] and B given as B^T [N, K] (`kernels_f8.matmul(..., b_layout="nk")`, the layout torch._scaled_mm
-asks for) -- with every stride a multiple of 16 elements known when the kernel is built. Anything else
-(B [K, N] row-major, odd or symbolic strides, other targets) keeps the ordinary path, which widens each
+The kernel is strategies/wgmma.py's (producer warpgroup, 128-byte-swizzled buffers, mbarriers) with 1-byte
+elements: a k tile is one 128-byte row, 128 k; one wgmma takes 32 k (32 bytes a row, as the 16-bit k16
+form), a 16-byte copy 16 elements. PTX gives the 8-bit forms no transpose: both operands must be K-major in
+shared memory. An operand contiguous along k (A row-major [M, K], B given as B^T [N, K] --
+`kernels_f8.matmul(..., b_layout="nk")`, the layout torch._scaled_mm asks for) is filled by cp.async; one
+contiguous along its rows or columns (B [K, N] row-major: kernels.matmul's layout) by the producer's
+transposed fill (`_WGMMABuilder.fill_transposed`: 16-byte loads along n, words of 4 k gathered in registers,
+4-byte shared stores, a proxy fence and a plain mbarrier arrival). Every stride must be a multiple of 16
+elements known when the kernel is built, and a transposed operand's row (column) count a constant multiple
+of 16. Anything else (odd or symbolic strides, other targets) keeps the ordinary path, which widens each
 element to float32.
 
 The schedule names the form `tensor_core=wgmma_m64k16` like the 16-bit one (its k depth follows the operand
@@ -77,11 +80,17 @@ def f8_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
     if any(v is None for v in loads.values()):
         return None
     for s in f.src:
-        if plan.fast.get(s, "k") != "k" or not _vector_aligned(_f8_load(s).src[1], plan.k, 16):
+        fast, var = plan.fast.get(s, "k"), plan.i if plan.units[s] == "A" else plan.j
+        along, ext = (plan.k, None) if fast == "k" else (var, var.src[0])
+        # 16-byte runs along k (cp.async), or along the rows (columns) for a transposed fill: then their
+        # extent a constant multiple of 16 (a clamped run stays inside)
+        if ext is not None and (ext.op is not Ops.CONST or ext.arg % 16):
+            return None
+        if not _vector_aligned(_f8_load(s).src[1], along, 16):
             return None
     plan.tile = tile
     plan.units = {loads["A"]: "A", loads["B"]: "B"}
-    plan.fast = {_f8_load(s): "k" for s in f.src}
+    plan.fast = {_f8_load(s): plan.fast.get(s, "k") for s in f.src}
     plan.mma_operands = tuple(f.src)
     return plan
 
