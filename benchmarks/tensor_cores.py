@@ -14,7 +14,7 @@ the producer's transposed fill). torch's
 use_fast_accum=False (its default: cuBLAS adds the tensor cores' partial sums into float32 every few k) is
 the peer; its use_fast_accum=True time (one accumulator, as ours) is recorded beside it.
 
-    python benchmarks/tensor_cores.py [--no-tensor-cores | --sweep | --float8]
+    python benchmarks/tensor_cores.py [--no-tensor-cores | --sweep | --float8 [--float8-candidates]]
 
 writes benchmarks/results/<machine kind>/tensor_cores[-cuda-cores|-sweep|-float8]-<pair>.json (--json PATH:
 there instead).
@@ -71,6 +71,7 @@ def main() -> None:
                     help="only time the tensor-core pipeline forms (tile x stages x swizzle) of 4096^3 float16/bfloat16")
     ap.add_argument("--dtypes", default="float16,bfloat16")
     ap.add_argument("--float8", action="store_true", help="only the float8 contractions beside torch._scaled_mm")
+    ap.add_argument("--float8-candidates", action="store_true", help="with --float8: also every float8 tile")
     args = ap.parse_args()
     import torch
     dev = Device["CUDA"]
@@ -236,9 +237,44 @@ def float8(dev, torch, args) -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
         del bufs, out
+    cands = float8_candidates(dev, args) if args.float8_candidates else []
     info = {"device": str(dev.info()) if hasattr(dev, "info") else str(dev), "torch": torch.__version__,
             "compiler": dev.compiler.cache_key, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    save(args, dev, "float8", {"machine": info, "rows": rows})
+    save(args, dev, "float8", {"machine": info, "rows": rows, "candidates": cands})
+
+
+def float8_candidates(dev, args) -> list:
+    """Each warpgroup float8 tile (wgmma_f8.F8_CANDIDATES) of e4m3 4096^3 -> float32, both B layouts: TFLOP/s."""
+    import ml_dtypes
+    from morok_py import kernels_f8 as KF
+    from morok_py.codegen.schedule import Schedule, using
+    from morok_py.codegen.strategies.tensor_core import WGMMA, tc_threads
+    from morok_py.codegen.strategies.wgmma_f8 import F8_CANDIDATES
+    M = N = Kd = 4096
+    flops = 2.0 * M * N * Kd
+    rng = np.random.default_rng(0)
+    f8 = ml_dtypes.float8_e4m3fn
+    bufs = [dev.buffer(M * Kd, dtypes.float8_e4m3fn), dev.buffer(Kd * N, dtypes.float8_e4m3fn)]
+    for b in bufs:
+        b.copyin(rng.standard_normal(M * Kd).astype(np.float32).astype(f8))
+    out = dev.buffer(M * N, dtypes.float32)
+    rows = []
+    for layout in ("nk", "kn"):
+        for tile, stages in F8_CANDIDATES:
+            sched = Schedule("tiled", group=tc_threads(tile, WGMMA), matmul_tile=tile, tensor_core=WGMMA,
+                             tc_stages=stages, tc_swizzle=True)
+            row = {"b_layout": layout, "schedule": str(sched)}
+            try:
+                with using(sched):
+                    spec = dev.renderer.render(KF.matmul(M, N, Kd, b_layout=layout), "f8mm")
+                prog = dev.runtime(dev.compiler.compile(spec))
+                t = median_time(lambda: prog(*bufs, out, wait=True), repeats=args.repeats)
+                row.update(s=t, tflops=flops / t / 1e12)
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
 
 
 SWEEP = [((128, 256, 32, 64, 64), 4, True), ((128, 256, 32, 64, 64), 3, True), ((128, 256, 64, 64, 64), 2, True),
