@@ -8,7 +8,8 @@ permute.py), as bytes read + written per second; PyTorch's `x.permute(...).conti
 device-to-device copy of the same bytes (`dst.copy_(src)`, the memcpy ceiling) timed with CUDA events in
 the same run. Ours is the program's own `wait=True` time on the raw launch path. Every result is checked
 against numpy first. `--variants` also times every permute candidate schedule of the 2-D cases (8192^2 and the
-odd 8191 x 8193).
+odd 8191 x 8193), and two static 2-D cases with one odd side each (SIDES: odd rows read and aligned rows written,
+then the reverse; no target), which tell which side of the odd transpose costs its bandwidth.
 
 dlpack...: microseconds per call, perf_counter over many calls: `Buffer.from_dlpack(torch tensor)` (the
 Buffer dropped after each), `buffer.__dlpack__(stream=1)` (what torch.from_dlpack asks), the round trip
@@ -37,6 +38,10 @@ CASES = [  # name, input shape, perm (output axis k is input axis perm[k]), symb
     ("transpose_4d_nchw_nhwc_7x7", (1024, 512, 7, 7), (0, 2, 3, 1), False),
     ("transpose_5d", (16, 32, 32, 32, 64), (0, 4, 1, 2, 3), False),
 ]
+SIDES = [  # --variants: static sizes, so each side is vector-wide or scalar on its own (strategies/permute.py)
+    ("transpose_2d_odd_reads", (8192, 8193), (1, 0), False),     # rows of 8193 read, rows of 8192 written
+    ("transpose_2d_odd_writes", (8193, 8192), (1, 0), False),    # rows of 8192 read, rows of 8193 written
+]
 
 
 def permuted(shape, perm, symbolic):
@@ -59,7 +64,8 @@ def transposes(dev, res, args, torch, timer, rows) -> None:
     from morok_py import Buffer, dtypes
     from morok_py import cache
     rng = np.random.default_rng(0)
-    for name, shape, perm, sym in CASES:
+    for name, shape, perm, sym in CASES + (SIDES if args.variants else []):
+        side = any(name == c[0] for c in SIDES)
         if args.quick:
             shape = tuple(max(2, s // 16) for s in shape)
         x = rng.random(shape, dtype=np.float32) * 2 - 1
@@ -110,7 +116,7 @@ def transposes(dev, res, args, torch, timer, rows) -> None:
                     bytes=nbytes, schedule=sched)
             rec = res.add(name, n, "B/s", ours, "memcpy", nbytes / t_copy if t_copy else None, higher_is_better=True,
                           label="x".join(map(str, shape)) + f" perm {perm}", time=t, bytes=nbytes,
-                          target=TARGET_MEMCPY)
+                          target=None if side else TARGET_MEMCPY)
             rows.append([name, H.fmt_bytes(ours) + "/s",
                          H.fmt_bytes(nbytes / t_torch) + "/s" if t_torch else "-",
                          H.fmt_bytes(nbytes / t_copy) + "/s" if t_copy else "-",
