@@ -149,6 +149,35 @@ def test_split_k_interpreted(rng, M, N, Kd, S):
     assert (writes[2] == 1).all()
 
 
+def test_wide_split_k_decode_tile_is_a_candidate():
+    """The search also times the decode tile with twice the columns, 4 x 4 outputs per item, K in 8 parts."""
+    r, _ = cuda_renderer()
+    ast = simplify(K.matmul(32, 4096, 4096))
+    wide = [s for s in candidate_schedules(ast, r.caps, scan_kernel(ast))
+            if s.split_k == small_shapes.DECODE_WIDE_SPLIT and s.matmul_tile[1] == 2 * small_shapes.DECODE_COLS]
+    assert len(wide) == 1 and wide[0].matmul_tile == (32, 64, 64, 4, 4) and wide[0].group == 128
+    assert small_shapes.decode_wide_split(simplify(K.matmul(32, 4096, 4000)), r.caps, None) == []
+
+
+@pytest.mark.parametrize("M,N,Kd", [(19, 130, 1024), (32, 70, 512), (64, 37, 1536)])
+def test_wide_split_k_interpreted(rng, M, N, Kd):
+    """The wide split-k candidate on odd M and N: each output tile on 8 groups, every output stored once."""
+    r, _ = cuda_renderer()
+    BM = _pow2(M)
+    tile = (BM, 2 * small_shapes.DECODE_COLS, 64, max(1, BM // 8), 4)
+    ast = simplify(K.matmul(M, N, Kd))
+    S = small_shapes.DECODE_WIDE_SPLIT
+    kernel, info = lower(ast, r.caps, "wide", schedule=Schedule("tiled", group=(BM // tile[3]) * 16, matmul_tile=tile,
+                                                              async_fill=True, split_k=S))
+    assert info.launch_dims({})[0][2] == S
+    a = random_array(rng, (M, Kd), np.float32)
+    w = random_array(rng, (Kd, N), np.float32)
+    out = np.zeros(M * N, np.float32)
+    writes = LI.run(kernel, info, [a.reshape(-1), w.reshape(-1), out], {})
+    np.testing.assert_allclose(out.reshape(M, N), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    assert (writes[2] == 1).all()
+
+
 @pytest.mark.parametrize("M,N,Kd", [(32, 96, 512), (19, 70, 333), (64, 37, 300)])
 def test_deep_float32_decode_tile_interpreted(rng, M, N, Kd):
     """The deep decode tile (cp.async fills, both buffers in dynamic shared memory) on odd sizes, through the

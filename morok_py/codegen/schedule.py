@@ -592,6 +592,8 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
             decs = small_shapes.decode_core(ast, caps, scan, every=True)
             if base.split_k:        # the other parts counts of the default tile, then the tiles unsplit
                 out += [replace(base, split_k=k) for k in small_shapes.DECODE_SPLITS if k != base.split_k]
+                out += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill, split_k=k)
+                        for t, k in small_shapes.decode_wide_split(ast, caps, scan)]
                 out.append(replace(base, split_k=0))
             out += [Schedule("tiled", group=_tile_threads(t), matmul_tile=t, async_fill=base.async_fill)
                     for t in decs]

@@ -47,6 +47,10 @@ DECODE_SPLIT_K = 4      # float32 decode tiles: each output tile on this many wo
                         # 2 parts 66.1 and 8 parts 69.3 against 67.3 for 4 in one --variants run, unsplit 84.6
                         # (benchmarks/results/nvidia-h100/decode-*.json, tests/results/nvidia-h100/bench-decode-*.log)
 DECODE_SPLITS = (2, 4, 8)   # the parts counts a search times
+DECODE_WIDE_SPLIT = 8   # a search candidate: decode tiles of 2 x DECODE_COLS columns, 4 x 4 outputs per work-item, K in
+                        # this many parts (512 groups for 32x4096x4096, as the default's): each group reads the 32 rows
+                        # of A once per 64 columns instead of per 32 (half the A tile copies, 64 MiB -> 32 MiB from L2),
+                        # two 16-byte shared reads per 16 FMAs. Not yet timed
 FEW_BLOCKS = 132        # an H100's SMs: fewer blocks than this leave SMs idle
 FEW_COLUMNS = 128       # a float32 contraction over at most this many constant columns: 128 x 64 blocks
 FEW_ROWS_GROUP = 1024   # work-items per row of a row kernel with few long rows
@@ -146,6 +150,19 @@ def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bo
     if every:
         return out
     return out[0] if out else None
+
+
+def decode_wide_split(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> list[tuple[tuple[int, int, int, int, int], int]]:
+    """(tile, parts) of the wide split-k decode candidate (DECODE_WIDE_SPLIT) where the kernel takes it: a float32
+    decode tile that the default splits (decode_split_k), its columns doubled; else []."""
+    from ..gpu_tile import plan_tile, split_k_applies
+    tile = decode_core(ast, caps, scan)
+    if tile is None or not decode_split_k(ast, caps, scan, tile):
+        return []
+    wide = (tile[0], 2 * DECODE_COLS, tile[2], tile[3], 4)
+    if plan_tile(ast, caps, scan, wide) != wide or not split_k_applies(ast, caps, scan, wide, DECODE_WIDE_SPLIT):
+        return []
+    return [(wide, DECODE_WIDE_SPLIT)]
 
 
 def decode_split_k(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int]) -> int:
