@@ -1060,7 +1060,8 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     `symbolic_batch` the batch is the variable `N` in every kernel (a new batch size compiles nothing),
     and a contraction keeps whole images whatever the plan's pixel_blocks (a count chosen for one batch
     size: another batch would change the kernel)."""
-    plan = plan if plan is not None else conv_plan(geo, caps or Capabilities(), as_dtype(dtype).itemsize)
+    plan = plan if plan is not None else conv_plan(geo, caps or Capabilities(), as_dtype(dtype).itemsize,
+                                                   static_batch=not symbolic_batch)
     if symbolic_batch and plan.pixel_blocks != 1:
         plan = replace(plan, pixel_blocks=1)
     check_plan(plan, geo)

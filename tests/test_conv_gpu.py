@@ -324,6 +324,26 @@ WINOGRAD = [ConvGeometry(2, 20, 12, 16, 24, 3, 3, pads=(1, 1, 1, 1)),      # bot
             ConvGeometry(1, 9, 10, 6, 5, 3, 3, pads=(0, 1, 2, 1))]          # 10x6 out: 2x2 tiles only
 
 
+def test_a_gpu_takes_winograd_for_wide_float32_3x3_layers_of_a_constant_batch():
+    """float32 3x3 stride-1 layers with >= WINOGRAD_MIN_CHANNELS channels and enough output tiles: 4x4 tiles where
+    the sides allow, else 2x2; not for fewer channels, 16-bit elements, few tiles or a symbolic batch (whose
+    plan then is the flat columns), and a Winograd plan asked for a symbolic batch is refused."""
+    from morok_py.codegen.strategies.conv import WINOGRAD_MIN_CHANNELS
+    l28 = ConvGeometry(32, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))
+    l14 = ConvGeometry(32, 256, 14, 14, 256, 3, 3, pads=(1, 1, 1, 1))
+    assert WINOGRAD_MIN_CHANNELS == 128
+    assert conv_plan(l28, GPU) == ConvPlan("winograd", winograd=4)
+    assert conv_plan(l14, GPU) == ConvPlan("winograd", winograd=2)
+    assert conv_plan(l28, GPU, static_batch=False).family == "im2col_flat"
+    assert all(p.family != "winograd" for p in candidate_plans(l28, GPU, static_batch=False))
+    assert conv_plan(l28, GPU, 2).family != "winograd"
+    assert conv_plan(ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"
+    assert conv_plan(ConvGeometry(1, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"
+    assert [st.name for st in K.conv2d_kernels(l28, caps=GPU, symbolic_batch=True)][-1] == "gemm"
+    with pytest.raises(ArgumentError, match="static batch"):
+        K.conv2d_kernels(l28, ConvPlan("winograd", winograd=4), symbolic_batch=True)
+
+
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
 @pytest.mark.parametrize("geo", WINOGRAD, ids=_gid)
 def test_winograd_in_the_interpreter(rng, pair, geo):
@@ -488,7 +508,7 @@ def test_the_onnx_executor_keeps_a_split_plans_scratches_apart(monkeypatch):
                               [helper.make_empty_tensor_value_info("y")],
                               [onnx.numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    monkeypatch.setattr(fuse, "conv_plan", lambda geo, caps, *a: ConvPlan("im2col_flat", split=4))
+    monkeypatch.setattr(fuse, "conv_plan", lambda geo, caps, *a, **k: ConvPlan("im2col_flat", split=4))
     got = OnnxExecutor(model, "CPU").run({"x": x})[0]
     geo = ConvGeometry(2, 16, 6, 7, 12, 3, 3, pads=(1, 1, 1, 1))
     np.testing.assert_allclose(got, conv_ref(x, w, None, geo), rtol=1e-4, atol=1e-4)

@@ -607,7 +607,7 @@ def _choose_plan(ctx, geo, epi, x, w, extra, out):
     """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's buffers."""
     caps = _caps(ctx)
     if config.getenv_int("MOROK_BEAM", 0) <= 0:
-        return conv_plan(geo, caps), None
+        return conv_plan(geo, caps, static_batch=not ctx.k.symbolic_outer), None
 
     def time_plan(plan) -> float:
         run = _plan_timer(ctx, plan, geo, epi, x, w, extra, out)
@@ -618,7 +618,8 @@ def _choose_plan(ctx, geo, epi, x, w, extra, out):
             run()
             best = min(best, time.perf_counter() - t0)
         return best
-    return search_plan(geo, caps, time_plan, (str(epi), getattr(ctx.k.dev, "name", "")))
+    return search_plan(geo, caps, time_plan, (str(epi), getattr(ctx.k.dev, "name", "")),
+                       static_batch=not ctx.k.symbolic_outer)
 
 
 def _conv(ctx, ins, a):

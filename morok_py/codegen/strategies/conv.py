@@ -293,8 +293,30 @@ def flat_split(geo: ConvGeometry) -> int:
     return s
 
 
-def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
-    """The heuristic family on a GPU (a target with local memory) for elements of `itemsize` bytes."""
+# float32 3x3 stride-1 layers with at least WINOGRAD_MIN_CHANNELS input and output channels and a constant batch
+# of at least WINOGRAD_MIN_TILES output tiles take Winograd (4x4 tiles where the output sides allow, else 2x2):
+# on an H100, batch 32 (benchmarks/results/nvidia-h100/conv-winograd-nvrtc.json), 128 at 28x28 32.3 TFLOP/s
+# against 28.7 for im2col_flat, 256 at 14x14 32.0 against 28.1; 64 at 56x56 it lost (20.6 against 22.1)
+WINOGRAD_MIN_CHANNELS = 128
+WINOGRAD_MIN_TILES = 1024
+
+
+def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> int:
+    """The Winograd tile a GPU's default plan takes for this layer (0: none), by the rule above."""
+    if itemsize < 4 or not static_batch or min(geo.C, geo.CO) < WINOGRAD_MIN_CHANNELS:
+        return 0
+    for m in WINOGRAD_TILES:
+        if winograd_applies(geo, m) and geo.N * (geo.OH // m) * (geo.OW // m) >= WINOGRAD_MIN_TILES:
+            return m
+    return 0
+
+
+def gpu_plan(geo: ConvGeometry, itemsize: int = 4, static_batch: bool = True) -> ConvPlan:
+    """The heuristic family on a GPU (a target with local memory) for elements of `itemsize` bytes;
+    `static_batch` False: one plan for every batch size (no Winograd, whose tiles are laid out per batch)."""
+    m = winograd_default(geo, itemsize, static_batch)
+    if m:
+        return ConvPlan("winograd", winograd=m)
     if geo.groups > 1:
         return ConvPlan("grouped_direct")
     if geo.pointwise:
@@ -313,13 +335,13 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4) -> ConvPlan:
     return ConvPlan("im2col_rows" if itemsize < 4 else "im2col_flat")
 
 
-def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> ConvPlan:
+def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_batch: bool = True) -> ConvPlan:
     """The heuristic family: on a GPU `gpu_plan` (for elements of `itemsize` bytes); on the CPU depthwise
     where it applies, a 1x1 as a contraction of the input itself, the rest through columns. Measured on a
     2-core AVX-512 EPYC (batch 8, MobileNet sizes): a 24->72 pointwise layer 30.8 ms as the generic loop
     nest, 0.88 ms as a contraction (99 GFLOP/s); a stride-2 depthwise 3x3 over 72 channels 0.28 ms."""
     if caps.has_local:
-        return gpu_plan(geo, itemsize)
+        return gpu_plan(geo, itemsize, static_batch)
     if geo.depthwise:
         # the flat loop where it applies; no padded copy by default: at stride 1 the flat loop beats pad +
         # taps and masked taps (8x96x28x28 0.14 against 0.42 and 0.55 ms, 8x16x56x56 0.07 against 0.20 and
@@ -331,9 +353,10 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> ConvP
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
-def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> list[ConvPlan]:
-    """The default plan first, then the valid alternatives a search times."""
-    out = [conv_plan(geo, caps, itemsize)]
+def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
+                    static_batch: bool = True) -> list[ConvPlan]:
+    """The default plan first, then the valid alternatives a search times (Winograd only for a constant batch)."""
+    out = [conv_plan(geo, caps, itemsize, static_batch)]
     for family in ("pointwise", "im2col_gemm") if geo.pointwise else ("im2col_gemm",):
         out.append(_contraction(family, caps, geo))
         out.append(_contraction(family, caps))          # whole images
@@ -356,7 +379,7 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) ->
     out.append(ConvPlan("direct"))
     if caps.has_local and any(geo.pads):
         out.append(ConvPlan("direct_masked"))
-    if itemsize >= 4:           # 16-bit elements would round the transformed tiles (G's sixths at m = 4)
+    if itemsize >= 4 and static_batch:      # 16-bit elements would round the transformed tiles (G's sixths at m = 4)
         out += [ConvPlan("winograd", winograd=m) for m in WINOGRAD_TILES]
     seen: list[ConvPlan] = []
     for p in out:
@@ -414,16 +437,16 @@ _searched_lock = threading.Lock()
 
 
 def search_plan(geo: ConvGeometry, caps: Capabilities, time_plan: Callable[[ConvPlan], float],
-                key: tuple = ()) -> tuple[ConvPlan, dict[str, float]]:
+                key: tuple = (), static_batch: bool = True) -> tuple[ConvPlan, dict[str, float]]:
     """The fastest of `candidate_plans` by `time_plan` (seconds; it raises for a plan that cannot run)
     and every candidate's time, once per (geometry, target, `key`) in this process; the default stays
     unless a candidate is PLAN_SWITCH_MARGIN faster."""
-    k = (geo, caps, key)
+    k = (geo, caps, key, static_batch)
     with _searched_lock:
         hit = _searched.get(k)
     if hit is not None:
         return hit
-    plans = candidate_plans(geo, caps)
+    plans = candidate_plans(geo, caps, static_batch=static_batch)
     times: dict[str, float] = {}
     for p in plans:
         try:
