@@ -822,11 +822,14 @@ class _Builder:
              loads: list[Item], stores: list[Item]) -> None:
         """Tile rows k0..k0+BK (k clamped to k_last in the tail) of t: the global loads go to `loads`, the
         rest of the unit and the shared stores (at buffer offset `off`) to `stores` -- later in the same
-        block when the loads are prefetched."""
+        block when the loads are prefetched. `k_parts` may bind parts of the unit's index to values taken
+        from k0 (the tensor-core builder's k // D and k % D)."""
         p = self.p
+        kmemo: dict = {}
         for ps in passes:
-            kc = self.op(loads, Ops.ADD, k0, ps.lk if k_last is None else self.op(loads, Ops.MIN, ps.lk, k_last))
-            env = {**self.bind, p.k: kc}
+            lk = ps.lk if k_last is None else self.op(loads, Ops.MIN, ps.lk, k_last)
+            kc = self.op(loads, Ops.ADD, k0, lk)
+            env = {**self.bind, p.k: kc, **self.k_parts(t.unit, k0, lk, loads, kmemo)}
             if ps.w is not None:
                 env[p.i if t.kind == "A" else p.j] = ps.w
             memo: dict[UOp, Instr] = {}
@@ -853,6 +856,10 @@ class _Builder:
                     x = self.new(L.EXTRACT, t.unit.dtype, (v,), lane)
                     si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
                     blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
+
+    def k_parts(self, unit: UOp, k0: Instr, lk: Instr, out: list[Item], memo: dict) -> dict[UOp, Instr]:
+        """Parts of a tile unit's index computed once per k tile instead of per element: none here."""
+        return {}
 
     def copies_async(self, t: _Tile) -> bool:
         """Whether the full tiles of t (in the variant being built) are filled by asynchronous copies: a

@@ -165,6 +165,18 @@ def tc_threads(tile: tuple[int, int, int, int, int], mma: str) -> int:
     return (BM // WM) * (BN // WN) * MMAS[mma][0] + (WG_PRODUCER if mma == WGMMA else 0)
 
 
+def product_loads(plan, narrow) -> "dict[str, UOp] | None":
+    """{"A": load, "B": load}: `narrow` of each factor where gpu_tile's `plan` reduces a float32 sum of
+    products of one A unit and one B unit (the tensor-core forms' operands); None otherwise."""
+    red, f = plan.red, plan.red.src[0]
+    if red.arg is not Ops.ADD or red.dtype != dtypes.float32 or f.op is not Ops.MUL:
+        return None
+    if sorted(plan.units.get(s) or "" for s in f.src) != ["A", "B"] or len(plan.units) != 2:
+        return None
+    loads = {plan.units[s]: narrow(s) for s in f.src}
+    return None if any(v is None for v in loads.values()) else loads
+
+
 def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[int, int, int, int, int],
             stages: int = 0, swizzle: bool = False, mma: str | None = None):
     """gpu_tile's plan, its units narrowed to the raw 16-bit loads, when the kernel is a plain float32 sum of
@@ -179,14 +191,10 @@ def tc_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
     plan = _plan(ast, caps, scan, (BM, BN, BK, WM, WN))
     if plan is None:
         return None
-    red, f = plan.red, plan.red.src[0]
-    if red.arg is not Ops.ADD or red.dtype != dtypes.float32 or f.op is not Ops.MUL:
+    loads = product_loads(plan, _raw_load)
+    if loads is None or loads["A"].dtype != loads["B"].dtype:
         return None
-    if sorted(plan.units.get(s) or "" for s in f.src) != ["A", "B"] or len(plan.units) != 2:
-        return None
-    loads = {plan.units[s]: _raw_load(s) for s in f.src}
-    if any(v is None for v in loads.values()) or loads["A"].dtype != loads["B"].dtype:
-        return None
+    f = plan.red.src[0]
     plan.tile = tile
     plan.units = {loads["A"]: "A", loads["B"]: "B"}
     plan.fast = {u: plan.fast.get(s, "k") for s in f.src for u in (_raw_load(s),)}
@@ -742,44 +750,6 @@ class _MMABuilder(_Builder):
                     memo[key] = self.op(out, n.op, k0, self.c(n.src[1].arg))
                 parts[n] = memo[key] if n.op is Ops.IDIV else self.op(out, Ops.ADD, memo[key], lk)
         return parts
-
-    def fill(self, t: _Tile, passes: list[_Pass], k0: Instr, k_last: Instr | None, off: Instr | None,
-             loads: list[Item], stores: list[Item]) -> None:
-        """gpu_tile's fill of tile rows k0..k0+BK (k clamped to k_last in the tail), with the unit's k // D
-        and k % D taken from k0 (`k_parts`); the global loads go to `loads`, the rest of the unit and the
-        shared stores (at buffer offset `off`) to `stores`."""
-        p = self.p
-        kmemo: dict = {}
-        for ps in passes:
-            lk = ps.lk if k_last is None else self.op(loads, Ops.MIN, ps.lk, k_last)
-            kc = self.op(loads, Ops.ADD, k0, lk)
-            env = {**self.bind, p.k: kc, **self.k_parts(t.unit, k0, lk, loads, kmemo)}
-            if ps.w is not None:
-                env[p.i if t.kind == "A" else p.j] = ps.w
-            memo: dict[UOp, Instr] = {}
-            if ps.vec > 1:
-                idx = self.expr(t.unit.src[1], env, loads, memo)
-                v = self.new(L.LOAD, t.unit.dtype, (self.expr(t.unit.src[0], env, loads, memo), idx), ps.vec)
-                loads.append(v)
-            else:
-                for n in t.unit.toposort():      # the loads first: in flight while the tile is computed
-                    if n.op is Ops.LOAD:
-                        self.expr(n, env, loads, memo)
-            blk = stores
-            if ps.guard is not None:
-                g = If(ps.guard)
-                stores.append(g)
-                blk = g.body
-            sidx = ps.sidx if off is None else self.op(blk, Ops.ADD, ps.sidx, off)
-            if ps.vec == 1:
-                blk.append(self.new(L.STORE, None, (t.smem, sidx, self.expr(t.unit, env, blk, memo))))
-            elif ps.along == "w":    # contiguous in the tile row too: one vector store
-                blk.append(self.new(L.STORE, None, (t.smem, sidx, v), ps.vec))
-            else:
-                for lane in range(ps.vec):   # consecutive k: one tile row each
-                    x = self.new(L.EXTRACT, t.unit.dtype, (v,), lane)
-                    si = self.op(blk, Ops.ADD, sidx, self.c(lane * t.ld)) if lane else sidx
-                    blk += [x, self.new(L.STORE, None, (t.smem, si, x))]
 
     def fill_zero_padded(self, t: _Tile, k0: Instr, k_rem: Instr, out: list[Item]) -> None:
         """The tail tile into buffer 0: rows k0 + lk for lk < k_rem, zeros below them (clamped loads)."""

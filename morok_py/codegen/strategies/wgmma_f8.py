@@ -29,7 +29,7 @@ from ...dtypes import dtypes
 from ...ir import Ops, UOp
 from ..capabilities import Capabilities
 from ..scan import KernelScan
-from .tensor_core import WG_BARS, WG_PRODUCER, WG_ROWS, WG_SMEM, WGMMA
+from .tensor_core import WG_BARS, WG_PRODUCER, WG_ROWS, WG_SMEM, WGMMA, product_loads
 
 F8_DTYPES = ("float8_e4m3fn", "float8_e5m2")     # PTX e4m3 and e5m2 (the fnuz variants are other encodings)
 F8_K = 128                                        # k per tile: one 128-byte swizzled row of 1-byte elements
@@ -77,14 +77,10 @@ def f8_plan(ast: UOp, caps: Capabilities, scan: KernelScan | None, tile: tuple[i
     plan = _plan(ast, caps, scan, tile)
     if plan is None:
         return None
-    red, f = plan.red, plan.red.src[0]
-    if red.arg is not Ops.ADD or red.dtype != dtypes.float32 or f.op is not Ops.MUL:
+    loads = product_loads(plan, _f8_load)
+    if loads is None:
         return None
-    if sorted(plan.units.get(s) or "" for s in f.src) != ["A", "B"] or len(plan.units) != 2:
-        return None
-    loads = {plan.units[s]: _f8_load(s) for s in f.src}
-    if any(v is None for v in loads.values()):
-        return None
+    f = plan.red.src[0]
     for s in f.src:
         fast, var = plan.fast.get(s, "k"), plan.i if plan.units[s] == "A" else plan.j
         along, ext = (plan.k, None) if fast == "k" else (var, var.src[0])
