@@ -457,6 +457,69 @@ def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dty
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
+
+def conv_weights_t(CO: int, Kg: int, dtype=dtypes.float32) -> UOp:
+    """wt[k, co] = w[co, k]: a one-group convolution's weights [CO, C*KH*KW] transposed, so that
+    `conv_gemm_pixel_rows` loads a row of output channels as one vector (a weights-only step: an executor
+    whose weights stay the same runs it once). Params: w, wt."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    k, co = ax(Kg), ax(CO)
+    w, wt = UOp.param(0, dt), UOp.param(1, dt)
+    return UOp.sink(wt.store(k * CO + co, w.load(co * Kg + k)))
+
+
+def conv_gemm_pixel_rows(N: int | None, CO: int, Kg: int | None, P: int, dtype=dtypes.float32,
+                         run: int | None = None, accumulate: bool = False) -> UOp:
+    """tmp[n, p, co] = sum over k of x[n, k, p] * wt[k, co]: `conv_gemm` with the roles of its operands
+    swapped for layers of few pixels and many output channels (resnet50's 7x7 and 14x14 stages). The
+    pixels are the CPU register tile's rows (their broadcasts are neighbours in one row of x) and the
+    output channels its unit-stride vector columns (`conv_weights_t`'s rows), so the large operand, the
+    weights, streams once per row tile of pixels instead of once per column tile of a few pixels; the
+    output lands channels-last for `conv_output_t`.
+
+    `run` (a static length): the sum covers k0 <= k < k0 + run only, k0 the variable `k0`, and with
+    `accumulate` adds the previous run's tmp (a param before the output): a long reduction cut into runs
+    whose operand tiles stay in the core's caches (the register tile walks every row tile over one run).
+    Kg None is the variable `K` (x's channels per image), N None the variable `N`.
+    Params: x (the input of a 1x1 convolution or `im2col`'s columns), wt, [the previous run's tmp], tmp."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    n, p, co = ax(_batch(N)), ax(P), ax(CO)
+    if Kg is None:
+        Kg = UOp.variable("K", 1, 2**31 - 1)
+    if run is None:
+        if isinstance(Kg, UOp):
+            k = UOp.range(Kg, ax.next, AxisType.REDUCE)
+            ax.next += 1
+        else:
+            k = ax(Kg, AxisType.REDUCE)
+        kk = k
+    else:
+        if run < 1:
+            raise ArgumentError(f"conv_gemm_pixel_rows: a run of {run} steps")
+        k = ax(run, AxisType.REDUCE)
+        kk = UOp.variable("k0", 0, 2**31 - 1) + k
+    x, wt = UOp.param(0, dt), UOp.param(1, dt)
+    prod_ = x.load((n * Kg + kk) * P + p) * wt.load(kk * CO + co)
+    acc = prod_.reduce(k) if isinstance(k, UOp) and k.op is Ops.RANGE else prod_
+    at = (n * P + p) * CO + co
+    if accumulate:
+        acc = acc + UOp.param(2, dt).load(at)
+    return UOp.sink(UOp.param(3 if accumulate else 2, dt).store(at, acc))
+
+
+def conv_output_t(N: int | None, CO: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, p] = tmp[n, p, co], then `epilogue` (bias per output channel, tensor operands of out's
+    shape [N, CO, P]): `conv_gemm_pixel_rows`' channels-last result put back in NCHW. N None is the
+    variable `N`. Params: tmp, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    n, co, p = ax(_batch(N)), ax(CO), ax(P)
+    at = (n * CO + co) * P + p
+    v, nxt = (epilogue or Epilogue()).apply(UOp.param(0, dt).load((n * P + p) * CO + co), 1, dt, co, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
 def _batch(N: int | None):
     """A static batch, or the variable `N` for None."""
     return UOp.variable("N", 1, 2**31 - 1) if N is None else N
@@ -1073,6 +1136,33 @@ def conv2d_kernels(geo: ConvGeometry, plan: ConvPlan | None = None, dtype=dtypes
     return steps
 
 
+def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: int | None) -> list[KernelStep]:
+    """A one-group pointwise or im2col_gemm plan with pixel rows: the weights transposed (a weights-only
+    step), the columns (im2col_gemm), `conv_gemm_pixel_rows` once or once per run of `plan.k_run` steps
+    (each adding the last run's channels-last sums: scratches acc0 / acc1 in turn), then `conv_output_t`
+    puts the sums back in NCHW with the epilogue. The channels per image are the variable `K`, a run's
+    start the variable `k0`: one program per (rows, pixels, run) serves every layer and run."""
+    P, K_ = g.OH * g.OW, g.C * g.KH * g.KW
+    steps = [KernelStep("weights", conv_weights_t(g.CO, K_, dtype), ("w",), "wt", g.CO * K_)]
+    src = "x"
+    if plan.family == "im2col_gemm":
+        steps.append(KernelStep("im2col", im2col(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
+                                ("x",), "col", g.N * K_ * P))
+        src = "col"
+    runs = K_ // plan.k_run if plan.k_run else 1
+    prev = None
+    for r in range(runs):
+        # one image: x's channel count is no part of its index (a variable there would be simplified away)
+        ast = conv_gemm_pixel_rows(N, g.CO, K_ if N == 1 else None, P, dtype, plan.k_run or None, prev is not None)
+        vars_ = tuple((v, val) for v, val in (("K", K_), ("k0", r * plan.k_run)) if _uses_variable(ast, v))
+        role = f"acc{r % 2}"
+        steps.append(KernelStep("gemm", ast, (src, "wt") + ((prev,) if prev else ()), role, g.N * P * g.CO, vars_))
+        prev = role
+    steps.append(KernelStep("output", conv_output_t(N, g.CO, P, dtype, epi), (prev, "epilogue"), "out",
+                            g.N * g.CO * P))
+    return steps
+
+
 def _uses_variable(ast: UOp, name: str) -> bool:
     return any(n.op is Ops.DEFINE_VAR and n.arg[0] == name for n in ast.toposort())
 
@@ -1081,6 +1171,8 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
     g = geo
     P, Kg = g.OH * g.OW, (g.C // g.groups) * g.KH * g.KW
     out_n = g.N * g.CO * P
+    if plan.pixel_rows:
+        return _pixel_rows_kernels(g, plan, dtype, epi, N)
     # the contraction's length is a variable: one program per (groups, rows, pixels, epilogue)
     if plan.family == "pointwise":
         return [KernelStep("gemm", conv_gemm(N, g.groups, g.CO // g.groups, None, P, dtype, epi, plan.pixel_blocks),

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from morok_py import dtypes, kernels as K
-from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan, candidate_plans, check_plan, conv_plan
+from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan, candidate_plans, check_plan,
+                                              conv_plan, k_run)
 from morok_py.errors import ArgumentError
 
 from conftest import conv_ref, random_array
@@ -322,6 +323,70 @@ def test_winograd_tiles_match_numpy_with_an_epilogue_at_every_level(cpu_level, r
         got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, r))
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=str(plan))
 
+
+
+PIXEL_ROWS_GEOMETRIES = [
+    # N, C, H, W, CO, KH, KW, stride, dilation, pads: pixels as rows, output channels as vector columns
+    ConvGeometry(1, 72, 5, 7, 37, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),     # K 648: runs of 216, 35 pixels
+    ConvGeometry(3, 40, 9, 11, 21, 1, 1),                                  # pointwise, a batch of 3
+    ConvGeometry(2, 24, 11, 9, 19, 3, 3, (2, 2), (1, 1), (1, 0, 2, 1)),    # strided, asymmetric pads
+]
+
+
+@pytest.mark.parametrize("geo", PIXEL_ROWS_GEOMETRIES, ids=_gid)
+def test_pixel_rows_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, geo):
+    """Pixels as the register tile's rows: the transposed weights, the contraction in one run or in runs
+    that add the last run's sums, then the channels-last sums put back in NCHW with the epilogue; a static
+    and a symbolic batch."""
+    caps = cpu_level.dev.renderer.caps
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
+    want = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
+    K_ = geo.C * geo.KH * geo.KW
+    runs = [0] + [k for k in (k_run(K_), 8) if k and K_ % k == 0]
+    family = "pointwise" if geo.pointwise else "im2col_gemm"
+    for run in runs:
+        plan = ConvPlan(family, caps.register_tile, caps.tile_lanes, pixel_rows=True, k_run=run)
+        assert plan in candidate_plans(geo, caps) or run == 8
+        for symbolic in (False, True):
+            steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "add", "relu"), symbolic_batch=symbolic)
+            gemms = [st for st in steps if st.name == "gemm"]
+            assert steps[0].weights_only and steps[-1].name == "output"
+            assert len(gemms) == (K_ // run if run else 1)
+            assert all(st.inputs[-1] == prev.output for prev, st in zip(gemms, gemms[1:]))
+            got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, r))
+            np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{plan} symbolic={symbolic}")
+    assert k_run(648) == 216 and k_run(4608) == 576 and k_run(2304) == 576 and k_run(512) == 0
+
+
+def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster(cpu):
+    """resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a constant batch (not with a symbolic one, nor
+    where the output sides are odd); its late layers of few pixels and long reductions take pixel rows,
+    in runs from K_RUN_MIN_K; a short reduction keeps pixels as columns."""
+    caps = cpu.dev.renderer.caps
+    same = (1, 1, 1, 1)
+    for C, side in ((64, 56), (128, 28), (256, 14)):
+        geo = ConvGeometry(1, C, side, side, C, 3, 3, pads=same)
+        assert conv_plan(geo, caps) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE)
+        assert conv_plan(geo, caps, static_batch=False).family == "im2col_gemm"
+    assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), caps).family == "im2col_gemm"
+    seven = conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), caps)
+    assert seven.pixel_rows and seven.k_run == 576 and "pixel_rows, k_run=576" in str(seven)
+    strided = conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), caps)
+    assert strided.pixel_rows and strided.k_run == 0
+    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), caps).pixel_rows          # K 512
+    assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, pads=(0, 0, 0, 1)), caps).pixel_rows
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("im2col_gemm", pixel_rows=True), ConvGeometry(1, 4, 6, 6, 4, 3, 3, groups=2))
+    with pytest.raises(ArgumentError):
+        check_plan(ConvPlan("im2col_gemm", pixel_rows=True, k_run=5), ConvGeometry(1, 4, 6, 6, 4, 3, 3))
+    with pytest.raises(ArgumentError):
+        ConvPlan("im2col_gemm", k_run=8)                    # runs belong to pixel rows
+    with pytest.raises(ArgumentError):
+        ConvPlan("depthwise", pixel_rows=True)
 
 def test_winograd_refuses_what_it_cannot_tile():
     """Other kernels, strides, groups, output sides m does not divide, 16-bit candidates and a symbolic

@@ -57,7 +57,7 @@ epilogue for the process.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...errors import ArgumentError
@@ -129,6 +129,8 @@ class ConvPlan:
     pixel_blocks: int = 1
     split: int = 1          # im2col_flat / im2col_rows: runs the contraction's reduction is cut into (flat_split)
     winograd: int = 0       # winograd: the output tile's side m of F(m x m, 3 x 3) (2 or 4)
+    pixel_rows: bool = False  # pointwise / im2col_gemm (CPU, one group): pixels as the register tile's rows
+    k_run: int = 0          # pixel_rows: the reduction cut into runs of this many steps (0: one run)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -140,6 +142,10 @@ class ConvPlan:
         if (self.family == "winograd") != (self.winograd in WINOGRAD_TILES):
             raise ArgumentError(f"{self.family}: winograd={self.winograd} (the winograd family's output tile, one "
                                 f"of {WINOGRAD_TILES}; 0 for the others)")
+        if self.pixel_rows and (self.family not in ("pointwise", "im2col_gemm") or self.pixel_blocks != 1):
+            raise ArgumentError(f"{self.family}: pixel_rows (a CPU contraction's, without pixel blocks)")
+        if self.k_run < 0 or (self.k_run and not self.pixel_rows):
+            raise ArgumentError(f"{self.family}: k_run {self.k_run} (a pixel_rows contraction's run length, >= 0)")
 
     def __str__(self) -> str:
         parts = [self.family]
@@ -153,6 +159,10 @@ class ConvPlan:
             parts.append(f"split={self.split}")
         if self.winograd:
             parts.append(f"tile={self.winograd}x{self.winograd}")
+        if self.pixel_rows:
+            parts.append("pixel_rows")
+        if self.k_run:
+            parts.append(f"k_run={self.k_run}")
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
@@ -240,12 +250,56 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
                            geo.pads[0], geo.pads[1]) is not None)
 
 
-def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None) -> ConvPlan:
+# pixel_rows (CPU): a one-group contraction of at most PIXEL_ROWS_MAX_PIXELS output pixels per image and a
+# reduction of at least PIXEL_ROWS_MIN_K steps takes the pixels as the register tile's rows and the output
+# channels as its vector columns; a reduction of at least K_RUN_MIN_K steps runs in pieces of at most
+# K_RUN_MAX steps (a row tile's broadcasts and a packed 16-column weights panel of one run stay in L1 / L2).
+# Measured at batch 1 on a 2-vCPU AVX2 EPYC (Zen 3), medians of 7-11 interleaved rounds, noisy host (three
+# sessions of the same comparison): 3x3 512 -> 512 at 7x7 (K 4608, 49 pixels) 4.5-5.4 ms as pixels-as-columns,
+# 4.4-4.8 as pixel rows in one run, 4.3-4.4 in runs of 512-576; its stride-2 form from 14x14 4.8-7.3 against
+# 4.3-4.5 in runs; 3x3 256 -> 256 stride 2 to 14x14 (K 2304, 196 pixels) 3.3 against 2.8 in one run (3.4 in
+# runs). Below K 2304 pixel rows tied or lost (1x1 2048 -> 512 at 7x7 1.56 against 1.64 ms)
+PIXEL_ROWS_MAX_PIXELS = 196
+PIXEL_ROWS_MIN_K = 2304
+K_RUN_MIN_K = 4096
+K_RUN_MAX = 576
+
+
+def k_run(K: int) -> int:
+    """The run length of a pixel_rows reduction of K steps: K cut into the fewest equal runs of at most
+    K_RUN_MAX steps (a multiple of 8 each), or 0 (one run) where K is that short or no such cut exists."""
+    if K <= K_RUN_MAX:
+        return 0
+    for runs in range(2, K // 8 + 1):
+        if K % runs == 0 and K // runs <= K_RUN_MAX and (K // runs) % 8 == 0:
+            return K // runs
+    return 0
+
+
+def pixel_rows_applies(geo: "ConvGeometry", caps: Capabilities) -> bool:
+    """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_MAX_PIXELS,
+    PIXEL_ROWS_MIN_K; at least two vector-column tiles of output channels)."""
+    tile = caps.register_tile
+    return (not caps.has_local and tile is not None and caps.tile_lanes > 0 and geo.groups == 1
+            and geo.OH * geo.OW <= PIXEL_ROWS_MAX_PIXELS and geo.C * geo.KH * geo.KW >= PIXEL_ROWS_MIN_K
+            and geo.CO >= 2 * tile[1])
+
+
+def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None,
+                 pixel_rows: bool | None = None) -> ConvPlan:
+    """The contraction plan of `family` for the target; `pixel_rows` None: as the heuristic says."""
     tile = caps.register_tile if not caps.has_local else None
+    lanes = caps.tile_lanes if tile is not None else 0
+    if geo is not None and tile is not None:
+        if pixel_rows is None:
+            pixel_rows = pixel_rows_applies(geo, caps)
+        if pixel_rows:
+            K = geo.C * geo.KH * geo.KW
+            return ConvPlan(family, tile, lanes, pixel_rows=True, k_run=k_run(K) if K >= K_RUN_MIN_K else 0)
     blocks = 1
     if geo is not None and tile is not None:
         blocks = pixel_blocks(geo.N, geo.OH * geo.OW, caps.tile_lanes and tile[1], caps.threads)
-    return ConvPlan(family, tile, caps.tile_lanes if tile is not None else 0, blocks)
+    return ConvPlan(family, tile, lanes, blocks)
 
 
 # GPU plans, measured on an H200 (benchmarks/conv.py --variants, batch 32, NVRTC, beside cuDNN without TF32;
@@ -311,6 +365,27 @@ def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> in
     return 0
 
 
+# the CPU: float32 3x3 stride-1 one-group layers with at least CPU_WINOGRAD_MIN_CO output channels, or with
+# at least CPU_WINOGRAD_MIN_PIXELS output pixels, take Winograd F(2x2, 3x3) where the output sides are even.
+# Measured at batch 1 on a 2-vCPU AVX2 EPYC (Zen 3), medians of 11 interleaved rounds against im2col_gemm
+# (the filter transform run once, as the ONNX executor does): 64 -> 64 at 56x56 3.4 against 4.3 ms (F(4x4)
+# 3.8), 128 -> 128 at 28x28 1.8 against 2.1 (F(4x4) 1.75), 256 -> 256 at 14x14 1.9 against 3.2,
+# 128 -> 32 at 56x56 2.5 against 5.8 (F(4x4) 4.2); 128 -> 32 at 28x28 it lost (0.96 against 0.65 ms) and
+# at 14x14 it tied. F(2x2) rounds less than F(4x4) (G's halves against its sixths)
+CPU_WINOGRAD_TILE = 2
+CPU_WINOGRAD_MIN_CO = 64
+CPU_WINOGRAD_MIN_PIXELS = 56 * 56
+
+
+def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> int:
+    """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
+    if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE):
+        return 0
+    if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
+        return CPU_WINOGRAD_TILE
+    return 0
+
+
 def gpu_plan(geo: ConvGeometry, itemsize: int = 4, static_batch: bool = True) -> ConvPlan:
     """The heuristic family on a GPU (a target with local memory) for elements of `itemsize` bytes;
     `static_batch` False: one plan for every batch size (no Winograd, whose tiles are laid out per batch)."""
@@ -350,6 +425,9 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
         return ConvPlan("depthwise_flat" if flat_depthwise(geo) else "depthwise")
     if grouped_flat_applies(geo) and geo.OH * geo.OW >= GROUPED_FLAT_MIN_PIXELS:
         return ConvPlan("grouped_flat")
+    m = cpu_winograd_default(geo, itemsize, static_batch)
+    if m:
+        return ConvPlan("winograd", winograd=m)
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
@@ -358,8 +436,12 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     """The default plan first, then the valid alternatives a search times (Winograd only for a constant batch)."""
     out = [conv_plan(geo, caps, itemsize, static_batch)]
     for family in ("pointwise", "im2col_gemm") if geo.pointwise else ("im2col_gemm",):
-        out.append(_contraction(family, caps, geo))
+        out.append(_contraction(family, caps, geo, pixel_rows=False))
         out.append(_contraction(family, caps))          # whole images
+        if not caps.has_local and caps.register_tile is not None and caps.tile_lanes and geo.groups == 1:
+            rows = _contraction(family, caps, geo, pixel_rows=True)
+            K = geo.C * geo.KH * geo.KW
+            out += [rows, replace(rows, k_run=0), replace(rows, k_run=k_run(K))]
     if geo.depthwise:
         out.append(ConvPlan("depthwise"))
         if not caps.has_local and flat_depthwise(geo):
@@ -424,6 +506,10 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "winograd" and not winograd_applies(geo, plan.winograd):
         raise ArgumentError(f"{plan}: Winograd F({plan.winograd}x{plan.winograd}, 3x3) takes a 3x3 kernel, stride "
                             f"and dilation 1, one group and an output whose sides {plan.winograd} divides")
+    if plan.pixel_rows and geo.groups != 1:
+        raise ArgumentError(f"{plan}: pixel rows take one group")
+    if plan.k_run and (geo.C * geo.KH * geo.KW) % plan.k_run:
+        raise ArgumentError(f"{plan}: runs of {plan.k_run} do not divide the reduction of {geo.C * geo.KH * geo.KW}")
     if (geo.C // geo.groups * geo.KH * geo.KW) % plan.split:
         raise ArgumentError(f"{plan}: {plan.split} runs do not divide the reduction")
     if (geo.OH * geo.OW) % plan.pixel_blocks:
