@@ -362,23 +362,30 @@ def test_pixel_rows_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, 
     assert k_run(648) == 216 and k_run(4608) == 576 and k_run(2304) == 576 and k_run(512) == 0
 
 
-def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster(cpu):
-    """resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a constant batch (not with a symbolic one, nor
-    where the output sides are odd); its late layers of few pixels and long reductions take pixel rows,
-    in runs from K_RUN_MIN_K; a short reduction keeps pixels as columns."""
-    caps = cpu.dev.renderer.caps
+def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster():
+    """On an AVX2-sized target (8 lanes, 6x16 tiles) resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a
+    constant batch (not with a symbolic one, nor where the output sides are odd); its late layers of few
+    pixels and long reductions take pixel rows, in runs from K_RUN_MIN_K; a short reduction keeps pixels
+    as columns. A 16-lane (AVX-512) target, where neither was measured, keeps the earlier forms."""
+    from morok_py.codegen.capabilities import Capabilities
+    avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8)
+    avx512 = Capabilities(has_threads=True, register_tile=(6, 64), tile_lanes=16)
     same = (1, 1, 1, 1)
     for C, side in ((64, 56), (128, 28), (256, 14)):
         geo = ConvGeometry(1, C, side, side, C, 3, 3, pads=same)
-        assert conv_plan(geo, caps) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE)
-        assert conv_plan(geo, caps, static_batch=False).family == "im2col_gemm"
-    assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), caps).family == "im2col_gemm"
-    seven = conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), caps)
+        assert conv_plan(geo, avx2) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE)
+        assert conv_plan(geo, avx2, static_batch=False).family == "im2col_gemm"
+        assert conv_plan(geo, avx512).family == "im2col_gemm"
+        assert ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE) in candidate_plans(geo, avx512)
+    assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), avx2).family == "im2col_gemm"
+    late = ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same)
+    seven = conv_plan(late, avx2)
     assert seven.pixel_rows and seven.k_run == 576 and "pixel_rows, k_run=576" in str(seven)
-    strided = conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), caps)
+    assert not conv_plan(late, avx512).pixel_rows and any(p.pixel_rows for p in candidate_plans(late, avx512))
+    strided = conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), avx2)
     assert strided.pixel_rows and strided.k_run == 0
-    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), caps).pixel_rows          # K 512
-    assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, pads=(0, 0, 0, 1)), caps).pixel_rows
+    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx2).pixel_rows          # K 512
+    assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, pads=(0, 0, 0, 1)), avx2).pixel_rows
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("im2col_gemm", pixel_rows=True), ConvGeometry(1, 4, 6, 6, 4, 3, 3, groups=2))
     with pytest.raises(ArgumentError):

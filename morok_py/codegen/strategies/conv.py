@@ -261,6 +261,10 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
 # runs). Below K 2304 pixel rows tied or lost (1x1 2048 -> 512 at 7x7 1.56 against 1.64 ms)
 PIXEL_ROWS_MAX_PIXELS = 196
 PIXEL_ROWS_MIN_K = 2304
+# the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) were
+# measured at: AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and
+# im2col_gemm by default until measured there; MOROK_BEAM times every form on any target
+CPU_DEFAULTS_MAX_LANES = 8
 K_RUN_MIN_K = 4096
 K_RUN_MAX = 576
 
@@ -278,9 +282,9 @@ def k_run(K: int) -> int:
 
 def pixel_rows_applies(geo: "ConvGeometry", caps: Capabilities) -> bool:
     """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_MAX_PIXELS,
-    PIXEL_ROWS_MIN_K; at least two vector-column tiles of output channels)."""
+    PIXEL_ROWS_MIN_K; at least two vector-column tiles of output channels; CPU_DEFAULTS_MAX_LANES)."""
     tile = caps.register_tile
-    return (not caps.has_local and tile is not None and caps.tile_lanes > 0 and geo.groups == 1
+    return (not caps.has_local and tile is not None and 0 < caps.tile_lanes <= CPU_DEFAULTS_MAX_LANES and geo.groups == 1
             and geo.OH * geo.OW <= PIXEL_ROWS_MAX_PIXELS and geo.C * geo.KH * geo.KW >= PIXEL_ROWS_MIN_K
             and geo.CO >= 2 * tile[1])
 
@@ -377,9 +381,10 @@ CPU_WINOGRAD_MIN_CO = 64
 CPU_WINOGRAD_MIN_PIXELS = 56 * 56
 
 
-def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> int:
+def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
     """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
-    if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE):
+    if (itemsize < 4 or not static_batch or caps.tile_lanes > CPU_DEFAULTS_MAX_LANES
+            or not winograd_applies(geo, CPU_WINOGRAD_TILE)):
         return 0
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
@@ -425,7 +430,7 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
         return ConvPlan("depthwise_flat" if flat_depthwise(geo) else "depthwise")
     if grouped_flat_applies(geo) and geo.OH * geo.OW >= GROUPED_FLAT_MIN_PIXELS:
         return ConvPlan("grouped_flat")
-    m = cpu_winograd_default(geo, itemsize, static_batch)
+    m = cpu_winograd_default(geo, itemsize, static_batch, caps)
     if m:
         return ConvPlan("winograd", winograd=m)
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
