@@ -515,7 +515,10 @@ def conv_output_t(N: int | None, CO: int, P: int, dtype=dtypes.float32, epilogue
     variable `N`. Params: tmp, the epilogue's operands, out."""
     dt = as_dtype(dtype)
     ax = _Axes()
-    n, co, p = ax(_batch(N)), ax(CO), ax(P)
+    # the channels innermost: contiguous loads, stores P apart. The reverse (pixels innermost, loads CO apart)
+    # took 0.29 against 0.086 ms at 2048 x 49 and 0.41 against 0.11 ms at 1024 x 196 with a bias and relu
+    # (alone on a 2-vCPU AVX2 EPYC)
+    n, p, co = ax(_batch(N)), ax(P), ax(CO)
     at = (n * CO + co) * P + p
     v, nxt = (epilogue or Epilogue()).apply(UOp.param(0, dt).load((n * P + p) * CO + co), 1, dt, co, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))

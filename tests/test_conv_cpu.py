@@ -384,7 +384,9 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
     assert not conv_plan(late, avx512).pixel_rows and any(p.pixel_rows for p in candidate_plans(late, avx512))
     strided = conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), avx2)
     assert strided.pixel_rows and strided.k_run == 0
-    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx2).pixel_rows          # K 512
+    assert conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx2).pixel_rows              # 49 pixels, K 512
+    assert not conv_plan(ConvGeometry(1, 256, 7, 7, 2048, 1, 1), avx2).pixel_rows          # K 256
+    assert not conv_plan(ConvGeometry(1, 512, 14, 14, 1024, 1, 1), avx2).pixel_rows        # 196 pixels, K 512
     assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, pads=(0, 0, 0, 1)), avx2).pixel_rows
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("im2col_gemm", pixel_rows=True), ConvGeometry(1, 4, 6, 6, 4, 3, 3, groups=2))

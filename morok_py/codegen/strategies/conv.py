@@ -258,9 +258,15 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
 # sessions of the same comparison): 3x3 512 -> 512 at 7x7 (K 4608, 49 pixels) 4.5-5.4 ms as pixels-as-columns,
 # 4.4-4.8 as pixel rows in one run, 4.3-4.4 in runs of 512-576; its stride-2 form from 14x14 4.8-7.3 against
 # 4.3-4.5 in runs; 3x3 256 -> 256 stride 2 to 14x14 (K 2304, 196 pixels) 3.3 against 2.8 in one run (3.4 in
-# runs). Below K 2304 pixel rows tied or lost (1x1 2048 -> 512 at 7x7 1.56 against 1.64 ms)
+# runs). Below K 2304 pixel rows tied or lost at 196 pixels (1x1 512 -> 1024 stride 2 to 14x14 2.8 against
+# 2.4 ms in resnet50's launch order), and won at 49: resnet50's 7x7 stage timed in launch order
+# (benchmarks/onnx_models.py's model, each launch after the one before it, weights cold) 1x1 1024 -> 2048
+# stride 2 4.2 against 5.6 ms, 2048 -> 512 (two layers) 4.7 against 5.1, 512 -> 2048 (three) 6.3 against 6.5:
+# up to PIXEL_ROWS_FEW_PIXELS pixels (at most four 16-wide column tiles) from K PIXEL_ROWS_FEW_MIN_K
 PIXEL_ROWS_MAX_PIXELS = 196
 PIXEL_ROWS_MIN_K = 2304
+PIXEL_ROWS_FEW_PIXELS = 64
+PIXEL_ROWS_FEW_MIN_K = 512
 # the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) were
 # measured at: AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and
 # im2col_gemm by default until measured there; MOROK_BEAM times every form on any target
@@ -281,12 +287,14 @@ def k_run(K: int) -> int:
 
 
 def pixel_rows_applies(geo: "ConvGeometry", caps: Capabilities) -> bool:
-    """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_MAX_PIXELS,
-    PIXEL_ROWS_MIN_K; at least two vector-column tiles of output channels; CPU_DEFAULTS_MAX_LANES)."""
+    """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_MAX_PIXELS and
+    PIXEL_ROWS_MIN_K, or PIXEL_ROWS_FEW_PIXELS and PIXEL_ROWS_FEW_MIN_K; at least two vector-column tiles of
+    output channels; CPU_DEFAULTS_MAX_LANES)."""
     tile = caps.register_tile
+    P, K = geo.OH * geo.OW, geo.C * geo.KH * geo.KW
     return (not caps.has_local and tile is not None and 0 < caps.tile_lanes <= CPU_DEFAULTS_MAX_LANES and geo.groups == 1
-            and geo.OH * geo.OW <= PIXEL_ROWS_MAX_PIXELS and geo.C * geo.KH * geo.KW >= PIXEL_ROWS_MIN_K
-            and geo.CO >= 2 * tile[1])
+            and (P <= PIXEL_ROWS_MAX_PIXELS and K >= PIXEL_ROWS_MIN_K or P <= PIXEL_ROWS_FEW_PIXELS
+                 and K >= PIXEL_ROWS_FEW_MIN_K) and geo.CO >= 2 * tile[1])
 
 
 def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None,
