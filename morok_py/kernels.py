@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from .codegen.capabilities import Capabilities
+from .codegen.opt import PACK_ROW_BYTES
 from .codegen.strategies.conv import ConvGeometry, ConvPlan, check_plan, conv_plan, flat_spans
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
@@ -1155,8 +1156,12 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     runs = K_ // plan.k_run if plan.k_run else 1
     prev = None
     for r in range(runs):
-        # one image: x's channel count is no part of its index (a variable there would be simplified away)
-        ast = conv_gemm_pixel_rows(N, g.CO, K_ if N == 1 else None, P, dtype, plan.k_run or None, prev is not None)
+        # the channel count is the variable K (one program for layers that differ only in it: densenet121's 7x7
+        # stage), except where it is no part of the program: one image in runs (x's index drops it), or one
+        # run whose weights rows the register tile packs (codegen/opt.py: a static K, rows PACK_ROW_BYTES apart)
+        packed = not plan.k_run and (g.CO * as_dtype(dtype).itemsize) % PACK_ROW_BYTES == 0
+        static = N == 1 and (plan.k_run or packed)
+        ast = conv_gemm_pixel_rows(N, g.CO, K_ if static else None, P, dtype, plan.k_run or None, prev is not None)
         vars_ = tuple((v, val) for v, val in (("K", K_), ("k0", r * plan.k_run)) if _uses_variable(ast, v))
         role = f"acc{r % 2}"
         steps.append(KernelStep("gemm", ast, (src, "wt") + ((prev,) if prev else ()), role, g.N * P * g.CO, vars_))

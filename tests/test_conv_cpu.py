@@ -362,6 +362,19 @@ def test_pixel_rows_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, 
     assert k_run(648) == 216 and k_run(4608) == 576 and k_run(2304) == 576 and k_run(512) == 0
 
 
+def test_pixel_rows_layers_that_differ_only_in_input_channels_share_their_contraction():
+    """densenet121's 7x7 1x1 layers (512-992 channels in, 128 out): one contraction program for them all,
+    the channel count the variable K; rows the register tile packs (2048 channels out) keep a static K."""
+    def gemm_keys(C, CO):
+        geo = ConvGeometry(1, C, 7, 7, CO, 1, 1)
+        steps = K.conv2d_kernels(geo, ConvPlan("pointwise", (6, 16), 8, pixel_rows=True))
+        return [(st.ast.key, st.vars) for st in steps if st.name == "gemm"]
+    (a, va), (b, vb) = gemm_keys(512, 128) + gemm_keys(544, 128)
+    assert a == b and va == (("K", 512),) and vb == (("K", 544),)
+    (c, vc), (d, vd) = gemm_keys(512, 2048) + gemm_keys(544, 2048)
+    assert c != d and vc == vd == ()
+
+
 def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster():
     """On an AVX2-sized target (8 lanes, 6x16 tiles) resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a
     constant batch (not with a symbolic one, nor where the output sides are odd); its late layers of few
