@@ -459,13 +459,15 @@ def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dty
 
 
 
-def conv_weights_t(CO: int, Kg: int, dtype=dtypes.float32) -> UOp:
+def conv_weights_t(CO: int, Kg: int | None = None, dtype=dtypes.float32) -> UOp:
     """wt[k, co] = w[co, k]: a one-group convolution's weights [CO, C*KH*KW] transposed, so that
     `conv_gemm_pixel_rows` loads a row of output channels as one vector (a weights-only step: an executor
-    whose weights stay the same runs it once). Params: w, wt."""
+    whose weights stay the same runs it once). Kg None is the variable `K`. Params: w, wt."""
     dt = as_dtype(dtype)
     ax = _Axes()
-    k, co = ax(Kg), ax(CO)
+    k = ax(Kg) if Kg is not None else ax(UOp.variable("K", 1, 2**31 - 1))
+    Kg = k.src[0] if Kg is None else Kg
+    co = ax(CO)
     w, wt = UOp.param(0, dt), UOp.param(1, dt)
     return UOp.sink(wt.store(k * CO + co, w.load(co * Kg + k)))
 
@@ -1147,7 +1149,7 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     puts the sums back in NCHW with the epilogue. The channels per image are the variable `K`, a run's
     start the variable `k0`: one program per (rows, pixels, run) serves every layer and run."""
     P, K_ = g.OH * g.OW, g.C * g.KH * g.KW
-    steps = [KernelStep("weights", conv_weights_t(g.CO, K_, dtype), ("w",), "wt", g.CO * K_)]
+    steps = [KernelStep("weights", conv_weights_t(g.CO, None, dtype), ("w",), "wt", g.CO * K_, (("K", K_),))]
     src = "x"
     if plan.family == "im2col_gemm":
         steps.append(KernelStep("im2col", im2col(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype),
