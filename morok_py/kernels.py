@@ -443,20 +443,15 @@ def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dty
     else:
         t, g, co, pi = ax(_batch(N) * pixel_blocks if N is None else N * pixel_blocks), ax(G), ax(COg), ax(B)
         n, p = t // pixel_blocks, (t % pixel_blocks) * B + pi
-    if Kg is None:
-        Kg = UOp.variable("K", 1, 2**31 - 1)
-        k = UOp.range(Kg, ax.next, AxisType.REDUCE)
-        ax.next += 1
-    else:
-        k = ax(Kg, AxisType.REDUCE)
+    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    k = ax(Kg, AxisType.REDUCE)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     ch = g * COg + co
     prod_ = x.load((n * (G * Kg) + g * Kg + k) * P + p) * w.load(ch * Kg + k)
-    acc = prod_.reduce(k) if isinstance(k, UOp) and k.op is Ops.RANGE else prod_
+    acc = prod_.reduce(k) if k.op is Ops.RANGE else prod_
     at = (n * (G * COg) + ch) * P + p
     v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, ch, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
-
 
 
 def conv_weights_t(CO: int, Kg: int | None = None, dtype=dtypes.float32) -> UOp:
@@ -465,9 +460,8 @@ def conv_weights_t(CO: int, Kg: int | None = None, dtype=dtypes.float32) -> UOp:
     whose weights stay the same runs it once). Kg None is the variable `K`. Params: w, wt."""
     dt = as_dtype(dtype)
     ax = _Axes()
-    k = ax(Kg) if Kg is not None else ax(UOp.variable("K", 1, 2**31 - 1))
-    Kg = k.src[0] if Kg is None else Kg
-    co = ax(CO)
+    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    k, co = ax(Kg), ax(CO)
     w, wt = UOp.param(0, dt), UOp.param(1, dt)
     return UOp.sink(wt.store(k * CO + co, w.load(co * Kg + k)))
 
@@ -489,23 +483,14 @@ def conv_gemm_pixel_rows(N: int | None, CO: int, Kg: int | None, P: int, dtype=d
     dt = as_dtype(dtype)
     ax = _Axes()
     n, p, co = ax(_batch(N)), ax(P), ax(CO)
-    if Kg is None:
-        Kg = UOp.variable("K", 1, 2**31 - 1)
-    if run is None:
-        if isinstance(Kg, UOp):
-            k = UOp.range(Kg, ax.next, AxisType.REDUCE)
-            ax.next += 1
-        else:
-            k = ax(Kg, AxisType.REDUCE)
-        kk = k
-    else:
-        if run < 1:
-            raise ArgumentError(f"conv_gemm_pixel_rows: a run of {run} steps")
-        k = ax(run, AxisType.REDUCE)
-        kk = UOp.variable("k0", 0, 2**31 - 1) + k
+    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    if run is not None and run < 1:
+        raise ArgumentError(f"conv_gemm_pixel_rows: a run of {run} steps")
+    k = ax(Kg if run is None else run, AxisType.REDUCE)
+    kk = k if run is None else UOp.variable("k0", 0, 2**31 - 1) + k
     x, wt = UOp.param(0, dt), UOp.param(1, dt)
     prod_ = x.load((n * Kg + kk) * P + p) * wt.load(kk * CO + co)
-    acc = prod_.reduce(k) if isinstance(k, UOp) and k.op is Ops.RANGE else prod_
+    acc = prod_.reduce(k) if k.op is Ops.RANGE else prod_
     at = (n * P + p) * CO + co
     if accumulate:
         acc = acc + UOp.param(2, dt).load(at)
@@ -525,6 +510,7 @@ def conv_output_t(N: int | None, CO: int, P: int, dtype=dtypes.float32, epilogue
     at = (n * CO + co) * P + p
     v, nxt = (epilogue or Epilogue()).apply(UOp.param(0, dt).load((n * P + p) * CO + co), 1, dt, co, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
 
 def _batch(N: int | None):
     """A static batch, or the variable `N` for None."""
@@ -1146,9 +1132,14 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     """A one-group pointwise or im2col_gemm plan with pixel rows: the weights transposed (a weights-only
     step), the columns (im2col_gemm), `conv_gemm_pixel_rows` once or once per run of `plan.k_run` steps
     (each adding the last run's channels-last sums: scratches acc0 / acc1 in turn), then `conv_output_t`
-    puts the sums back in NCHW with the epilogue. The channels per image are the variable `K`, a run's
-    start the variable `k0`: one program per (rows, pixels, run) serves every layer and run."""
+    puts the sums back in NCHW with the epilogue. A run's start is the variable `k0`: one program serves
+    every run."""
     P, K_ = g.OH * g.OW, g.C * g.KH * g.KW
+    # the channel count is the variable K (one program for layers that differ only in it: densenet121's 7x7
+    # stage), except where it is no part of the program: one image in runs (x's index drops it), or one run
+    # whose weights rows the register tile packs (codegen/opt.py: a static K, rows PACK_ROW_BYTES apart)
+    packed = not plan.k_run and (g.CO * as_dtype(dtype).itemsize) % PACK_ROW_BYTES == 0
+    Kg = K_ if N == 1 and (plan.k_run or packed) else None
     steps = [KernelStep("weights", conv_weights_t(g.CO, None, dtype), ("w",), "wt", g.CO * K_, (("K", K_),))]
     src = "x"
     if plan.family == "im2col_gemm":
@@ -1158,12 +1149,7 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     runs = K_ // plan.k_run if plan.k_run else 1
     prev = None
     for r in range(runs):
-        # the channel count is the variable K (one program for layers that differ only in it: densenet121's 7x7
-        # stage), except where it is no part of the program: one image in runs (x's index drops it), or one
-        # run whose weights rows the register tile packs (codegen/opt.py: a static K, rows PACK_ROW_BYTES apart)
-        packed = not plan.k_run and (g.CO * as_dtype(dtype).itemsize) % PACK_ROW_BYTES == 0
-        static = N == 1 and (plan.k_run or packed)
-        ast = conv_gemm_pixel_rows(N, g.CO, K_ if static else None, P, dtype, plan.k_run or None, prev is not None)
+        ast = conv_gemm_pixel_rows(N, g.CO, Kg, P, dtype, plan.k_run or None, prev is not None)
         vars_ = tuple((v, val) for v, val in (("K", K_), ("k0", r * plan.k_run)) if _uses_variable(ast, v))
         role = f"acc{r % 2}"
         steps.append(KernelStep("gemm", ast, (src, "wt") + ((prev,) if prev else ()), role, g.N * P * g.CO, vars_))
