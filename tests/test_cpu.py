@@ -732,6 +732,40 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
 
 
+@pytest.mark.parametrize("pixels", [784, 3136])
+def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart_rows(cpu, rng, monkeypatch, pixels):
+    """conv_gemm's columns operand (a 1x1 convolution's input, or im2col's columns) has rows a pixel plane
+    apart (>= opt.PACK_ROW_BYTES, a page or more at 56x56): the default schedule copies its column panels,
+    also with the reduction a variable (one program for the layers that differ in it; the scratch is
+    PACK_CAP elements); one program serves two channel counts on several threads, a batch of 2 and 70
+    output channels (tail rows), and matches numpy. Rows under PACK_ROW_BYTES apart stay unpacked."""
+    from morok_py.codegen.opt import PACK_CAP, PACK_ROW_BYTES
+    split_at(monkeypatch, 1, 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    tj = renderer.caps.register_tile[1]
+    if pixels % tj:
+        pytest.skip(f"{pixels} pixels are no whole number of this target's {tj}-wide column tiles")
+    N_, CO = 2, 70
+    spec = renderer.render(K.conv_gemm(N_, 1, CO, None, pixels), f"conv_gemm_packed_{pixels}")
+    assert spec.linear.schedule.pack and [h.count for h in spec.launch.hidden] == [PACK_CAP], spec.linear.schedule
+    prog = cpu.dev.runtime(compiler.compile(spec))
+    for C in (37, 130):
+        x = rng.standard_normal((N_, C, pixels)).astype(np.float32)
+        w = rng.standard_normal((CO, C)).astype(np.float32)
+        out = cpu.buf(np.full(N_ * CO * pixels, np.nan, np.float32))
+        bx, bw = cpu.buf(x), cpu.buf(w)
+        gs, ls = prog.launch.launch_dims({"K": C})
+        prog.execute([bx.ptr, bw.ptr, out.ptr], [C], gs, ls, wait=True)
+        want = np.einsum("ok,nkp->nop", w.astype(np.float64), x.astype(np.float64))
+        np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    narrow = PACK_ROW_BYTES // 4 - tj            # rows under PACK_ROW_BYTES apart
+    spec = renderer.render(K.conv_gemm(1, 1, CO, None, narrow), "conv_gemm_narrow")
+    assert not spec.linear.schedule.pack and not spec.launch.hidden
+
+
 def test_wide_matrices_split_into_units_that_divide_among_threads():
     """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split
     (the target's thread count; unknown: 2-16): the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16
