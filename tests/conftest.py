@@ -30,6 +30,16 @@ from morok_py import Buffer, Device, DeviceUnavailableError, MorokError, Runtime
 from morok_py.registry import get_device  # noqa: E402
 
 
+# `-n auto` (pyproject's addopts): a worker per core this process may run on, at most this many (each worker
+# holds LLVM, its compiled kernels and its own disk cache folder)
+TEST_WORKERS_MAX = 8
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, TEST_WORKERS_MAX))
+
+
 def pytest_unconfigure(config) -> None:
     if not _KEPT_CACHE:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

@@ -118,18 +118,18 @@ python3 -c "import xdist" 2>/dev/null && XDIST=(-n 8) || XDIST=()
 OOM_TEST=out_of_memory_under_load
 
 suite_cuda() {
-  local log=$ROOT/tests/results/$GPU/cuda.log jobs=(); : > "$log"
+  local log=$ROOT/tests/results/$GPU/cuda.log jobs=(-n 0); : > "$log"     # -n 0: one process (pyproject's -n auto off)
   # --jobs N: N pytest-xdist processes share the GPU (the out-of-memory test still runs alone, last)
   if (( JOBS > 1 )) && (( ${#XDIST[@]} )); then jobs=(-n "$JOBS"); fi
   TAILN=3 step "$log" 120 python3 -m pytest "${pytest_args[@]}" "${jobs[@]}" -m cuda -k "not $OOM_TEST" tests/
   # the tests that take the default pair instead of the `device` fixture, again with llvm-nvptx as the default
   MOROK_CUDA_COMPILER=llvm-nvptx TAILN=3 step "$log" 60 python3 -m pytest "${pytest_args[@]}" "${jobs[@]}" -m cuda \
     -k "not CUDA-nvrtc and not CUDA-llvm-nvptx and not $OOM_TEST" tests/
-  TAILN=3 step "$log" 20 python3 -m pytest "${pytest_args[@]}" -m cuda -k "$OOM_TEST" tests/test_cuda_faults.py
+  TAILN=3 step "$log" 20 python3 -m pytest "${pytest_args[@]}" -n 0 -m cuda -k "$OOM_TEST" tests/test_cuda_faults.py
 }
 
 suite_onnx() {
-  local log=$ROOT/tests/results/$GPU/onnx.log pair lim jobs=(); : > "$log"
+  local log=$ROOT/tests/results/$GPU/onnx.log pair lim jobs=(-n 0); : > "$log"
   # --jobs N: each pair's pytest in N xdist processes (2N on the GPU at once)
   if (( JOBS > 1 )) && (( ${#XDIST[@]} )); then jobs=(-n "$JOBS"); fi
   lim=$(( $(left) - 10 ))
