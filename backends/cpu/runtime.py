@@ -125,8 +125,10 @@ class CPUProgram(Program):
         if why is not None:
             raise DeviceError("load", 0, "ARCH_MISMATCH", f"{compiled.name} was compiled for cpu {compiled.arch!r}: {why}")
         b = llvm()
-        ensure_builtins(b, target_machine)
-        missing = unresolved(b, undefined_symbols(compiled.bytes))
+        needs = undefined_symbols(compiled.bytes)
+        if needs:   # the support functions only for an object that calls out (~13 ms of a fresh process's first load)
+            ensure_builtins(b, target_machine)
+        missing = unresolved(b, needs)
         if missing:     # the loader would bind them to address 0: a crash at the first call
             raise DeviceError("load object", 0, "UNRESOLVED_SYMBOL",
                               f"{compiled.name} calls {', '.join(missing)}, which nothing in this process provides")
