@@ -732,14 +732,14 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.sqrt(Kd) * 4)
 
 
-@pytest.mark.parametrize("pixels", [784, 3136])
+@pytest.mark.parametrize("pixels", [2112, 3136])
 def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart_rows(cpu, rng, monkeypatch, pixels):
     """conv_gemm's columns operand (a 1x1 convolution's input, or im2col's columns) has rows a pixel plane
-    apart (>= opt.PACK_ROW_BYTES, a page or more at 56x56): the default schedule copies its column panels,
-    also with the reduction a variable (one program for the layers that differ in it; the scratch is
-    PACK_CAP elements); one program serves two channel counts on several threads, a batch of 2 and 70
-    output channels (tail rows), and matches numpy. Rows under PACK_ROW_BYTES apart stay unpacked."""
-    from morok_py.codegen.opt import PACK_CAP, PACK_ROW_BYTES
+    apart (>= opt.PACK_FAR_BYTES at 56x56): the default schedule copies its column panels, also with the
+    reduction a variable (one program for the layers that differ in it; the scratch is PACK_CAP elements);
+    one program serves two channel counts on several threads, a batch of 2 and 70 output channels (tail
+    rows), and matches numpy. Rows closer (not a multiple of PACK_ROW_BYTES apart) stay unpacked."""
+    from morok_py.codegen.opt import PACK_CAP, PACK_FAR_BYTES, PACK_ROW_BYTES
     split_at(monkeypatch, 1, 1)
     monkeypatch.setenv("MOROK_CPU_THREADS", "3")
     renderer, compiler = cpu.pair()
@@ -761,9 +761,12 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
         prog.execute([bx.ptr, bw.ptr, out.ptr], [C], gs, ls, wait=True)
         want = np.einsum("ok,nkp->nop", w.astype(np.float64), x.astype(np.float64))
         np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-3)
-    narrow = PACK_ROW_BYTES // 4 - tj            # rows under PACK_ROW_BYTES apart
-    spec = renderer.render(K.conv_gemm(1, 1, CO, None, narrow), "conv_gemm_narrow")
-    assert not spec.linear.schedule.pack and not spec.launch.hidden
+    assert pixels * 4 >= PACK_FAR_BYTES
+    # rows under PACK_ROW_BYTES apart; 1024 + tj floats apart (whole tiles, an MLP's padded weights rows of
+    # kernels.padded_ldb: 1040 on AVX2)
+    for near in (PACK_ROW_BYTES // 4 - tj, 1024 + tj):
+        spec = renderer.render(K.conv_gemm(1, 1, CO, None, near), f"conv_gemm_near_{near}")
+        assert not spec.linear.schedule.pack and not spec.launch.hidden, near
 
 
 def test_wide_matrices_split_into_units_that_divide_among_threads():

@@ -118,6 +118,10 @@ def register_tile(ast: UOp, tile: tuple[int, int]) -> UOp:
 # ---- packing the right-hand operand's column panel (CPU) ---------------------------------------------
 
 PACK_ROW_BYTES = 1024       # B rows a multiple of this apart put a column panel in few cache sets
+PACK_FAR_BYTES = 8192       # B rows this far apart put each step of a panel on a page of its own (rows closer, not a
+                            # multiple of PACK_ROW_BYTES apart, stay unpacked: the MLP's padded 1040-float rows of
+                            # benchmarks/onnx_models.py replayed at 0.68-0.69x onnxruntime packed against 0.84-0.88x
+                            # read in place on the 16-core Xeon)
 PACK_MAX_BYTES = 64 << 20   # a thread's scratch (one K x tj panel) at most this big
 PACK_MIN_K = 64
 PACK_CAP = 32 << 20         # symbolic sizes: scratch elements per thread (virtual until used); K * tj above runs unpacked
@@ -127,12 +131,14 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     """(load, reduce range, tile width) of the operand a tile's units copy into contiguous panels, else
     None: static sizes with whole column tiles (no remainder or overlapping last tile) of lane vectors,
     one sum over a range of >= PACK_MIN_K steps (or a variable one), and in it one load that runs along the
-    tile's columns (unit stride) and the reduction but not the rows (B[k, j] of A @ B), its rows at least
-    PACK_ROW_BYTES apart. Rows a multiple of it apart put a K x tj panel in a few cache sets, so L1 and L2
-    keep only a fraction of it (1024^3 float32 on AVX2: 23 GFLOP/s per core, 33-36 with a small or narrow
-    B); rows further apart than a page put every step of the panel on a page of its own, which the
-    hardware prefetcher does not cross (a 1x1 convolution 64 -> 256 at 56x56, rows 12.5 KB apart, as
-    `matmul(256, 3136, 64)` on one thread of the 2-vCPU AVX2 EPYC: 1.84 ms packed against 2.31)."""
+    tile's columns (unit stride) and the reduction but not the rows (B[k, j] of A @ B), its rows a multiple
+    of PACK_ROW_BYTES or at least PACK_FAR_BYTES apart. Rows a multiple of PACK_ROW_BYTES apart put a K x tj
+    panel in a few cache sets, so L1 and L2 keep only a fraction of it (1024^3 float32 on AVX2: 23 GFLOP/s
+    per core, 33-36 with a small or narrow B); rows PACK_FAR_BYTES apart put every step of the panel on a
+    page of its own, which the hardware prefetcher does not cross (a 1x1 convolution 64 -> 256 at 56x56,
+    rows 12.5 KB apart, as `matmul(256, 3136, 64)` on one thread of the 2-vCPU AVX2 EPYC: 1.84 ms packed
+    against 2.31; resnet50 on the 16-core Xeon, benchmarks/onnx_models.py interleaved with onnxruntime,
+    twice each: 0.58x and 0.59x packed against 0.56x and 0.49x)."""
     roles = _tile_roles(ast)
     if roles is None or roles[1] is None or lanes < 4:
         return None
@@ -162,7 +168,8 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
         return None
     if N is None:
         return ld, k, tj
-    if (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize < PACK_ROW_BYTES:
+    row_bytes = (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize
+    if row_bytes % PACK_ROW_BYTES and row_bytes < PACK_FAR_BYTES:
         return None
     ti = max(1, min(tile[0], M))
     if (K is not None and K * tj * ld.dtype.itemsize > PACK_MAX_BYTES) or M // ti < 2:
