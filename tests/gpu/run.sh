@@ -191,7 +191,7 @@ suite_cpu_bench() {
   TAILN=18 step "$log" 90 python3 $B/kernels.py --device CPU --suite --no-sweep --rounds 3
   TAILN=8 step "$log" 60 python3 $B/cpu_launch.py
   TAILN=12 step "$log" 90 python3 $B/cpu_tiles.py --rounds 3
-  TAILN=12 step "$log" 150 python3 $B/onnx_models.py --device CPU
+  TAILN=12 step "$log" 150 python3 $B/onnx_models.py --device CPU --runs 20
   [ -f $B/cpu_conv.py ] && TAILN=12 step "$log" 90 python3 $B/cpu_conv.py
 }
 

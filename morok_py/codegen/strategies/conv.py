@@ -267,9 +267,10 @@ PIXEL_ROWS_MAX_PIXELS = 196
 PIXEL_ROWS_MIN_K = 2304
 PIXEL_ROWS_FEW_PIXELS = 64
 PIXEL_ROWS_FEW_MIN_K = 512
-# the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) were
-# measured at: AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and
-# im2col_gemm by default until measured there; MOROK_BEAM times every form on any target
+# the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) apply at:
+# AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and im2col_gemm: on the
+# 16-core Xeon (benchmarks/onnx_models.py, two interleaved runs each) those defaults took resnet50 from
+# 0.58-0.60x onnxruntime to 0.51-0.52x (densenet121 0.84-0.85x either way); MOROK_BEAM times every form
 CPU_DEFAULTS_MAX_LANES = 8
 K_RUN_MIN_K = 4096
 K_RUN_MAX = 576
