@@ -422,6 +422,16 @@ class _Axes:
         return r
 
 
+# the longest reduction a convolution contraction with the variable `K` takes (4096 channels of 11x11 taps are
+# 495,616 steps): bounded, so that the register tile's packed panel of K steps fits a scratch sized from it
+# (codegen/opt.py, PACK_CAP); a longer one is refused by the launch check as a bad value of K
+CONV_MAX_K = 1 << 19
+
+
+def _k_variable() -> UOp:
+    return UOp.variable("K", 1, CONV_MAX_K)
+
+
 def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dtypes.float32,
               epilogue: Epilogue | None = None, pixel_blocks: int = 1) -> UOp:
     """out[n, g*COg + co, p] = sum over k of w[g*COg + co, k] * x[n, g*Kg + k, p], then `epilogue`
@@ -443,7 +453,7 @@ def conv_gemm(N: int | None, G: int, COg: int, Kg: int | None, P: int, dtype=dty
     else:
         t, g, co, pi = ax(_batch(N) * pixel_blocks if N is None else N * pixel_blocks), ax(G), ax(COg), ax(B)
         n, p = t // pixel_blocks, (t % pixel_blocks) * B + pi
-    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    Kg = _k_variable() if Kg is None else Kg
     k = ax(Kg, AxisType.REDUCE)
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     ch = g * COg + co
@@ -460,7 +470,7 @@ def conv_weights_t(CO: int, Kg: int | None = None, dtype=dtypes.float32) -> UOp:
     whose weights stay the same runs it once). Kg None is the variable `K`. Params: w, wt."""
     dt = as_dtype(dtype)
     ax = _Axes()
-    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    Kg = _k_variable() if Kg is None else Kg
     k, co = ax(Kg), ax(CO)
     w, wt = UOp.param(0, dt), UOp.param(1, dt)
     return UOp.sink(wt.store(k * CO + co, w.load(co * Kg + k)))
@@ -483,7 +493,7 @@ def conv_gemm_pixel_rows(N: int | None, CO: int, Kg: int | None, P: int, dtype=d
     dt = as_dtype(dtype)
     ax = _Axes()
     n, p, co = ax(_batch(N)), ax(P), ax(CO)
-    Kg = UOp.variable("K", 1, 2**31 - 1) if Kg is None else Kg
+    Kg = _k_variable() if Kg is None else Kg
     if run is not None and run < 1:
         raise ArgumentError(f"conv_gemm_pixel_rows: a run of {run} steps")
     k = ax(Kg if run is None else run, AxisType.REDUCE)

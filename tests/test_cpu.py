@@ -750,7 +750,9 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
         pytest.skip(f"{pixels} pixels are no whole number of this target's {tj}-wide column tiles")
     N_, CO = 2, 70
     spec = renderer.render(K.conv_gemm(N_, 1, CO, None, pixels), f"conv_gemm_packed_{pixels}")
-    assert spec.linear.schedule.pack and [h.count for h in spec.launch.hidden] == [PACK_CAP], spec.linear.schedule
+    # the scratch holds a panel of the variable's bound (K.CONV_MAX_K steps), within PACK_CAP
+    assert spec.linear.schedule.pack and [h.count for h in spec.launch.hidden] == [K.CONV_MAX_K * tj], spec.linear.schedule
+    assert K.CONV_MAX_K * tj <= PACK_CAP
     prog = cpu.dev.runtime(compiler.compile(spec))
     for C in (37, 130):
         x = rng.standard_normal((N_, C, pixels)).astype(np.float32)
@@ -761,6 +763,9 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
         prog.execute([bx.ptr, bw.ptr, out.ptr], [C], gs, ls, wait=True)
         want = np.einsum("ok,nkp->nop", w.astype(np.float64), x.astype(np.float64))
         np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+    from morok_py import LaunchError
+    with pytest.raises(LaunchError, match="K"):      # past the bound the scratch is sized for: refused
+        prog.launch.launch_dims({"K": K.CONV_MAX_K + 1})
     assert pixels * 4 >= PACK_FAR_BYTES
     # rows under PACK_ROW_BYTES apart; 1024 + tj floats apart (whole tiles, an MLP's padded weights rows of
     # kernels.padded_ldb: 1040 on AVX2)

@@ -159,6 +159,8 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     K = _const(k.src[0])
     if N is not None and K is not None and K < PACK_MIN_K:
         return None
+    if N is not None and K is None and _panel_steps(k) * tj > PACK_CAP:
+        return None     # a variable reduction packs only where its bound keeps a panel within PACK_CAP
     from .scan import x_coefficient
     lds = [n for n in reds[0].src[0].toposort() if n.op is Ops.LOAD and j in n.free_ranges and k in n.free_ranges]
     if len(lds) != 1 or i in lds[0].free_ranges or lds[0].dtype.storage_only:
@@ -175,6 +177,15 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     if (K is not None and K * tj * ld.dtype.itemsize > PACK_MAX_BYTES) or M // ti < 2:
         return None
     return ld, k, tj
+
+
+def _panel_steps(k: UOp) -> int:
+    """The most steps of reduction range `k`: its static length, or the upper bound of the variable it runs to
+    (anything else: unbounded)."""
+    end = k.src[0]
+    if _const(end) is not None:
+        return _const(end)
+    return end.arg[2] if end.op is Ops.DEFINE_VAR else 1 << 62
 
 
 def pack_applies(ast: UOp, tile: tuple[int, int], lanes: int) -> bool:
@@ -320,9 +331,9 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
         packs = [scratch.store(kp * tj + off, substitute(ld, {k: kp, j: jo * tj + off}))
                  for off in columns(UOp.const(0, dtypes.index), tj)]
         st = substitute(st, {ld: scratch.load(k * tj + (j - jo * tj))})
-        # a variable reduction (one program for layers that differ in it) takes a scratch of PACK_CAP elements
-        # (virtual until used); the launch check refuses a K * tj past it
-        scratch_info = (slot, ld.dtype, _const(K) * tj if _const(K) is not None else PACK_CAP)
+        # a variable reduction (one program for layers that differ in it): a scratch for its bound (_pack_plan
+        # keeps that within PACK_CAP; virtual until used), which the launch check holds K to
+        scratch_info = (slot, ld.dtype, _panel_steps(k) * tj)
     io = axes.range(Q)
     tile_rows = [(io + p * Q) * ti + a for a in range(ti)]
     # rows past the partitions' tiles. Static sizes: each partition's share as one tile (left = (full % P)
