@@ -1147,7 +1147,8 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     P, K_ = g.OH * g.OW, g.C * g.KH * g.KW
     # the channel count is the variable K (one program for layers that differ only in it: densenet121's 7x7
     # stage), except where it is no part of the program: one image in runs (x's index drops it), or one run
-    # whose weights rows the register tile packs (codegen/opt.py: a static K, rows PACK_ROW_BYTES apart)
+    # whose weights rows are PACK_ROW_BYTES apart (timed with a static K when packing needed one; a variable K
+    # is packed too now, codegen/opt.py, but that form was not timed against it)
     packed = not plan.k_run and (g.CO * as_dtype(dtype).itemsize) % PACK_ROW_BYTES == 0
     Kg = K_ if N == 1 and (plan.k_run or packed) else None
     steps = [KernelStep("weights", conv_weights_t(g.CO, None, dtype), ("w",), "wt", g.CO * K_, (("K", K_),))]
