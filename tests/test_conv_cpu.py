@@ -378,8 +378,8 @@ def test_pixel_rows_layers_that_differ_only_in_input_channels_share_their_contra
 def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster():
     """On an AVX2-sized target (8 lanes, 6x16 tiles) resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a
     constant batch (not with a symbolic one, nor where the output sides are odd); its late layers of few
-    pixels and long reductions take pixel rows, in runs from K_RUN_MIN_K; a short reduction keeps pixels
-    as columns. A 16-lane (AVX-512) target, where neither was measured, keeps the earlier forms."""
+    pixels, long reductions and few output channels take pixel rows, in runs from K_RUN_MIN_K; a short
+    reduction or many output channels keep pixels as columns. A 16-lane (AVX-512) target, where neither was measured, keeps the earlier forms."""
     from morok_py.codegen.capabilities import Capabilities
     avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8)
     avx512 = Capabilities(has_threads=True, register_tile=(6, 64), tile_lanes=16)
@@ -391,15 +391,18 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
         assert conv_plan(geo, avx512).family == "im2col_gemm"
         assert ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE) in candidate_plans(geo, avx512)
     assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), avx2).family == "im2col_gemm"
-    late = ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same)
+    late = ConvGeometry(1, 512, 7, 7, 128, 3, 3, pads=same)
     seven = conv_plan(late, avx2)
     assert seven.pixel_rows and seven.k_run == 576 and "pixel_rows, k_run=576" in str(seven)
     assert not conv_plan(late, avx512).pixel_rows and any(p.pixel_rows for p in candidate_plans(late, avx512))
-    strided = conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), avx2)
-    assert strided.pixel_rows and strided.k_run == 0
-    assert conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx2).pixel_rows              # 49 pixels, K 512
-    assert not conv_plan(ConvGeometry(1, 256, 7, 7, 2048, 1, 1), avx2).pixel_rows          # K 256
-    assert not conv_plan(ConvGeometry(1, 512, 14, 14, 1024, 1, 1), avx2).pixel_rows        # 196 pixels, K 512
+    assert conv_plan(ConvGeometry(1, 128, 7, 7, 32, 3, 3, pads=same), avx2).pixel_rows      # densenet121's 7x7 3x3
+    assert conv_plan(ConvGeometry(1, 992, 7, 7, 128, 1, 1), avx2).pixel_rows              # 49 pixels, K 992, 128 out
+    # many output channels: pixels as columns, their misaligned rows packed (codegen/opt.py)
+    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), avx2).pixel_rows
+    assert not conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx2).pixel_rows
+    assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=same), avx2).pixel_rows
+    assert not conv_plan(ConvGeometry(1, 256, 7, 7, 128, 1, 1), avx2).pixel_rows           # K 256
+    assert not conv_plan(ConvGeometry(1, 512, 14, 14, 128, 1, 1), avx2).pixel_rows         # 196 pixels
     assert not conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, pads=(0, 0, 0, 1)), avx2).pixel_rows
     with pytest.raises(ArgumentError):
         check_plan(ConvPlan("im2col_gemm", pixel_rows=True), ConvGeometry(1, 4, 6, 6, 4, 3, 3, groups=2))

@@ -774,6 +774,43 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
         assert not spec.linear.schedule.pack and not spec.launch.hidden, near
 
 
+def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu, rng, monkeypatch):
+    """B rows not a multiple of 64 bytes apart (a 7x7 or 14x14 convolution's pixels: 196, 784 bytes) are
+    packed, also where the columns end in a remainder region (3 tj + 1, 12 tj + 4 columns) or an overlapping
+    last tile (4 tj - 4): the remainder reads B in place. Static and variable reductions, several threads,
+    rows past the row tiles; every output written (NaN-filled) and equal to numpy's."""
+    from morok_py.codegen.opt import PACK_LINE_BYTES
+    split_at(monkeypatch, 1, 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    tj = renderer.caps.register_tile[1]
+    M = 70
+    for n in (3 * tj + 1, 12 * tj + 4, 4 * tj - 4):
+        assert (n * 4) % PACK_LINE_BYTES, n
+        spec = renderer.render(K.matmul(M, n, 300), f"mm_misaligned_{n}")
+        assert spec.linear.schedule.pack and spec.launch.hidden, (n, spec.linear.schedule)
+        prog = cpu.dev.runtime(compiler.compile(spec))
+        a = rng.standard_normal((M, 300)).astype(np.float32)
+        b = rng.standard_normal((300, n)).astype(np.float32)
+        out = cpu.buf(np.full(M * n, np.nan, np.float32))
+        prog(cpu.buf(a), cpu.buf(b), out)
+        np.testing.assert_allclose(out.numpy().reshape(M, n), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+        spec = renderer.render(K.conv_gemm(1, 1, M, None, n), f"conv_gemm_misaligned_{n}")
+        assert spec.linear.schedule.pack, (n, spec.linear.schedule)
+        prog = cpu.dev.runtime(compiler.compile(spec))
+        for C in (37, 130):
+            x = rng.standard_normal((C, n)).astype(np.float32)
+            w = rng.standard_normal((M, C)).astype(np.float32)
+            out = cpu.buf(np.full(M * n, np.nan, np.float32))
+            prog(cpu.buf(x), cpu.buf(w), out, K=C)
+            np.testing.assert_allclose(out.numpy().reshape(M, n), w.astype(np.float64) @ x, rtol=1e-4, atol=1e-3)
+    # line-aligned rows closer than opt.PACK_ROW_BYTES stay in place (a 28x28 layer's 784 floats, AVX2)
+    aligned = renderer.render(K.matmul(M, 12 * tj + 16, 300), "mm_aligned")
+    assert not aligned.linear.schedule.pack or (12 * tj + 16) * 4 % 1024 == 0
+
+
 def test_wide_matrices_split_into_units_that_divide_among_threads():
     """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split
     (the target's thread count; unknown: 2-16): the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16

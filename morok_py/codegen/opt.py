@@ -124,21 +124,28 @@ PACK_FAR_BYTES = 8192       # B rows this far apart put each step of a panel on 
                             # read in place on the 16-core Xeon)
 PACK_MAX_BYTES = 64 << 20   # a thread's scratch (one K x tj panel) at most this big
 PACK_MIN_K = 64
+PACK_LINE_BYTES = 64        # B rows not a multiple of this apart split every tj-wide vector load over two cache lines
 PACK_CAP = 32 << 20         # symbolic sizes: scratch elements per thread (virtual until used); K * tj above runs unpacked
 
 
 def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     """(load, reduce range, tile width) of the operand a tile's units copy into contiguous panels, else
-    None: static sizes with whole column tiles (no remainder or overlapping last tile) of lane vectors,
-    one sum over a range of >= PACK_MIN_K steps (or a variable one), and in it one load that runs along the
-    tile's columns (unit stride) and the reduction but not the rows (B[k, j] of A @ B), its rows a multiple
-    of PACK_ROW_BYTES or at least PACK_FAR_BYTES apart. Rows a multiple of PACK_ROW_BYTES apart put a K x tj
+    None: static sizes with column tiles of lane vectors (a remainder region or an overlapping last tile reads
+    B in place; not a remainder merged into a single tile), one sum over a range of >= PACK_MIN_K steps (or a
+    variable one), and in it one load that runs along the tile's columns (unit stride) and the reduction but
+    not the rows (B[k, j] of A @ B), its rows a multiple of PACK_ROW_BYTES, at least PACK_FAR_BYTES, or not a
+    multiple of PACK_LINE_BYTES apart. Rows a multiple of PACK_ROW_BYTES apart put a K x tj
     panel in a few cache sets, so L1 and L2 keep only a fraction of it (1024^3 float32 on AVX2: 23 GFLOP/s
     per core, 33-36 with a small or narrow B); rows PACK_FAR_BYTES apart put every step of the panel on a
     page of its own, which the hardware prefetcher does not cross (a 1x1 convolution 64 -> 256 at 56x56,
     rows 12.5 KB apart, as `matmul(256, 3136, 64)` on one thread of the 2-vCPU AVX2 EPYC: 1.84 ms packed
     against 2.31; resnet50 on the 16-core Xeon, benchmarks/onnx_models.py interleaved with onnxruntime,
-    twice each: 0.58x and 0.59x packed against 0.56x and 0.49x)."""
+    twice each: 0.58x and 0.59x packed against 0.56x and 0.49x). Rows not a multiple of a cache line apart (the
+    pixels of a 14x14 or 7x7 convolution: 784 or 196 bytes) split every vector load of a panel over two lines
+    (benchmarks/cpu_tiles.py, one thread of the 2-vCPU AVX2 EPYC, 6x16 tiles, packed against in place:
+    512x49x2048 1.78 against 2.71 ms, 512x49x4608 6.6 against 11.3, 256x196x2304 4.1 against 5.9,
+    512x196x1024 3.4 against 4.4). Line-aligned rows 784 floats apart (28x28) stay in place: packed they lost
+    (256x784x512 3.9 against 3.1 ms, 128x784x1152 4.7 against 4.1)."""
     roles = _tile_roles(ast)
     if roles is None or roles[1] is None or lanes < 4:
         return None
@@ -150,7 +157,7 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
             return None
     else:
         tj, rem = _tile_width(N, tile[1])
-        if M is None or rem or N % tj or tj % lanes:
+        if M is None or tj % lanes or (rem and N < 2 * tj):     # (the latter: the remainder merged into the tile)
             return None
     reds = [n for n in st.src[2].toposort() if n.op is Ops.REDUCE]
     if len(reds) != 1 or len(reds[0].src) != 2:
@@ -171,7 +178,7 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     if N is None:
         return ld, k, tj
     row_bytes = (x_coefficient(ld.src[1], k) or 0) * ld.dtype.itemsize
-    if row_bytes % PACK_ROW_BYTES and row_bytes < PACK_FAR_BYTES:
+    if row_bytes % PACK_ROW_BYTES and row_bytes < PACK_FAR_BYTES and not row_bytes % PACK_LINE_BYTES:
         return None
     ti = max(1, min(tile[0], M))
     if (K is not None and K * tj * ld.dtype.itemsize > PACK_MAX_BYTES) or M // ti < 2:
@@ -322,15 +329,17 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     jo, p = u // P, u % P
     packs: list[UOp] = []
     scratch_info = None
+    unpacked = st
     if plan is not None and n_static is not None:
         ld, k, _ = plan
         K = k.src[0]
         slot = 1 + max(n.arg for n in ast.toposort() if n.op is Ops.PARAM)
         scratch = UOp.param(slot, ld.dtype)
         kp = axes.range(K)
-        packs = [scratch.store(kp * tj + off, substitute(ld, {k: kp, j: jo * tj + off}))
+        c0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
+        packs = [scratch.store(kp * tj + off, substitute(ld, {k: kp, j: c0 + off}))
                  for off in columns(UOp.const(0, dtypes.index), tj)]
-        st = substitute(st, {ld: scratch.load(k * tj + (j - jo * tj))})
+        st = substitute(st, {ld: scratch.load(k * tj + (j - c0))})
         # a variable reduction (one program for layers that differ in it): a scratch for its bound (_pack_plan
         # keeps that within PACK_CAP; virtual until used), which the launch check holds K to
         scratch_info = (slot, ld.dtype, _panel_steps(k) * tj)
@@ -382,7 +391,7 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
             # with lanes, the last `rem` (< 4) columns are one 4-lane vector ending at N: it overlaps its
             # neighbour (those outputs are written twice, the same value) instead of scalar columns
             width = LANE_REMAINDER if lanes >= LANE_REMAINDER and rem < LANE_REMAINDER <= n_static else rem
-            out += _remainder_columns(st, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
+            out += _remainder_columns(unpacked, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
     else:
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
         col_base = (jo * tj).minimum(N - tj)

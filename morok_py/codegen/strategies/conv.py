@@ -250,23 +250,22 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
                            geo.pads[0], geo.pads[1]) is not None)
 
 
-# pixel_rows (CPU): a one-group contraction of at most PIXEL_ROWS_MAX_PIXELS output pixels per image and a
-# reduction of at least PIXEL_ROWS_MIN_K steps takes the pixels as the register tile's rows and the output
-# channels as its vector columns; a reduction of at least K_RUN_MIN_K steps runs in pieces of at most
-# K_RUN_MAX steps (a row tile's broadcasts and a packed 16-column weights panel of one run stay in L1 / L2).
-# Measured at batch 1 on a 2-vCPU AVX2 EPYC (Zen 3), medians of 7-11 interleaved rounds, noisy host (three
-# sessions of the same comparison): 3x3 512 -> 512 at 7x7 (K 4608, 49 pixels) 4.5-5.4 ms as pixels-as-columns,
-# 4.4-4.8 as pixel rows in one run, 4.3-4.4 in runs of 512-576; its stride-2 form from 14x14 4.8-7.3 against
-# 4.3-4.5 in runs; 3x3 256 -> 256 stride 2 to 14x14 (K 2304, 196 pixels) 3.3 against 2.8 in one run (3.4 in
-# runs). Below K 2304 pixel rows tied or lost at 196 pixels (1x1 512 -> 1024 stride 2 to 14x14 2.8 against
-# 2.4 ms in resnet50's launch order), and won at 49: resnet50's 7x7 stage timed in launch order
-# (benchmarks/onnx_models.py's model, each launch after the one before it, weights cold) 1x1 1024 -> 2048
-# stride 2 4.2 against 5.6 ms, 2048 -> 512 (two layers) 4.7 against 5.1, 512 -> 2048 (three) 6.3 against 6.5:
-# up to PIXEL_ROWS_FEW_PIXELS pixels (at most four 16-wide column tiles) from K PIXEL_ROWS_FEW_MIN_K
-PIXEL_ROWS_MAX_PIXELS = 196
-PIXEL_ROWS_MIN_K = 2304
+# pixel_rows (CPU): a one-group contraction of at most PIXEL_ROWS_FEW_PIXELS output pixels per image, a reduction
+# of at least PIXEL_ROWS_FEW_MIN_K steps and at most PIXEL_ROWS_MAX_CO output channels takes the pixels as the
+# register tile's rows and the output channels as its vector columns; a reduction of at least K_RUN_MIN_K steps
+# runs in pieces of at most K_RUN_MAX steps (a row tile's broadcasts and a packed 16-column weights panel of one
+# run stay in L1 / L2). Since pixels-as-columns packs the columns of such layers (their rows, 196 or 784 bytes
+# apart, split every vector load over two cache lines: codegen/opt.py PACK_LINE_BYTES), pixel rows win only
+# where the output channels are few. One Conv + Relu node at batch 1 through morok_py.onnx on the 2-vCPU AVX2
+# EPYC (Zen 3), two threads, interleaved rounds (medians of 9; noisy host, the same program varied 10-25%
+# between sessions): 1x1 2048 -> 512 at 7x7 1.32 ms as columns against 1.89 as pixel rows, 512 -> 2048 1.21
+# against 1.63, 1024 -> 2048 stride 2 to 7x7 2.97 against 4.05, 3x3 512 stride 2 to 7x7 4.23 against 4.74,
+# 3x3 256 stride 2 to 14x14 2.37 against 3.12, 3x3 512 -> 512 at 7x7 (runs of 576) 3.6-4.3 against 4.45; with
+# 128 output channels they tie (1x1 544, 736, 992 -> 128 at 7x7) and with 32 pixel rows win (3x3 128 -> 32 at
+# 7x7, densenet121's: 0.168 against 0.204 ms; one thread 0.24 against 0.27)
 PIXEL_ROWS_FEW_PIXELS = 64
 PIXEL_ROWS_FEW_MIN_K = 512
+PIXEL_ROWS_MAX_CO = 128
 # the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) apply at:
 # AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and im2col_gemm: on the
 # 16-core Xeon (benchmarks/onnx_models.py, two interleaved runs each) those defaults took resnet50 from
@@ -288,14 +287,13 @@ def k_run(K: int) -> int:
 
 
 def pixel_rows_applies(geo: "ConvGeometry", caps: Capabilities) -> bool:
-    """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_MAX_PIXELS and
-    PIXEL_ROWS_MIN_K, or PIXEL_ROWS_FEW_PIXELS and PIXEL_ROWS_FEW_MIN_K; at least two vector-column tiles of
-    output channels; CPU_DEFAULTS_MAX_LANES)."""
+    """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_FEW_PIXELS,
+    PIXEL_ROWS_FEW_MIN_K; from two vector-column tiles of output channels to PIXEL_ROWS_MAX_CO;
+    CPU_DEFAULTS_MAX_LANES)."""
     tile = caps.register_tile
     P, K = geo.OH * geo.OW, geo.C * geo.KH * geo.KW
     return (not caps.has_local and tile is not None and 0 < caps.tile_lanes <= CPU_DEFAULTS_MAX_LANES and geo.groups == 1
-            and (P <= PIXEL_ROWS_MAX_PIXELS and K >= PIXEL_ROWS_MIN_K or P <= PIXEL_ROWS_FEW_PIXELS
-                 and K >= PIXEL_ROWS_FEW_MIN_K) and geo.CO >= 2 * tile[1])
+            and P <= PIXEL_ROWS_FEW_PIXELS and K >= PIXEL_ROWS_FEW_MIN_K and 2 * tile[1] <= geo.CO <= PIXEL_ROWS_MAX_CO)
 
 
 def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = None,
