@@ -3,6 +3,8 @@ numpy's answer for odd sizes, strides, dilations, groups and asymmetric padding,
 the host runs; the pooling kernels the same; the heuristic picks the family the geometry calls for."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -302,6 +304,8 @@ WINOGRAD_GEOMETRIES = [
     ConvGeometry(2, 5, 8, 12, 7, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # same padding, 8x12 out
     ConvGeometry(1, 13, 14, 6, 3, 3, 3, (1, 1), (1, 1), (2, 0, 0, 2)),     # asymmetric pads
     ConvGeometry(3, 3, 10, 6, 9, 3, 3),                                   # unpadded: 8x4 out
+    ConvGeometry(1, 4, 4, 4, 5, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # no interior tile: all masked
+    ConvGeometry(2, 6, 16, 12, 5, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),    # interior tiles and border rows/columns
 ]
 
 
@@ -309,7 +313,8 @@ WINOGRAD_GEOMETRIES = [
 def test_winograd_tiles_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, geo):
     """F(2x2, 3x3) and F(4x4, 3x3) where the output sides divide: weights, input and output transforms
     around (m + 2)^2 contractions, the epilogue in the output transform; F(4x4)'s rounding stays within
-    float32 noise of the direct sum."""
+    float32 noise of the direct sum. The CPU's candidates take the CPU form (interior tiles unmasked,
+    border tiles masked, planes padded apart); the plain form (the GPU's) matches too."""
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
     w = random_array(rng, (geo.CO, geo.C, 3, 3), np.float32)
     b = random_array(rng, (geo.CO,), np.float32)
@@ -317,7 +322,8 @@ def test_winograd_tiles_match_numpy_with_an_epilogue_at_every_level(cpu_level, r
     want = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
     plans = [p for p in candidate_plans(geo, cpu_level.dev.renderer.caps) if p.family == "winograd"]
     assert [p.winograd for p in plans] == [m for m in (4, 2) if geo.OH % m == 0 and geo.OW % m == 0]
-    for plan in plans:
+    assert all(p.cpu_form for p in plans)
+    for plan in plans + [replace(p, cpu_form=False) for p in plans]:
         steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "add", "relu"))
         assert [st.name for st in steps] == ["weights", "input", "gemm", "output"]
         got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, r))
@@ -386,10 +392,10 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
     same = (1, 1, 1, 1)
     for C, side in ((64, 56), (128, 28), (256, 14)):
         geo = ConvGeometry(1, C, side, side, C, 3, 3, pads=same)
-        assert conv_plan(geo, avx2) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE)
+        assert conv_plan(geo, avx2) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)
         assert conv_plan(geo, avx2, static_batch=False).family == "im2col_gemm"
         assert conv_plan(geo, avx512).family == "im2col_gemm"
-        assert ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE) in candidate_plans(geo, avx512)
+        assert ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True) in candidate_plans(geo, avx512)
     assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), avx2).family == "im2col_gemm"
     late = ConvGeometry(1, 512, 7, 7, 128, 3, 3, pads=same)
     seven = conv_plan(late, avx2)

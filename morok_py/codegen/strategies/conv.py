@@ -131,6 +131,7 @@ class ConvPlan:
     winograd: int = 0       # winograd: the output tile's side m of F(m x m, 3 x 3) (2 or 4)
     pixel_rows: bool = False  # pointwise / im2col_gemm (CPU, one group): pixels as the register tile's rows
     k_run: int = 0          # pixel_rows: the reduction cut into runs of this many steps (0: one run)
+    cpu_form: bool = False  # winograd (CPU): the input transform's interior tiles unmasked, the planes padded apart
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -146,6 +147,8 @@ class ConvPlan:
             raise ArgumentError(f"{self.family}: pixel_rows (a CPU contraction's, without pixel blocks)")
         if self.k_run < 0 or (self.k_run and not self.pixel_rows):
             raise ArgumentError(f"{self.family}: k_run {self.k_run} (a pixel_rows contraction's run length, >= 0)")
+        if self.cpu_form and self.family != "winograd":
+            raise ArgumentError(f"{self.family}: cpu_form (the CPU layout of the winograd family's kernels)")
 
     def __str__(self) -> str:
         parts = [self.family]
@@ -163,6 +166,8 @@ class ConvPlan:
             parts.append("pixel_rows")
         if self.k_run:
             parts.append(f"k_run={self.k_run}")
+        if self.cpu_form:
+            parts.append("cpu_form")
         return "ConvPlan(" + ", ".join(parts) + ")"
 
 
@@ -439,7 +444,7 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
         return ConvPlan("grouped_flat")
     m = cpu_winograd_default(geo, itemsize, static_batch, caps)
     if m:
-        return ConvPlan("winograd", winograd=m)
+        return ConvPlan("winograd", winograd=m, cpu_form=True)
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
@@ -474,7 +479,7 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     if caps.has_local and any(geo.pads):
         out.append(ConvPlan("direct_masked"))
     if itemsize >= 4 and static_batch:      # 16-bit elements would round the transformed tiles (G's sixths at m = 4)
-        out += [ConvPlan("winograd", winograd=m) for m in WINOGRAD_TILES]
+        out += [ConvPlan("winograd", winograd=m, cpu_form=not caps.has_local) for m in WINOGRAD_TILES]
     seen: list[ConvPlan] = []
     for p in out:
         try:
