@@ -439,25 +439,32 @@ def test_winograd_refuses_what_it_cannot_tile():
         K.conv2d_kernels(ok, ConvPlan("winograd", winograd=4), symbolic_batch=True)
 
 
-@pytest.mark.parametrize("N", [1, 2])
-def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N):
+@pytest.mark.parametrize("N,peel", [(1, False), (2, False), (1, True), (2, True)])
+def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N, peel):
     """One image's columns take (channel, kernel row) as the outermost range, so a 3-channel 7x7 stem has 21
     units for the workers, not 3; a batch keeps the images outermost. Every column matches numpy (odd
-    sizes, stride 2, padding)."""
+    sizes, stride 2, padding). `peel` (the CPU plans' form: one image's padded columns peeled, unmasked
+    inside) gives the same columns, also dilated, with asymmetric pads and where no column is inside."""
     rng = np.random.default_rng(3)
-    C, H, W, KH, KW, s, p = 3, 23, 19, 7, 7, 2, 3
-    OH, OW = (H + 2 * p - KH) // s + 1, (W + 2 * p - KW) // s + 1
+    cases = [(3, 23, 19, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))]
+    if peel:
+        cases += [(4, 13, 12, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)), (2, 9, 17, 5, 5, (2, 3), (1, 2), (0, 4, 1, 1)),
+                  (3, 5, 3, 3, 5, (1, 1), (1, 1), (1, 3, 1, 3))]
     renderer, compiler = cpu_level.pair()
-    spec = renderer.render(K.im2col(N, C, H, W, KH, KW, (s, s), (1, 1), (p, p, p, p)), f"stem_cols_{N}")
-    prog = cpu_level.dev.runtime(compiler.compile(spec))
-    x = random_array(rng, (N, C, H, W), np.float32)
-    bufs = [cpu_level.buf(x), cpu_level.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
-    gs, ls = prog.launch.launch_dims({})
-    assert gs[0] == (C * KH if N == 1 else N)
-    prog.execute([b.ptr for b in bufs], [], gs, ls, wait=True)
-    xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
-    want = np.stack([xp[:, :, kh:kh + s * OH:s, kw:kw + s * OW:s] for kh in range(KH) for kw in range(KW)], 2)
-    np.testing.assert_array_equal(bufs[1].numpy().reshape(N, C, KH * KW, OH, OW), want)
+    for C, H, W, KH, KW, (sh, sw), (dh, dw), (pt, pl, pb, pr) in cases:
+        OH, OW = (H + pt + pb - dh * (KH - 1) - 1) // sh + 1, (W + pl + pr - dw * (KW - 1) - 1) // sw + 1
+        spec = renderer.render(K.im2col(N, C, H, W, KH, KW, (sh, sw), (dh, dw), (pt, pl, pb, pr), peel=peel),
+                               f"stem_cols_{N}_{peel}_{C}")
+        prog = cpu_level.dev.runtime(compiler.compile(spec))
+        x = random_array(rng, (N, C, H, W), np.float32)
+        bufs = [cpu_level.buf(x), cpu_level.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
+        gs, ls = prog.launch.launch_dims({})
+        assert gs[0] == (C * KH if N == 1 else N)
+        prog.execute([b.ptr for b in bufs], [], gs, ls, wait=True)
+        xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+        want = np.stack([xp[:, :, kh * dh:kh * dh + sh * OH:sh, kw * dw:kw * dw + sw * OW:sw]
+                         for kh in range(KH) for kw in range(KW)], 2)
+        np.testing.assert_array_equal(bufs[1].numpy().reshape(N, C, KH * KW, OH, OW), want)
 
 
 def test_an_onnx_convolution_under_morok_beam_times_each_candidate_plan_and_stays_right(monkeypatch, capfd):
