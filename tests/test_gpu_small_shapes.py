@@ -73,8 +73,14 @@ def test_decode_rows_are_rounded_to_the_fragment():
 def test_float32_decode_takes_a_skinny_cuda_core_tile():
     r, c = cuda_renderer()
     s = default_for(K.matmul(32, 4096, 4096), r.caps)
-    assert s.mapping == "tiled" and s.tensor_core is None and s.matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2), s
+    assert s.mapping == "tiled" and s.tensor_core is None
+    assert s.matmul_tile == (32, small_shapes.DECODE_SPLIT_COLS, 64, 4, 4), s     # split in parts: the wide tile
     c.compile(r.render(K.matmul(32, 4096, 4096), "decode32"))
+    # a K that does not split keeps DECODE_COLS columns, 4 x 2 outputs per work-item
+    assert default_for(K.matmul(32, 4096, 4000), r.caps).matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2)
+    # ... as do blocks of more than 32 rows, and a tile whose blocks fill the GPU unsplit
+    assert default_for(K.matmul(64, 4096, 4096), r.caps).matmul_tile == (64, small_shapes.DECODE_COLS, 64, 8, 2)
+    assert default_for(K.matmul(32, 8192, 4096), r.caps).matmul_tile == (32, small_shapes.DECODE_COLS, 64, 4, 2)
 
 
 def test_deep_float32_decode_tiles_are_candidates_with_async_copies_only():
@@ -99,15 +105,16 @@ def test_deep_float32_decode_tiles_are_candidates_with_async_copies_only():
 
 
 def test_float32_decode_splits_k_over_four_groups_per_tile():
-    """The decode tile's 128 blocks would leave an H100's 132 SMs with one group each: DECODE_SPLIT_K groups per
+    """The decode tile's 64 blocks would leave most of an H100's 132 SMs idle: DECODE_SPLIT_K groups per
     output tile, a hidden scratch for the parts and a ticket counter per tile; both CUDA pairs compile it."""
     pairs = __import__("backends.cuda.device", fromlist=["x"]).compile_only_pairs("sm_90")[:2]
+    cols = small_shapes.DECODE_SPLIT_COLS
     for r, c in pairs:
         s = default_for(K.matmul(32, 4096, 4096), r.caps)
         assert s.split_k == small_shapes.DECODE_SPLIT_K and f"split_k={small_shapes.DECODE_SPLIT_K}" in str(s), s
         spec = r.render(K.matmul(32, 4096, 4096), "decode32")
-        assert spec.launch_dims({})[0] == (4096 // small_shapes.DECODE_COLS, 1, small_shapes.DECODE_SPLIT_K)
-        assert [h.count for h in spec.launch.hidden] == [128 * 4 * 32 * 32, 128]
+        assert spec.launch_dims({})[0] == (4096 // cols, 1, small_shapes.DECODE_SPLIT_K)
+        assert [h.count for h in spec.launch.hidden] == [(4096 // cols) * 4 * 32 * cols, 4096 // cols]
         c.compile(spec)
 
 

@@ -63,8 +63,12 @@ def schedule_of(ast, caps=CAPS) -> Schedule:
 @pytest.mark.parametrize("symbolic", [False, True])
 @pytest.mark.parametrize("shape,perm", CASES)
 def test_a_permutation_gets_the_tiled_schedule(shape, perm, symbolic):
-    s = schedule_of(permuted(shape, perm, symbolic))
-    assert s.permute == TILE and s.mapping == "groups" and s.group == 256
+    from morok_py.codegen.strategies.permute import permute_plan
+    ast = simplify(permuted(shape, perm, symbolic))
+    s = schedule_of(ast)
+    # a plain 2-D permutation (nothing but the two chains) takes larger groups, longer tiles along b; others 256
+    plane = not permute_plan(ast, scan_kernel(ast)).rest
+    assert s.permute == TILE and s.mapping == "groups" and s.group == (512 if plane else 256)
     assert f"permute={TILE}" in str(s) and Schedule.from_json(s.to_json()) == s
 
 
@@ -117,6 +121,37 @@ def test_short_contiguous_axes_are_merged_with_the_next_one_out():
     plan = permute_plan(ast, scan_kernel(ast))
     assert [r.src[0].arg for r in plan.a] == [7, 7] and [r.src[0].arg for r in plan.b] == [40]
     assert plan.a_end.arg == 49 and plan.load_vec is None and plan.store_vec == ()
+
+
+# runs along the load shorter than the tile: whole-run tiles read flat (contiguous over b or not, odd or even run,
+# b a multiple of the tile or not)
+SHORT_RUNS = [((2, 128, 7, 7), (0, 2, 3, 1)), ((3, 40, 7, 7), (0, 2, 3, 1)), ((2, 70, 6, 6), (0, 2, 3, 1)),
+              ((2, 64, 5, 5), (0, 2, 3, 1)), ((40, 3, 7, 7), (1, 2, 3, 0)), ((3, 130, 3, 3), (0, 2, 3, 1))]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int8])
+@pytest.mark.parametrize("shape,perm", SHORT_RUNS)
+def test_short_runs_are_read_as_whole_tiles(rng, shape, perm, dt):
+    ast = simplify(permuted(shape, perm, False, from_numpy(np.dtype(dt))))
+    for s in (None, Schedule("groups", group=64, permute=32), Schedule("groups", group=1024, permute=64)):
+        interpret(ast, shape, perm, False, dt, s, rng)
+
+
+def test_larger_groups_write_longer_tile_rows():
+    """Each work-item moves ITEM_ELEMENTS elements: 512 items take 64 x 128 tiles, while the shared tile fits."""
+    from morok_py.codegen.strategies.permute import tile_rows
+    assert tile_rows(64, 256, 4, 65) == 64 and tile_rows(64, 512, 4, 65) == 128 and tile_rows(32, 256, 4, 33) == 128
+    assert tile_rows(64, 1024, 4, 65) == 128          # 64 x 256 float32 would pass 48 KiB
+    assert tile_rows(64, 512, 8, 65) == 64 and tile_rows(64, 64, 4, 65) == 64
+
+
+def test_a_contiguous_short_run_tile_is_read_as_vectors(rng):
+    """NCHW -> NHWC at 7 x 7: 64 channels of 49 elements are one aligned run, read as 4-wide vectors and written
+    as 4-wide vectors along the channels."""
+    shape, perm = (2, 128, 7, 7), (0, 2, 3, 1)
+    k = interpret(permuted(shape, perm), shape, perm, False, rng=rng)
+    widths = {(i.kind, i.arg) for i in k.walk() if i.kind in (L.LOAD, L.STORE) and i.arg and i.src[0].kind is L.PARAM}
+    assert widths == {(L.LOAD, 4), (L.STORE, 4)}
 
 
 def test_full_aligned_tiles_use_vector_loads_and_stores(rng):
@@ -201,7 +236,8 @@ def test_cuda_pairs_render_and_compile_the_tiled_kernel(arch, key, kernel):
     shape, perm, sym = KERNELS[kernel]
     r, c = cuda_compile_pair(key, arch)
     spec = r.render(permuted(shape, perm, sym), f"transpose_{kernel}")
-    assert spec.launch.local_size[0] == 256 and spec.linear.schedule.permute == TILE
+    assert spec.launch.local_size[0] == (512 if kernel.startswith("2d") else 256)
+    assert spec.linear.schedule.permute == TILE
     src = spec.src
     assert ("__shared__" in src and "__syncthreads" in src) if key == "nvrtc" else "addrspace(3)" in src
     out = c.compile(spec)

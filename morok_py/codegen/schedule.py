@@ -361,9 +361,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         from .opt import pack_applies
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
                         pack=bool(lanes) and pack_applies(ast, tile, lanes))
-    from .strategies.permute import TILE, permute_applies, permute_group
+    from .strategies.permute import TILE, permute_applies, permute_group, permute_plan
     if permute_applies(ast, caps, scan):
-        return Schedule("groups", group=permute_group(caps), permute=TILE)
+        return Schedule("groups", group=permute_group(caps, TILE, permute_plan(ast, scan)), permute=TILE)
     from .strategies import small_shapes
     if caps.tensor_cores and caps.has_shared:
         dec = small_shapes.decode_tc(ast, caps, scan)

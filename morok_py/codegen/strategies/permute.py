@@ -3,23 +3,30 @@
 A kernel `out[idx_s] = g(x[idx_l])` whose ranges are all GLOBAL and whose load and store indices are
 affine forms of the same ranges (constant or symbolic strides) with a different contiguous range --
 `a` moves the load by 1, `b` the store -- is a permutation: the general path reads or writes with a
-stride along whichever of the two it does not walk. Here one work-group moves a T x T tile of the
-(a, b) plane (every other range is fixed per group): it reads rows along a into shared memory
-`tile[b][a]` (rows padded by one element, so the column reads below hit 32 different banks), waits at
-a barrier, and writes rows along b from the tile's columns. Both global sides are coalesced; each
-work-item moves T*T/group elements, as `vec`-wide loads and stores where the contiguous axis allows.
+stride along whichever of the two it does not walk. Here one work-group moves a T x TB tile of the
+(a, b) plane (every other range is fixed per group; TB = max(T, ITEM_ELEMENTS x group / T), within
+SMEM_LIMIT): it reads rows along a into shared memory `tile[b][a]` (rows padded to an odd length, so the
+column reads below hit 32 different banks), waits at a barrier, and writes rows along b from the tile's
+columns. Both global sides are coalesced; each work-item moves T*TB/group elements, as `vec`-wide loads and
+stores where the contiguous axis allows. A constant run along a shorter than T (NCHW -> NHWC at 7 x 7: 49)
+makes the tile exactly that wide, read flat: work-item t takes elements t, t + group, ... of the TB x 49
+tile, which is one contiguous run of the input where b is the next axis out (then read as aligned vectors).
 
-Groups are numbered along a, then b, then the other ranges (one grid dimension: no y/z limit). A full
+Groups are numbered along b, then a, then the other ranges (one grid dimension: no y/z limit). A full
 tile whose indices are provably (or at launch) vector-aligned takes the vector path; every other tile
-(edges of sizes that T does not divide, unaligned symbolic strides) the scalar path with its elements
+(edges of sizes that the tile does not divide, unaligned symbolic strides) the scalar path with its elements
 guarded. Nothing is clamped or read out of range: the launch check proves the original load and store.
 
-Unaligned full tiles stay scalar because wider forms measured no faster on an H100 (8191 x 8193 float32,
-benchmarks/permute.py, benchmarks/results/nvidia-h100/permute-*.json): unguarded scalars 0.68x / 0.71x memcpy
-against 0.72x / 0.71x guarded, and shifted rows (each row read and written as the aligned 16-byte vectors
-inside it, head and tail as scalars, all loads in flight; commit 5081ec1) 1800 / 1833 GiB/s against
-1820 / 1855 GiB/s guarded (nvrtc / llvm-nvptx), 1902 against 2064 GiB/s as group 1024. What bounds the odd
-case (0.69-0.75x) is not the width of its accesses.
+Unaligned full tiles stay scalar and guarded because wider forms measured no faster on an H100 (8191 x 8193
+float32, benchmarks/permute.py, benchmarks/results/nvidia-h100/permute-*.json): unguarded scalars 0.68x / 0.71x
+memcpy against 0.72x / 0.71x guarded, and shifted rows (each row read and written as the aligned 16-byte vectors
+inside it, head and tail as scalars, all loads in flight; commit 5081ec1) 1800 / 1833 GiB/s against 1820 / 1855
+GiB/s guarded (nvrtc / llvm-nvptx), 1902 against 2064 GiB/s as group 1024. On an H200, with the groups
+numbered along b, unguarded scalars in whole tiles moved 0.79x / 0.90x (64 x 64, 512 items) and 0.85x / 0.92x
+(64 x 128) against 0.87x / 0.85x and 0.88x / 0.92x guarded (benchmarks/probes/transpose_layouts.py,
+tests/results/nvidia-h200/probes-transpose-decode.log). What bounded the odd case there was the order of the
+groups and the length of the rows each tile writes (ITEM_ELEMENTS, the b-first order in _PermuteBuilder.build);
+a plain scalar copy of the same bytes (one float per thread) runs at 0.65-0.69x memcpy on the H200.
 """
 from __future__ import annotations
 
@@ -34,9 +41,19 @@ from ..linear import If, Instr, Item, L, LinearKernel
 from ..scan import KernelScan
 from ..symbolic import simplify
 
-TILE = 64                  # the tile's edge (elements): on an H100, 8192^2 float32 moved at 0.98x memcpy with 64 x 64
-                           # tiles (groups of 128-512 within 2%), 0.94x with 32 x 32 (benchmarks/permute.py --variants)
+TILE = 64                  # the tile's edge along a (elements): on an H100, 8192^2 float32 moved at 0.98x memcpy with
+                           # 64 x 64 tiles (groups of 128-512 within 2%), 0.94x with 32 x 32 (benchmarks/permute.py --variants)
 GROUP = 256                # work-items per group: 16 elements each in a 64 x 64 tile
+GROUP_PLANE = 512          # ... and of a plain 2-D permutation (no other range): a 64 x 128 tile (see ITEM_ELEMENTS)
+ITEM_ELEMENTS = 16         # elements each work-item moves: a tile is T along a and max(T, 16 G / T) along b (within
+                           # SMEM_LIMIT), so a larger group writes longer rows instead of fewer elements each. On an
+                           # H200 (8191 x 8193 float32, symbolic, groups numbered along b first; benchmarks/probes/
+                           # transpose_layouts.py, tests/results/nvidia-h200/probes-transpose-decode.log) 64 x 128
+                           # tiles of 512 items moved 0.88x / 0.92x memcpy (nvrtc / llvm-nvptx), 32 x 128 of 256
+                           # items 0.86x / 0.90x, 64 x 64 of 512 items (8 each) 0.87x / 0.85x, of 256 items 0.74x /
+                           # 0.86x, 64 x 128 of 256 items (32 each) 0.77x / 0.78x; 8192^2 (symbolic) 1.00x / 1.02x
+                           # with 64 x 128 of 512 items
+SMEM_LIMIT = 48 << 10      # the tile's shared memory (static: CUDA's limit without opt-in)
 MERGE_BELOW = 32           # a contiguous run shorter than this takes the next range out (PermutePlan)
 TILES = (32, 64)           # the edges a schedule may name
 VECTOR = 4                 # lanes of a vector load or store
@@ -161,9 +178,20 @@ def permute_applies(ast: UOp, caps: Capabilities, scan: KernelScan) -> bool:
     return caps.has_local and caps.has_shared and permute_plan(ast, scan) is not None
 
 
-def permute_group(caps: Capabilities, tile: int = TILE) -> int:
-    """The default work-items of a `tile` x `tile` permutation: GROUP, within the target's limits."""
-    return min(GROUP, caps.max_threads_per_group, caps.local_max[0], tile * tile // VECTOR)
+def permute_group(caps: Capabilities, tile: int = TILE, plan: "PermutePlan | None" = None) -> int:
+    """The default work-items of a permutation with tiles `tile` along a: GROUP_PLANE for a plan with no range but
+    its two chains, else GROUP, within the target's limits."""
+    group = GROUP_PLANE if plan is not None and not plan.rest else GROUP
+    return min(group, caps.max_threads_per_group, caps.local_max[0], tile * tile // VECTOR)
+
+
+def tile_rows(tile: int, group: int, itemsize: int, ld: int) -> int:
+    """The tile's extent along b: `tile`, or more where the group has more than ITEM_ELEMENTS per item to move
+    (ITEM_ELEMENTS each), halved while its shared rows of `ld` elements pass SMEM_LIMIT."""
+    tb = tile * max(1, group * ITEM_ELEMENTS // (tile * tile))
+    while tb > tile and tb * ld * itemsize > SMEM_LIMIT:
+        tb //= 2
+    return tb
 
 
 def valid_permute(tile: int, group: int) -> bool:
@@ -178,7 +206,7 @@ def permute_candidates(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[t
     if not permute_applies(ast, caps, scan):
         return []
     limit = min(caps.max_threads_per_group, caps.local_max[0])
-    out = [(TILE, permute_group(caps))]
+    out = [(TILE, permute_group(caps, TILE, permute_plan(ast, scan)))]
     out += [(t, g) for t in TILES for g in (64, 128, 256, 512, 1024)
             if g <= limit and valid_permute(t, g) and (t, g) not in out]
     return out
@@ -193,6 +221,23 @@ class _PermuteBuilder(_Builder):
                  tile: int, group: int) -> None:
         self.ast, self.caps, self.name, self.pp, self.scan = ast, caps, name, plan, scan
         self.T, self.G = tile, group
+        # a constant run along a shorter than the tile (NCHW -> NHWC at 7 x 7: runs of 49) is one tile wide: the
+        # tile holds TB whole runs, read flat (work-item t takes elements t, t + G, ... of the TB x TA tile)
+        # instead of as TB rows of T lanes with T - A of them idle
+        A = plan.a_end
+        self.TA = int(A.arg) if A.op is Ops.CONST and A.arg < tile else tile
+        self.flat = self.TA != tile
+        self.ld = self.TA + (self.TA % 2 == 0)          # shared row length: odd, so column reads hit 32 banks
+        self.TB = tile_rows(tile, group, plan.load.dtype.itemsize, self.ld)
+        self.contig = False                             # the tile is one contiguous run of the load
+        self.flat_vec: "tuple[UOp, ...] | None" = None  # ... and read as aligned vectors under these conditions
+        if self.flat:
+            fl = _terms(plan.load.src[1])
+            coef = simplify(fl.get(plan.b[0])) if fl is not None and len(plan.b) == 1 else None
+            self.contig = coef is not None and coef.op is Ops.CONST and coef.arg == self.TA
+            if (self.contig and plan.load.dtype.name in _VECTOR_DTYPES
+                    and (self.TA * self.TB) % VECTOR == 0):
+                self.flat_vec = _vector_conds(fl, plan.a + plan.b)
         self.next_id = 0
         self.leaves = {}
         self.index_nodes = scan.index_nodes
@@ -206,16 +251,21 @@ class _PermuteBuilder(_Builder):
         memo: dict[UOp, Instr] = {}
         A = self.expr(pp.a_end, {}, top, memo)
         B = self.expr(pp.b_end, {}, top, memo)
-        # the grid has exactly ceil(A/T) * ceil(B/T) * (the other extents) groups, all >= 1 when launched
-        nA = self.op(top, Ops.ADD, self.op(top, Ops.IDIV, self.op(top, Ops.SUB, A, self.c(1)), self.c(T)), self.c(1))
+        TA, TB = self.TA, self.TB
+        # the grid has exactly ceil(A/TA) * ceil(B/TB) * (the other extents) groups, all >= 1 when launched
+        nA = self.op(top, Ops.ADD, self.op(top, Ops.IDIV, self.op(top, Ops.SUB, A, self.c(1)), self.c(TA)), self.c(1))
         env: dict[UOp, Instr] = {}
-        ta = self.op(top, Ops.MOD, gx, nA)
-        left = self.op(top, Ops.IDIV, gx, nA)
+        nB = self.op(top, Ops.ADD, self.op(top, Ops.IDIV, self.op(top, Ops.SUB, B, self.c(1)), self.c(TB)), self.c(1))
+        # groups along b first: neighbouring groups write neighbouring parts of the same output rows, so a row's
+        # sectors that two tiles share are completed together (8191 x 8193 float32 on an H200, 64 x 64 tiles:
+        # 0.74x / 0.86x memcpy against 0.66x / 0.69x numbered along a; 8192^2 1.00x / 1.02x against 0.97x / 0.98x;
+        # the 3-D to 5-D cases within 2%: benchmarks/probes/transpose_layouts.py,
+        # tests/results/nvidia-h200/probes-transpose-decode.log)
+        tb = self.op(top, Ops.MOD, gx, nB)
+        left = self.op(top, Ops.IDIV, gx, nB)
         if pp.rest:
-            nB = self.op(top, Ops.ADD, self.op(top, Ops.IDIV, self.op(top, Ops.SUB, B, self.c(1)), self.c(T)),
-                         self.c(1))
-            tb = self.op(top, Ops.MOD, left, nB)
-            left = self.op(top, Ops.IDIV, left, nB)
+            ta = self.op(top, Ops.MOD, left, nA)
+            left = self.op(top, Ops.IDIV, left, nA)
             for k, r in enumerate(reversed(pp.rest)):       # innermost first; the outermost takes what is left
                 if k == len(pp.rest) - 1:
                     env[r] = left
@@ -224,20 +274,20 @@ class _PermuteBuilder(_Builder):
                     env[r] = self.op(top, Ops.MOD, left, ext)
                     left = self.op(top, Ops.IDIV, left, ext)
         else:
-            tb = left
-        a0 = self.op(top, Ops.MUL, ta, self.c(T))
-        b0 = self.op(top, Ops.MUL, tb, self.c(T))
+            ta = left
+        a0 = self.op(top, Ops.MUL, ta, self.c(TA))
+        b0 = self.op(top, Ops.MUL, tb, self.c(TB))
         self.rem = (self.op(top, Ops.SUB, A, a0), self.op(top, Ops.SUB, B, b0))   # >= 1: what exists of the tile
         self.base = (a0, b0, env, tid)
-        self.smem = self.new(L.LOCAL, pp.load.dtype, (), T * (T + 1))
+        self.smem = self.new(L.LOCAL, pp.load.dtype, (), TB * self.ld)
         top.append(self.smem)
 
-        vl = VECTOR if pp.load_vec is not None else 1
+        load_vec = self.flat_vec if self.flat else pp.load_vec
+        vl = VECTOR if load_vec is not None else 1
         vs = VECTOR if pp.store_vec is not None else 1
-        last = self.c(T - 1)
-        full = self.op(top, Ops.AND, self.op(top, Ops.CMPLT, last, self.rem[0]),
-                       self.op(top, Ops.CMPLT, last, self.rem[1]), dtype=dtypes.bool)
-        conds = [c for c in (pp.load_vec or ()) + (pp.store_vec or ())]
+        full = self.op(top, Ops.AND, self.op(top, Ops.CMPLT, self.c(TA - 1), self.rem[0]),
+                       self.op(top, Ops.CMPLT, self.c(TB - 1), self.rem[1]), dtype=dtypes.bool)
+        conds = [c for c in (load_vec or ()) + (pp.store_vec or ())]
         conds = list({id(c): c for c in conds}.values())
         if conds:       # symbolic strides: vectors only when each is a multiple of VECTOR at launch
             bits = None
@@ -248,7 +298,7 @@ class _PermuteBuilder(_Builder):
             top.append(aligned)
             full = self.op(top, Ops.AND, full, aligned, dtype=dtypes.bool)
         ends = (pp.a_end, pp.b_end)
-        if not conds and all(e.op is Ops.CONST and e.arg % T == 0 for e in ends):
+        if not conds and all(e.op is Ops.CONST and e.arg % t == 0 for e, t in zip(ends, (TA, TB))):
             self.move(top, vl, vs, guarded=False)      # every tile is full and aligned
             return self.finish(top)
         fast = If(full)
@@ -262,59 +312,31 @@ class _PermuteBuilder(_Builder):
     def move(self, out: list[Item], vl: int, vs: int, guarded: bool) -> None:
         """Read the tile into shared memory (`vl` elements along a per access), barrier, write it out (`vs`
         along b); `guarded`: elements past the extents are skipped."""
-        pp, T, G = self.pp, self.T, self.G
+        pp, TA, TB, G = self.pp, self.TA, self.TB, self.G
         a0, b0, env0, tid = self.base
-        ld = T + 1
-        # the read: consecutive work-items along a (one tile row of b each), `rows` rows per pass
-        per = T // vl
-        rows = G // per
-        lc = self.op(out, Ops.MOD, tid, self.c(per))
-        if vl > 1:
-            lc = self.op(out, Ops.MUL, lc, self.c(vl))
-        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
-        ga = self.op(out, Ops.ADD, a0, lc)
-        buf, sidx, val = pp.store.src
-        for p in range(T // rows):
-            lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
-            blk = out
-            if guarded:
-                ok = self.op(out, Ops.AND, self.op(out, Ops.CMPLT, lc, self.rem[0]),
-                             self.op(out, Ops.CMPLT, lr, self.rem[1]), dtype=dtypes.bool)
-                g = If(ok)
-                out.append(g)
-                blk = g.body
-            env = dict(env0)
-            self.bind(env, pp.a, ga, blk)
-            self.bind(env, pp.b, self.op(blk, Ops.ADD, b0, lr), blk)
-            memo: dict[UOp, Instr] = {}
-            idx = self.expr(pp.load.src[1], env, blk, memo)
-            src = self.expr(pp.load.src[0], env, blk, memo)
-            s0 = self.op(blk, Ops.ADD, self.op(blk, Ops.MUL, lr, self.c(ld)), lc)
-            if vl == 1:
-                v = self.new(L.LOAD, pp.load.dtype, (src, idx))
-                blk += [v, self.new(L.STORE, None, (self.smem, s0, v))]
-            else:
-                v = self.new(L.LOAD, pp.load.dtype, (src, idx), vl)
-                blk.append(v)
-                for k in range(vl):
-                    x = self.new(L.EXTRACT, pp.load.dtype, (v,), k)
-                    sk = self.op(blk, Ops.ADD, s0, self.c(k)) if k else s0
-                    blk += [x, self.new(L.STORE, None, (self.smem, sk, x))]
+        ld = self.ld
+        if self.flat:
+            self.read_flat(out, vl, guarded)
+        else:
+            self.read_rows(out, vl, guarded)
         out.append(self.new(L.BARRIER, None))
         # the write: consecutive work-items along b, reading a column of the tile
-        per = T // vs
+        buf, sidx, val = pp.store.src
+        per = TB // vs
         rows = G // per
         lc = self.op(out, Ops.MOD, tid, self.c(per))
         if vs > 1:
             lc = self.op(out, Ops.MUL, lc, self.c(vs))
         lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
         gb = self.op(out, Ops.ADD, b0, lc)
-        for p in range(T // rows):
+        for p in range(-(-TA // rows)):
             lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
             blk = out
-            if guarded:
-                ok = self.op(out, Ops.AND, self.op(out, Ops.CMPLT, lr, self.rem[0]),
-                             self.op(out, Ops.CMPLT, lc, self.rem[1]), dtype=dtypes.bool)
+            tail = (p + 1) * rows > TA         # a pass past the tile's rows (TA not a multiple of them)
+            if guarded or tail:
+                ok = self.op(out, Ops.CMPLT, lr, self.rem[0] if guarded and not self.flat else self.c(TA))
+                if guarded:
+                    ok = self.op(out, Ops.AND, ok, self.op(out, Ops.CMPLT, lc, self.rem[1]), dtype=dtypes.bool)
                 g = If(ok)
                 out.append(g)
                 blk = g.body
@@ -340,6 +362,104 @@ class _PermuteBuilder(_Builder):
                 vec = self.new(L.VECTOR, val.dtype, tuple(vals))
                 blk += [vec, self.new(L.STORE, None, (dst, idx, vec), vs)]
 
+    def read_rows(self, out: list[Item], vl: int, guarded: bool) -> None:
+        """The tile's read as rows along a: consecutive work-items along a (one tile row of b each), G / (TA /
+        vl) rows per pass."""
+        pp, T, G = self.pp, self.TA, self.G
+        a0, b0, env0, tid = self.base
+        ld = self.ld
+        per = T // vl
+        rows = G // per
+        lc = self.op(out, Ops.MOD, tid, self.c(per))
+        if vl > 1:
+            lc = self.op(out, Ops.MUL, lc, self.c(vl))
+        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
+        ga = self.op(out, Ops.ADD, a0, lc)
+        for p in range(self.TB // rows):
+            lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
+            blk = out
+            if guarded:
+                ok = self.op(out, Ops.AND, self.op(out, Ops.CMPLT, lc, self.rem[0]),
+                             self.op(out, Ops.CMPLT, lr, self.rem[1]), dtype=dtypes.bool)
+                g = If(ok)
+                out.append(g)
+                blk = g.body
+            env = dict(env0)
+            self.bind(env, pp.a, ga, blk)
+            self.bind(env, pp.b, self.op(blk, Ops.ADD, b0, lr), blk)
+            memo: dict[UOp, Instr] = {}
+            idx = self.expr(pp.load.src[1], env, blk, memo)
+            src = self.expr(pp.load.src[0], env, blk, memo)
+            s0 = self.op(blk, Ops.ADD, self.op(blk, Ops.MUL, lr, self.c(ld)), lc)
+            self.load_into(blk, src, idx, s0, vl)
+
+    def read_flat(self, out: list[Item], vl: int, guarded: bool) -> None:
+        """The tile's read as one flat run of TB x TA elements (TA = the whole run along a, a0 = 0): work-item
+        t takes elements vl * (t + k G) .. + vl - 1; a contiguous tile (`contig`) is read at the tile's first
+        index + the element's offset, as `vl`-wide vectors where the schedule found them aligned."""
+        pp, TA, TB, G = self.pp, self.TA, self.TB, self.G
+        a0, b0, env0, tid = self.base
+        ld = self.ld
+        n = TA * TB
+        src = self.expr(pp.load.src[0], env0, out, {})
+        first = None
+        if self.contig:
+            env = dict(env0)
+            self.bind(env, pp.a, a0, out)
+            self.bind(env, pp.b, b0, out)
+            first = self.expr(pp.load.src[1], env, out, {})
+        t0 = self.op(out, Ops.MUL, tid, self.c(vl)) if vl > 1 else tid
+        for p in range(-(-n // (G * vl))):
+            f = self.op(out, Ops.ADD, t0, self.c(p * G * vl)) if p else t0
+            blk = out
+            tail = (p + 1) * G * vl > n
+            lr = None
+            if guarded or tail:
+                ok = self.op(out, Ops.CMPLT, f, self.c(n)) if tail else None
+                if guarded:     # rows of b past its extent
+                    lr = self.op(out, Ops.IDIV, f, self.c(TA))
+                    inb = self.op(out, Ops.CMPLT, lr, self.rem[1])
+                    ok = inb if ok is None else self.op(out, Ops.AND, ok, inb, dtype=dtypes.bool)
+                g = If(ok)
+                out.append(g)
+                blk = g.body
+            if first is not None:
+                idx = self.op(blk, Ops.ADD, first, f)
+            else:
+                env = dict(env0)
+                lr = lr if lr is not None else self.op(blk, Ops.IDIV, f, self.c(TA))
+                self.bind(env, pp.a, self.op(blk, Ops.ADD, a0, self.op(blk, Ops.MOD, f, self.c(TA))), blk)
+                self.bind(env, pp.b, self.op(blk, Ops.ADD, b0, lr), blk)
+                idx = self.expr(pp.load.src[1], env, blk, {})
+            if ld == TA:
+                s0 = f
+            else:
+                lr = lr if lr is not None else self.op(blk, Ops.IDIV, f, self.c(TA))
+                s0 = self.op(blk, Ops.ADD, self.op(blk, Ops.MUL, lr, self.c(ld)), self.op(blk, Ops.MOD, f, self.c(TA)))
+            self.load_into(blk, src, idx, s0, vl, f)
+
+    def load_into(self, blk: list[Item], src: Instr, idx: Instr, s0: Instr, vl: int, f: "Instr | None" = None) -> None:
+        """Load `vl` elements at `idx` into shared slots s0, s0 + 1, ... (flat element f + k of a tile whose
+        shared rows are padded: its own slot)."""
+        pp = self.pp
+        if vl == 1:
+            v = self.new(L.LOAD, pp.load.dtype, (src, idx))
+            blk += [v, self.new(L.STORE, None, (self.smem, s0, v))]
+            return
+        v = self.new(L.LOAD, pp.load.dtype, (src, idx), vl)
+        blk.append(v)
+        for k in range(vl):
+            x = self.new(L.EXTRACT, pp.load.dtype, (v,), k)
+            if k == 0:
+                sk = s0
+            elif f is None or self.ld == self.TA:
+                sk = self.op(blk, Ops.ADD, s0, self.c(k))
+            else:
+                fk = self.op(blk, Ops.ADD, f, self.c(k))
+                sk = self.op(blk, Ops.ADD, self.op(blk, Ops.MUL, self.op(blk, Ops.IDIV, fk, self.c(self.TA)),
+                                                   self.c(self.ld)), self.op(blk, Ops.MOD, fk, self.c(self.TA)))
+            blk += [x, self.new(L.STORE, None, (self.smem, sk, x))]
+
     def bind(self, env: dict, chain: tuple[UOp, ...], at: Instr, out: list[Item]) -> None:
         """Bind the ranges of `chain` to position `at` along it (inner extents are constants)."""
         for r in reversed(chain[1:]):
@@ -352,7 +472,7 @@ class _PermuteBuilder(_Builder):
         pp, scan, T = self.pp, self.scan, self.T
         accesses = [Access(pp.load.src[0].arg, False, pp.load.src[1], ()),
                     Access(pp.store.src[0].arg, True, pp.store.src[1], ())]
-        groups = _cdiv(pp.a_end, T) * _cdiv(pp.b_end, T)
+        groups = _cdiv(pp.a_end, self.TA) * _cdiv(pp.b_end, self.TB)
         for r in pp.rest:
             groups = groups * r.src[0]
         local = (self.G, 1, 1)

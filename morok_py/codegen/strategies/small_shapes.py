@@ -6,7 +6,8 @@ the GPU's SMs idle (benchmarks/decode.py). Three named choices, each a plain Sch
   weight matrix is streamed by about one block per SM with a deep k step in flight; 16-bit operands on the
   warp-level tensor cores (strategies/tensor_core.py), float32 on the CUDA-core tiles (gpu_tile.py).
 - split k: a float32 decode tile whose blocks number fewer than FEW_BLOCKS runs each output tile on
-  DECODE_SPLIT_K work-groups over a part of K each (Schedule.split_k), the last summing the parts.
+  DECODE_SPLIT_K work-groups over a part of K each (Schedule.split_k), the last summing the parts; such a tile
+  of at most 32 rows is DECODE_SPLIT_COLS wide.
 - few-block tiles: a float32 contraction whose 128 x 128 blocks would number fewer than FEW_BLOCKS (a constant
   1000^3, or symbolic sizes bounded by 1024) takes blocks of half the rows (or half the rows and columns); a
   symbolic extent counts at its variable's upper bound.
@@ -46,6 +47,13 @@ DECODE_SPLIT_K = 4      # float32 decode tiles: each output tile on this many wo
                         # Split in 4 on an H100: 66.8 us nvrtc, 68.1 us llvm-nvptx (0.89x / 0.87x torch's 59 us);
                         # 2 parts 66.1 and 8 parts 69.3 against 67.3 for 4 in one --variants run, unsplit 84.6
                         # (benchmarks/results/nvidia-h100/decode-*.json, tests/results/nvidia-h100/bench-decode-*.log)
+DECODE_SPLIT_COLS = 64  # ... and such a tile of at most 32 rows takes this many columns, 4 x 4 outputs per work-item
+                        # (half the A tile copies per weight column, 16 FMAs per two 16-byte shared reads): on an
+                        # H200 (32x4096x4096 float32, benchmarks/probes/decode_tiles.py, tests/results/nvidia-h200/
+                        # probes-transpose-decode.log) 52.8 us nvrtc and 53.2 us llvm-nvptx (1.09x / 1.11x torch's
+                        # 57-59 us in the same run) against 66.9 / 68.6 us for 32 columns split in 4 (0.86x);
+                        # 32x128 (4 x 8 outputs) in 8 parts ran 50.7 / 53.4 us, 32x64 in 8 parts 55.2 / 59.0 us,
+                        # in 16 parts 65.8 / 71.4 us
 DECODE_SPLITS = (2, 4, 8)   # the parts counts a search times
 DECODE_WIDE_SPLIT = 8   # a search candidate: decode tiles of 2 x DECODE_COLS columns, 4 x 4 outputs per work-item, K in
                         # this many parts (512 groups for 32x4096x4096, as the default's): each group reads the 32 rows
@@ -149,7 +157,23 @@ def decode_core(ast: UOp, caps: Capabilities, scan: KernelScan | None, every: bo
     out = [t for t in decode_core_tiles(rows[0], deep) if plan_tile(ast, caps, scan, t) == t]
     if every:
         return out
-    return out[0] if out else None
+    if not out:
+        return None
+    return _split_wide_tile(ast, caps, scan, rows, out[0]) or out[0]
+
+
+def _split_wide_tile(ast: UOp, caps: Capabilities, scan: KernelScan | None, rows: tuple[int, int],
+                     tile: tuple[int, int, int, int, int]) -> "tuple[int, int, int, int, int] | None":
+    """`tile` (BM <= 32) with DECODE_SPLIT_COLS columns and 4 outputs per work-item along them, where the kernel
+    takes it and splits it in DECODE_SPLIT_K parts, where `tile` has fewer blocks than FEW_BLOCKS; else None."""
+    from ..gpu_tile import plan_tile, split_k_applies
+    BM, BN, BK, TM, _ = tile
+    wide = (BM, DECODE_SPLIT_COLS, BK, TM, 4)
+    if BM > 32 or -(-rows[0] // BM) * -(-rows[1] // BN) >= FEW_BLOCKS:      # `tile` itself would not be split
+        return None
+    if plan_tile(ast, caps, scan, wide) != wide or not split_k_applies(ast, caps, scan, wide, DECODE_SPLIT_K):
+        return None
+    return wide
 
 
 def decode_wide_split(ast: UOp, caps: Capabilities, scan: KernelScan | None) -> list[tuple[tuple[int, int, int, int, int], int]]:
