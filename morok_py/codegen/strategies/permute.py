@@ -23,8 +23,8 @@ memcpy against 0.72x / 0.71x guarded, and shifted rows (each row read and writte
 inside it, head and tail as scalars, all loads in flight; commit 5081ec1) 1800 / 1833 GiB/s against 1820 / 1855
 GiB/s guarded (nvrtc / llvm-nvptx), 1902 against 2064 GiB/s as group 1024. On an H200, with the groups
 numbered along b, unguarded scalars in whole tiles moved 0.79x / 0.90x (64 x 64, 512 items) and 0.85x / 0.92x
-(64 x 128) against 0.87x / 0.85x and 0.88x / 0.92x guarded (benchmarks/probes/transpose_layouts.py,
-tests/results/nvidia-h200/probes-transpose-decode.log). What bounded the odd case there was the order of the
+(64 x 128) against 0.87x / 0.85x and 0.88x / 0.92x guarded (hand-written CuPy variants and the
+strategy's candidates timed side by side; the scripts and their log are in git at commit 3d551ba). What bounded the odd case there was the order of the
 groups and the length of the rows each tile writes (ITEM_ELEMENTS, the b-first order in _PermuteBuilder.build);
 a plain scalar copy of the same bytes (one float per thread) runs at 0.65-0.69x memcpy on the H200.
 """
@@ -47,8 +47,8 @@ GROUP = 256                # work-items per group: 16 elements each in a 64 x 64
 GROUP_PLANE = 512          # ... and of a plain 2-D permutation (no other range): a 64 x 128 tile (see ITEM_ELEMENTS)
 ITEM_ELEMENTS = 16         # elements each work-item moves: a tile is T along a and max(T, 16 G / T) along b (within
                            # SMEM_LIMIT), so a larger group writes longer rows instead of fewer elements each. On an
-                           # H200 (8191 x 8193 float32, symbolic, groups numbered along b first; benchmarks/probes/
-                           # transpose_layouts.py, tests/results/nvidia-h200/probes-transpose-decode.log) 64 x 128
+                           # H200 (8191 x 8193 float32, symbolic, groups numbered along b first; variants timed side
+                           # by side by a script kept in git at commit 3d551ba) 64 x 128
                            # tiles of 512 items moved 0.88x / 0.92x memcpy (nvrtc / llvm-nvptx), 32 x 128 of 256
                            # items 0.86x / 0.90x, 64 x 64 of 512 items (8 each) 0.87x / 0.85x, of 256 items 0.74x /
                            # 0.86x, 64 x 128 of 256 items (32 each) 0.77x / 0.78x; 8192^2 (symbolic) 1.00x / 1.02x
@@ -259,8 +259,7 @@ class _PermuteBuilder(_Builder):
         # groups along b first: neighbouring groups write neighbouring parts of the same output rows, so a row's
         # sectors that two tiles share are completed together (8191 x 8193 float32 on an H200, 64 x 64 tiles:
         # 0.74x / 0.86x memcpy against 0.66x / 0.69x numbered along a; 8192^2 1.00x / 1.02x against 0.97x / 0.98x;
-        # the 3-D to 5-D cases within 2%: benchmarks/probes/transpose_layouts.py,
-        # tests/results/nvidia-h200/probes-transpose-decode.log)
+        # the 3-D to 5-D cases within 2%: variants timed side by side, the script in git at commit 3d551ba)
         tb = self.op(top, Ops.MOD, gx, nB)
         left = self.op(top, Ops.IDIV, gx, nB)
         if pp.rest:

@@ -49,8 +49,8 @@ DECODE_SPLIT_K = 4      # float32 decode tiles: each output tile on this many wo
                         # (benchmarks/results/nvidia-h100/decode-*.json, tests/results/nvidia-h100/bench-decode-*.log)
 DECODE_SPLIT_COLS = 64  # ... and such a tile of at most 32 rows takes this many columns, 4 x 4 outputs per work-item
                         # (half the A tile copies per weight column, 16 FMAs per two 16-byte shared reads): on an
-                        # H200 (32x4096x4096 float32, benchmarks/probes/decode_tiles.py, tests/results/nvidia-h200/
-                        # probes-transpose-decode.log) 52.8 us nvrtc and 53.2 us llvm-nvptx (1.09x / 1.11x torch's
+                        # H200 (32x4096x4096 float32, tiles timed side by side beside torch; the script in git at
+                        # commit 3d551ba) 52.8 us nvrtc and 53.2 us llvm-nvptx (1.09x / 1.11x torch's
                         # 57-59 us in the same run) against 66.9 / 68.6 us for 32 columns split in 4 (0.86x);
                         # 32x128 (4 x 8 outputs) in 8 parts ran 50.7 / 53.4 us, 32x64 in 8 parts 55.2 / 59.0 us,
                         # in 16 parts 65.8 / 71.4 us
