@@ -811,6 +811,59 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
     assert not aligned.linear.schedule.pack or (12 * tj + 16) * 4 % 1024 == 0
 
 
+def test_a_register_tile_prefetches_its_epilogue_lines_before_its_reduction_loop(cpu, rng, monkeypatch):
+    """The default CPU tile schedule prefetches (codegen/prefetch.py): in the block of each reduction loop,
+    PREFETCH instructions for the tile's vector stores and its residual's vector loads come before the loop,
+    their addresses computed there; none for the scalar bias loads. The kernel's result matches numpy with and
+    without them (NaN-filled output, a tail of rows and a remainder of columns, several threads), and a
+    schedule that asks for prefetches without vector lanes is refused."""
+    from morok_py.codegen.linear import L, Loop
+    from morok_py.codegen.schedule import Schedule, using
+    from morok_py.ir import AxisType
+    from morok_py.errors import ArgumentError
+    split_at(monkeypatch, 1, 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    CO, C, P = 70, 37, 3 * renderer.caps.register_tile[1] + 5
+    ast = K.conv_gemm(1, 1, CO, None, P, dtypes.float32, K.Epilogue.of("bias", "add", "relu"))
+    spec = renderer.render(ast, "tile_prefetch")
+    assert spec.linear.schedule.prefetch, spec.linear.schedule
+    seen = {"before": 0, "loops": 0}
+
+    def walk(block):
+        for pos, it in enumerate(block):
+            if isinstance(it, Loop):
+                if it.kind is AxisType.REDUCE:
+                    seen["loops"] += 1
+                    before = [x for x in block[:pos] if not isinstance(x, Loop) and x.kind is L.PREFETCH]
+                    after = [x for x in block[pos + 1:] if not isinstance(x, Loop) and x.kind in (L.LOAD, L.STORE)
+                             and (x.arg or x.lanes > 1)]
+                    assert len(before) >= len({(x.src[0].id, x.src[1].id) for x in after}) > 0
+                    assert {x.src[0].arg for x in before} == {x.src[0].arg for x in after}   # residual and output
+                    seen["before"] += len(before)
+                walk(it.body)
+    walk(spec.linear.body)
+    assert seen["loops"] and seen["before"] and "@llvm.prefetch" in spec.src
+    x = rng.standard_normal((C, P)).astype(np.float32)
+    w = rng.standard_normal((CO, C)).astype(np.float32)
+    b = rng.standard_normal(CO).astype(np.float32)
+    res = rng.standard_normal((CO, P)).astype(np.float32)
+    want = np.maximum(w.astype(np.float64) @ x + b[:, None] + res, 0)
+    plain = Schedule("threads", register_tile=spec.linear.schedule.register_tile,
+                     tile_lanes=spec.linear.schedule.tile_lanes, pack=spec.linear.schedule.pack)
+    with using(plain):
+        bare = renderer.render(ast, "tile_no_prefetch")
+    assert "@llvm.prefetch" not in bare.src
+    for sp in (spec, bare):
+        out = cpu.buf(np.full(CO * P, np.nan, np.float32))
+        cpu.dev.runtime(compiler.compile(sp))(cpu.buf(x), cpu.buf(w), cpu.buf(b), cpu.buf(res), out, K=C)
+        np.testing.assert_allclose(out.numpy().reshape(CO, P), want, rtol=1e-4, atol=1e-3)
+    with pytest.raises(ArgumentError, match="prefetch"):
+        Schedule("threads", register_tile=(6, 16), prefetch=True)
+
+
 def test_wide_matrices_split_into_units_that_divide_among_threads():
     """A wide matrix (many column tiles) is cut into row partitions where that balances the thread split
     (the target's thread count; unknown: 2-16): the AVX-512 1024^3 matmul (6x64 tiles: 170 row tiles, 16

@@ -70,7 +70,8 @@ def test_default_schedule_names_the_heuristics(cpu, kernel, gpu, want):
 def test_cpu_matmul_default_has_the_targets_register_tile(cpu):
     caps = cpu_caps(cpu)
     assert default_for(K.named("matmul"), caps) == Schedule("threads", register_tile=caps.register_tile,
-                                                           tile_lanes=caps.tile_lanes, pack=bool(caps.tile_lanes))
+                                                           tile_lanes=caps.tile_lanes, pack=bool(caps.tile_lanes),
+                                                           prefetch=bool(caps.tile_lanes))
 
 
 def test_lowered_kernel_carries_its_schedule(cpu):

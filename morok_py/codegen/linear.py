@@ -25,6 +25,9 @@ class L(enum.Enum):
     LOAD = "load"            # src: (param or local, index); arg: None, or a vector width w: w contiguous
                              # elements from index (aligned to w elements), the value is a w-vector
     STORE = "store"          # src: (param or local, index, value); arg: None, or w for a w-vector value
+    PREFETCH = "prefetch"    # src: (param, index); arg: (write, locality): a hint that the element's cache line is
+                             # wanted soon, to be written (1) or read (0), kept in L1 (3) or L2 (2) (x86 prefetcht0 /
+                             # prefetcht1); the CPU register tile's epilogue (codegen/prefetch.py)
     VECTOR = "vector"        # src: w scalars of dtype -> one w-vector (for a vector STORE)
     EXTRACT = "extract"      # src: (vector,); arg: lane -> the lane's scalar
     BROADCAST = "broadcast"  # src: (scalar,); lanes: w -> the w-vector with every lane the scalar

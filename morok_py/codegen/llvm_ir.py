@@ -300,6 +300,13 @@ class LLVMIRPrinter:
                 self.emit(f"%s{ins.id}.m = zext i1 {v} to i8")
                 v = f"%s{ins.id}.m"
             self.emit(f"store {mt} {v}, {pt} %s{ins.id}.p, align {dt.itemsize}")
+        elif k is L.PREFETCH:
+            buf, idx = ins.src
+            mt = self.mem_ty(buf.dtype)
+            self.address(f"%f{ins.id}.p", mt, self.ptr, self.ref(buf), idx)
+            fn = self.declare("llvm.prefetch.p0", "void", "ptr", "i32", "i32", "i32")
+            write, locality = ins.arg
+            self.emit(f"call void @{fn}(ptr %f{ins.id}.p, i32 {write}, i32 {locality}, i32 1)")
         elif k is L.VECTOR:
             t = self.ty(ins.dtype)
             w = len(ins.src)

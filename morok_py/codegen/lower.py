@@ -565,4 +565,8 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         if given is not None:
             raise ArgumentError(f"{schedule}: the tiles do not fit the target's shared memory")
         schedule = default_schedule(ast, replace(caps, matmul_tile=None), scan)   # the general path
-    return _Lowerer(ast, caps, name, schedule, lane_axes, scratch).run(scan)
+    kernel, info = _Lowerer(ast, caps, name, schedule, lane_axes, scratch).run(scan)
+    if schedule.prefetch and not kernel.gpu:
+        from .prefetch import prefetch_tile_epilogues
+        prefetch_tile_epilogues(kernel)
+    return kernel, info

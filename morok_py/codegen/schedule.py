@@ -70,6 +70,9 @@ class Schedule:
     pack           CPU register tile: each thread-split unit copies its column panel of the right-hand
                    operand into a contiguous scratch first (opt._pack_plan: rows a multiple of 1 KB apart
                    map a panel onto a few cache sets).
+    prefetch       CPU register tile (with tile_lanes): the vector loads and stores after a tile's reduction
+                   loop (its outputs, an epilogue's residual) are prefetched into L2 before the loop
+                   (codegen/prefetch.py).
     matmul_tile    tiled: (BM, BN, BK, TM, TN), block and per-work-item outputs, BK deep.
     tensor_core    tiled: the matrix instruction of the inner product (strategies/tensor_core.py), e.g.
                    "mma_m16n8k16"; matmul_tile is then (BM, BN, BK, WM, WN), WM x WN outputs per warp.
@@ -113,6 +116,7 @@ class Schedule:
     permute: int = 0
     row_split: int = 0
     split_k: int = 0
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.row_split and (self.row_split < 2 or self.row_split & (self.row_split - 1) or self.reduce != "grid"):
@@ -151,6 +155,8 @@ class Schedule:
             raise ArgumentError("tile_lanes needs a register_tile and is a power of two >= 4")
         if self.pack and not self.tile_lanes:
             raise ArgumentError("pack needs a register_tile with tile_lanes")
+        if self.prefetch and not self.tile_lanes:
+            raise ArgumentError("prefetch needs a register_tile with tile_lanes")
         if self.row_cache and self.reduce != "group":
             raise ArgumentError("row_cache needs reduce 'group'")
         if self.row_groups < 0 or self.row_groups and self.reduce != "group":
@@ -360,7 +366,7 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         lanes = default_lanes(ast, caps, tile)
         from .opt import pack_applies
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
-                        pack=bool(lanes) and pack_applies(ast, tile, lanes))
+                        pack=bool(lanes) and pack_applies(ast, tile, lanes), prefetch=bool(lanes))
     from .strategies.permute import TILE, permute_applies, permute_group, permute_plan
     if permute_applies(ast, caps, scan):
         return Schedule("groups", group=permute_group(caps, TILE, permute_plan(ast, scan)), permute=TILE)
@@ -553,12 +559,14 @@ def candidate_schedules(ast: UOp, caps: Capabilities, scan: KernelScan) -> list[
                 if t[0] >= 1 and t[1] >= 1:
                     lanes = default_lanes(ast, caps, t)
                     out.append(replace(base, register_tile=t, tile_lanes=lanes,
-                                       pack=bool(lanes) and pack_applies(ast, t, lanes)))
+                                       pack=bool(lanes) and pack_applies(ast, t, lanes), prefetch=bool(lanes)))
             if base.pack:
                 out.append(replace(base, pack=False))
+            if base.prefetch:
+                out.append(replace(base, prefetch=False))
             if base.tile_lanes:
-                out.append(replace(base, tile_lanes=0, pack=False))     # scalar lanes, packed by LLVM
-            out.append(replace(base, register_tile=None, tile_lanes=0, pack=False))
+                out.append(replace(base, tile_lanes=0, pack=False, prefetch=False))     # scalar lanes, packed by LLVM
+            out.append(replace(base, register_tile=None, tile_lanes=0, pack=False, prefetch=False))
     else:
         from .strategies import small_shapes
         limit = min(caps.max_threads_per_group, caps.local_max[0])
