@@ -271,11 +271,11 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
 PIXEL_ROWS_FEW_PIXELS = 64
 PIXEL_ROWS_FEW_MIN_K = 512
 PIXEL_ROWS_MAX_CO = 128
-# the widest register-tile lanes the CPU defaults pixel rows and Winograd (cpu_winograd_default) apply at:
-# AVX2's 8. Targets with wider lanes (AVX-512's 16, a 6x64 tile) keep pixels as columns and im2col_gemm: on the
-# 16-core Xeon (benchmarks/onnx_models.py, two interleaved runs each) those defaults took resnet50 from
-# 0.58-0.60x onnxruntime to 0.51-0.52x (densenet121 0.84-0.85x either way); MOROK_BEAM times every form
-CPU_DEFAULTS_MAX_LANES = 8
+# the widest register-tile lanes the CPU default takes pixel rows at: AVX2's 8. Targets with wider lanes
+# (AVX-512's 16, a 6x64 tile) keep pixels as columns: on the 16-core AVX-512 Xeon, the light models' launches in
+# order in one process (three rounds, the forms compiled side by side), with Winograd's CPU form on, pixel rows
+# took resnet50 from 15.7-16.2 to 16.1-16.2 ms and densenet121 from 20.7-21.1 to 21.9-22.2; MOROK_BEAM times both
+PIXEL_ROWS_MAX_LANES = 8
 K_RUN_MIN_K = 4096
 K_RUN_MAX = 576
 
@@ -294,10 +294,10 @@ def k_run(K: int) -> int:
 def pixel_rows_applies(geo: "ConvGeometry", caps: Capabilities) -> bool:
     """Whether the CPU heuristic takes pixel rows for this one-group contraction (PIXEL_ROWS_FEW_PIXELS,
     PIXEL_ROWS_FEW_MIN_K; from two vector-column tiles of output channels to PIXEL_ROWS_MAX_CO;
-    CPU_DEFAULTS_MAX_LANES)."""
+    PIXEL_ROWS_MAX_LANES)."""
     tile = caps.register_tile
     P, K = geo.OH * geo.OW, geo.C * geo.KH * geo.KW
-    return (not caps.has_local and tile is not None and 0 < caps.tile_lanes <= CPU_DEFAULTS_MAX_LANES and geo.groups == 1
+    return (not caps.has_local and tile is not None and 0 < caps.tile_lanes <= PIXEL_ROWS_MAX_LANES and geo.groups == 1
             and P <= PIXEL_ROWS_FEW_PIXELS and K >= PIXEL_ROWS_FEW_MIN_K and 2 * tile[1] <= geo.CO <= PIXEL_ROWS_MAX_CO)
 
 
@@ -387,7 +387,10 @@ def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> in
 # (the filter transform run once, as the ONNX executor does): 64 -> 64 at 56x56 3.4 against 4.3 ms (F(4x4)
 # 3.8), 128 -> 128 at 28x28 1.8 against 2.1 (F(4x4) 1.75), 256 -> 256 at 14x14 1.9 against 3.2,
 # 128 -> 32 at 56x56 2.5 against 5.8 (F(4x4) 4.2); 128 -> 32 at 28x28 it lost (0.96 against 0.65 ms) and
-# at 14x14 it tied. F(2x2) rounds less than F(4x4) (G's halves against its sixths)
+# at 14x14 it tied. F(2x2) rounds less than F(4x4) (G's halves against its sixths). AVX-512 too since the CPU
+# form (ConvPlan.cpu_form): on the 16-core Xeon, resnet50's launches in order in one process (three rounds, the
+# forms compiled side by side) 16.8-17.6 ms with im2col_gemm for these layers against 15.7-16.2 (densenet121
+# 22.1-22.9 against 20.7-21.1)
 CPU_WINOGRAD_TILE = 2
 CPU_WINOGRAD_MIN_CO = 64
 CPU_WINOGRAD_MIN_PIXELS = 56 * 56
@@ -395,8 +398,7 @@ CPU_WINOGRAD_MIN_PIXELS = 56 * 56
 
 def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
     """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
-    if (itemsize < 4 or not static_batch or caps.tile_lanes > CPU_DEFAULTS_MAX_LANES
-            or not winograd_applies(geo, CPU_WINOGRAD_TILE)):
+    if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE):
         return 0
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
