@@ -263,7 +263,7 @@ def grouped_flat_applies(geo: "ConvGeometry") -> bool:
 # apart, split every vector load over two cache lines: codegen/opt.py PACK_LINE_BYTES), pixel rows win only
 # where the output channels are few. One Conv + Relu node at batch 1 through morok_py.onnx on the 2-vCPU AVX2
 # EPYC (Zen 3), two threads, interleaved rounds (medians of 9; noisy host, the same program varied 10-25%
-# between sessions): 1x1 2048 -> 512 at 7x7 1.32 ms as columns against 1.89 as pixel rows, 512 -> 2048 1.21
+# between processes): 1x1 2048 -> 512 at 7x7 1.32 ms as columns against 1.89 as pixel rows, 512 -> 2048 1.21
 # against 1.63, 1024 -> 2048 stride 2 to 7x7 2.97 against 4.05, 3x3 512 stride 2 to 7x7 4.23 against 4.74,
 # 3x3 256 stride 2 to 14x14 2.37 against 3.12, 3x3 512 -> 512 at 7x7 (runs of 576) 3.6-4.3 against 4.45; with
 # 128 output channels they tie (1x1 544, 736, 992 -> 128 at 7x7) and with 32 pixel rows win (3x3 128 -> 32 at
