@@ -1063,9 +1063,9 @@ def winograd_plane_pad(elements: int) -> int:
 
 
 def _winograd_tile_span(n_in: int, tiles: int, m: int, a: int, lo: int) -> "tuple[int, int] | None":
-    """(first, last) tile index along one side whose a-wide patch (from t*m - lo) lies inside the input, or None."""
-    first = -(-lo // m)
-    last = min(tiles - 1, (n_in - a + lo) // m)
+    """(first, last) tile index along one side whose a-wide patch (from t*m - lo) lies inside the input, or None:
+    the tiles whose first and last taps both are (`_tap_span`)."""
+    first, last = _tap_span(n_in, tiles, m, -lo)[0], _tap_span(n_in, tiles, m, a - 1 - lo)[1]
     return (first, last) if first <= last else None
 
 

@@ -138,6 +138,17 @@ def split_at(monkeypatch, lo: int, hi: int) -> None:
         monkeypatch.setattr(cpu_runtime, name, v)
 
 
+def lane_tiles_on_threads(cpu, monkeypatch):
+    """(renderer, compiler) of the host pair for a register-tile test: every kernel split over 3 threads;
+    skipped where the pair prints no tile lanes."""
+    split_at(monkeypatch, 1, 1)
+    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    renderer, compiler = cpu.pair()
+    if not renderer.caps.tile_lanes:
+        pytest.skip("this pair prints no tile lanes")
+    return renderer, compiler
+
+
 @pytest.fixture(params=["native", "python"])
 def pool(request, monkeypatch):
     """Each split launch on the native workers (backends/cpu/pool.py) and on the Python executor."""
@@ -705,11 +716,7 @@ def test_packed_panels_match_numpy(cpu, rng, monkeypatch, dt, kind, M, Kd, N, ti
     """Schedule.pack: every thread-split unit copies its K x tj column panel of B into a hidden scratch
     and its tiles read it from there; several threads (and row partitions with the 4 x 32 tile)."""
     from morok_py.codegen.schedule import Schedule, using
-    split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    renderer, compiler = cpu.pair()
-    if not renderer.caps.tile_lanes:
-        pytest.skip("this pair prints no tile lanes")
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     dtype = getattr(dtypes, dt)
     ast = K.matmul(M, N, Kd, dtype=dtype) if kind == "matmul" else K.matmul_bias_relu(M, N, Kd, dtype=dtype)
     sched = None if tile is None else Schedule("threads", register_tile=tile, tile_lanes=8, pack=True)
@@ -740,11 +747,7 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
     one program serves two channel counts on several threads, a batch of 2 and 70 output channels (tail
     rows), and matches numpy. Rows closer (not a multiple of PACK_ROW_BYTES apart) stay unpacked."""
     from morok_py.codegen.opt import PACK_CAP, PACK_FAR_BYTES, PACK_ROW_BYTES
-    split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    renderer, compiler = cpu.pair()
-    if not renderer.caps.tile_lanes:
-        pytest.skip("this pair prints no tile lanes")
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     tj = renderer.caps.register_tile[1]
     if pixels % tj:
         pytest.skip(f"{pixels} pixels are no whole number of this target's {tj}-wide column tiles")
@@ -780,11 +783,7 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
     last tile (4 tj - 4): the remainder reads B in place. Static and variable reductions, several threads,
     rows past the row tiles; every output written (NaN-filled) and equal to numpy's."""
     from morok_py.codegen.opt import PACK_LINE_BYTES
-    split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    renderer, compiler = cpu.pair()
-    if not renderer.caps.tile_lanes:
-        pytest.skip("this pair prints no tile lanes")
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     tj = renderer.caps.register_tile[1]
     M = 70
     for n in (3 * tj + 1, 12 * tj + 4, 4 * tj - 4):
@@ -821,11 +820,7 @@ def test_a_register_tile_prefetches_its_epilogue_lines_before_its_reduction_loop
     from morok_py.codegen.schedule import Schedule, using
     from morok_py.ir import AxisType
     from morok_py.errors import ArgumentError
-    split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    renderer, compiler = cpu.pair()
-    if not renderer.caps.tile_lanes:
-        pytest.skip("this pair prints no tile lanes")
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     CO, C, P = 70, 37, 3 * renderer.caps.register_tile[1] + 5
     ast = K.conv_gemm(1, 1, CO, None, P, dtypes.float32, K.Epilogue.of("bias", "add", "relu"))
     spec = renderer.render(ast, "tile_prefetch")
@@ -973,11 +968,7 @@ def test_a_symbolic_packed_matmul_runs_packed_or_not_by_the_scratchs_size(cpu, r
     (opt.PACK_CAP elements), the row-at-a-time fallback otherwise (K = 100 here); one program, all exact."""
     from morok_py.codegen import opt
     monkeypatch.setattr(opt, "PACK_CAP", 1024)
-    split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
-    renderer, compiler = cpu.pair()
-    if not renderer.caps.tile_lanes:
-        pytest.skip("this pair prints no tile lanes")
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     spec = renderer.render(K.matmul(), "packed_symbolic_cap")
     assert spec.linear.schedule.pack and spec.launch.hidden[0].count == 1024
     prog = cpu.dev.runtime(compiler.compile(spec))

@@ -311,7 +311,7 @@ class _PermuteBuilder(_Builder):
     def move(self, out: list[Item], vl: int, vs: int, guarded: bool) -> None:
         """Read the tile into shared memory (`vl` elements along a per access), barrier, write it out (`vs`
         along b); `guarded`: elements past the extents are skipped."""
-        pp, TA, TB, G = self.pp, self.TA, self.TB, self.G
+        pp, TA, TB = self.pp, self.TA, self.TB
         a0, b0, env0, tid = self.base
         ld = self.ld
         if self.flat:
@@ -321,12 +321,7 @@ class _PermuteBuilder(_Builder):
         out.append(self.new(L.BARRIER, None))
         # the write: consecutive work-items along b, reading a column of the tile
         buf, sidx, val = pp.store.src
-        per = TB // vs
-        rows = G // per
-        lc = self.op(out, Ops.MOD, tid, self.c(per))
-        if vs > 1:
-            lc = self.op(out, Ops.MUL, lc, self.c(vs))
-        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
+        rows, lc, lr0 = self.split_items(out, tid, TB, vs)
         gb = self.op(out, Ops.ADD, b0, lc)
         for p in range(-(-TA // rows)):
             lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
@@ -361,18 +356,22 @@ class _PermuteBuilder(_Builder):
                 vec = self.new(L.VECTOR, val.dtype, tuple(vals))
                 blk += [vec, self.new(L.STORE, None, (dst, idx, vec), vs)]
 
+    def split_items(self, out: list[Item], tid: Instr, run: int, w: int) -> "tuple[int, Instr, Instr]":
+        """The group's items over tile rows `run` elements long, `w` per access: (rows covered per pass, the
+        item's element offset along the run, its first row)."""
+        per = run // w
+        lc = self.op(out, Ops.MOD, tid, self.c(per))
+        if w > 1:
+            lc = self.op(out, Ops.MUL, lc, self.c(w))
+        return self.G // per, lc, self.op(out, Ops.IDIV, tid, self.c(per))
+
     def read_rows(self, out: list[Item], vl: int, guarded: bool) -> None:
         """The tile's read as rows along a: consecutive work-items along a (one tile row of b each), G / (TA /
         vl) rows per pass."""
-        pp, T, G = self.pp, self.TA, self.G
+        pp, T = self.pp, self.TA
         a0, b0, env0, tid = self.base
         ld = self.ld
-        per = T // vl
-        rows = G // per
-        lc = self.op(out, Ops.MOD, tid, self.c(per))
-        if vl > 1:
-            lc = self.op(out, Ops.MUL, lc, self.c(vl))
-        lr0 = self.op(out, Ops.IDIV, tid, self.c(per))
+        rows, lc, lr0 = self.split_items(out, tid, T, vl)
         ga = self.op(out, Ops.ADD, a0, lc)
         for p in range(self.TB // rows):
             lr = self.op(out, Ops.ADD, lr0, self.c(p * rows)) if p else lr0
