@@ -325,12 +325,24 @@ def test_one_symbolic_tiled_program_serves_every_region(cpu, rng):
 @pytest.mark.parametrize("sizes", [(512, 10, 512), (1000, 1000, 1000), (513, 33, 257), None],
                          ids=["narrow", "square", "odd", "symbolic"])
 def test_register_tiles_leave_no_serial_tail(cpu, sizes):
-    """Every store sits inside the thread-split loop: no leftover rows or columns run on one thread."""
+    """Every store of the output sits inside the thread-split loop: no leftover rows or columns run on one
+    thread. Before it, each call may only fill its own packing scratch (a remainder region's columns)."""
     renderer, _ = cpu.pair()
-    kernel = renderer.render(K.matmul(*(sizes or (None,) * 3))).linear
+    spec = renderer.render(K.matmul(*(sizes or (None,) * 3)))
+    kernel = spec.linear
     from morok_py.codegen.linear import L, Loop
-    outer = [it for it in kernel.body if isinstance(it, Loop)]
-    assert len(outer) == 1 and outer[0].kind is AxisType.GLOBAL
+    hidden = {p.slot for p in spec.launch.params} ^ {p.slot for p in kernel.params}
+
+    def stores(items):
+        for it in items:
+            if isinstance(it, Loop):
+                yield from stores(it.body)
+            elif getattr(it, "kind", None) is L.STORE:
+                yield it
+    outer = [it for it in kernel.body if isinstance(it, Loop) and it.kind is AxisType.GLOBAL]
+    assert len(outer) == 1
+    for loop in (it for it in kernel.body if isinstance(it, Loop) and it.kind is not AxisType.GLOBAL):
+        assert all(st.src[0].arg in hidden for st in stores(loop.body)), "a loop before the split writes the output"
     assert not [it for it in kernel.body if not isinstance(it, Loop) and getattr(it, "kind", None) is L.STORE]
     assert not [it for it in kernel.body if not isinstance(it, (Loop,)) and hasattr(it, "body")]   # no If
 
@@ -780,8 +792,10 @@ def test_a_convolution_contraction_with_a_variable_reduction_packs_its_far_apart
 def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu, rng, monkeypatch):
     """B rows not a multiple of 64 bytes apart (a 7x7 or 14x14 convolution's pixels: 196, 784 bytes) are
     packed, also where the columns end in a remainder region (3 tj + 1, 12 tj + 4 columns) or an overlapping
-    last tile (4 tj - 4): the remainder reads B in place. Static and variable reductions, several threads,
-    rows past the row tiles; every output written (NaN-filled) and equal to numpy's."""
+    last tile (4 tj - 4). A remainder region's columns are packed after the panel (the scratch holds K x (tj
+    + 4) then), by every chunk of a split launch before its loop: each thread's chunk has a scratch of its own.
+    Static and variable reductions, several threads, rows past the row tiles; every output written
+    (NaN-filled) and equal to numpy's."""
     from morok_py.codegen.opt import PACK_LINE_BYTES
     renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     tj = renderer.caps.register_tile[1]
@@ -790,6 +804,8 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
         assert (n * 4) % PACK_LINE_BYTES, n
         spec = renderer.render(K.matmul(M, n, 300), f"mm_misaligned_{n}")
         assert spec.linear.schedule.pack and spec.launch.hidden, (n, spec.linear.schedule)
+        region = n % tj and 4 * (n % tj) <= tj         # opt._tile_width: a remainder region, not an overlapping tile
+        assert [h.count for h in spec.launch.hidden] == [300 * (tj + 4 if region else tj)], (n, spec.launch.hidden)
         prog = cpu.dev.runtime(compiler.compile(spec))
         a = rng.standard_normal((M, 300)).astype(np.float32)
         b = rng.standard_normal((300, n)).astype(np.float32)

@@ -370,11 +370,14 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
         else:
             chain, dims = self.map_to_loops(globals_, chain)
         for group in ([] if vector is not None else self.merge_lane_groups(store_groups(list(ast.src), self.loads_from))):
-            gchain = chain
+            gchain, guarded = chain, False
             if globals_ and not any(r.axis_type is AxisType.GLOBAL for r in group[0].free_ranges):
-                gchain = self.first_worker_chain(chain, caps)
+                if self._into_scratch(group):
+                    gchain = chain[:1]      # each chunk's own scratch (CPU): filled in every call, before its loop
+                else:
+                    gchain, guarded = self.first_worker_chain(chain, caps), True
             self.emit_group(group, gchain)
-            if gchain is not chain:
+            if guarded:
                 gchain[0].open_children.pop()
             for store in group:
                 self.invalidate(chain, store.src[0].arg)
@@ -389,6 +392,12 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
                           hidden=self.hidden, stepped_loops=self.stepped)
         return kernel, info
 
+
+    def _into_scratch(self, group: list[UOp]) -> bool:
+        """Whether every store of `group` writes the hidden scratch (a thread's own packed panel)."""
+        if self.scratch is None:
+            return False
+        return all(s.src[0].op is Ops.PARAM and s.src[0].arg == self.scratch[0] for s in group)
 
     def first_worker_chain(self, chain: list[Scope], caps: Capabilities) -> list[Scope]:
         """Stores that use no GLOBAL range run once: on CPU in the call whose chunk starts at 0,

@@ -391,7 +391,20 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
             # with lanes, the last `rem` (< 4) columns are one 4-lane vector ending at N: it overlaps its
             # neighbour (those outputs are written twice, the same value) instead of scalar columns
             width = LANE_REMAINDER if lanes >= LANE_REMAINDER and rem < LANE_REMAINDER <= n_static else rem
-            out += _remainder_columns(unpacked, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
+            rest = unpacked
+            if plan is not None:
+                # the remainder's columns packed after the panel (each chunk of units packs them once, before its
+                # loop: lower.py's scratch stores). Read in place, every step of a remainder row tile loaded a line
+                # of its own: matmul(512, 49, 4608), a 7x7 layer's 3x3 contraction, took 6.8 ms on one thread of
+                # the 2-vCPU AVX2 EPYC against 3.5 ms packed (2.27 against 1.79 on two), and resnet50's launches
+                # (benchmarks/onnx_models.py's light model, in order in one process) 76 against 67.5 ms
+                ld, k, _ = plan
+                K, r0 = k.src[0], N - width
+                packs += [scratch.store(K * tj + kp * width + off, substitute(ld, {k: kp, j: r0 + off}))
+                          for off in columns(UOp.const(0, dtypes.index), width)]
+                rest = substitute(unpacked, {ld: scratch.load(K * tj + k * width + (j - r0))})
+                scratch_info = (slot, ld.dtype, _panel_steps(k) * (tj + width))
+            out += _remainder_columns(rest, i, j, axes, u, Cj * P, ti, full, M, N - width, width, columns)
     else:
         # N >= tj: tj-wide tiles, the last one overlapping its neighbour
         col_base = (jo * tj).minimum(N - tj)
