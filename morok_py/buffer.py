@@ -21,6 +21,31 @@ _VIEW_LOCK = threading.Lock()
 _registry_get_device = None     # registry.get_device, imported at the first from_dlpack (the registry imports us)
 
 
+def _foreign(kind: int) -> str:
+    return (f"the tensor lives in {D.DEVICE_NAMES.get(kind, f'device type {kind}')} memory; "
+            f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
+
+
+_exchange_api = D.exchange_api
+
+# (device, dtype name) -> (the dtype, DLPack device, DLPack (code, bits), the device's dlpack_sync or None):
+# what every export of such a buffer needs, checked once. Keyed by the name because a DType's dataclass
+# hash is Python code (a microsecond an export); the entry holds its dtype, and another one is looked up anew.
+_EXPORTS: "dict[tuple[Device, str], tuple]" = {}
+
+
+def _export_info(device: "Device", dtype: DType) -> tuple:
+    spec = device.spec
+    kind = D.DEVICE_TYPES.get(spec.type)
+    if kind is None:
+        raise D.DLPackError(f"{device.name} memory has no DLPack device type")
+    info = (dtype, (kind, 0 if kind == D.CPU else spec.ordinal), D.code_bits(dtype),
+            getattr(device, "dlpack_sync", None))
+    if len(_EXPORTS) < 1024 and (device, dtype.name) not in _EXPORTS:
+        _EXPORTS[(device, dtype.name)] = info
+    return info
+
+
 def _load_get_device():
     global _registry_get_device
     from .registry import get_device
@@ -194,8 +219,39 @@ class Buffer:
         refused; ROCm: None or 0 the default stream). The buffer stays alive while the capsule or the
         consumer's view does. `copy=True` exports a copy; `dl_device=(kDLCPU, 0)` from a GPU copies
         to the host unless `copy=False`."""
-        here = self.__dlpack_device__()
-        src, copied = self, False
+        dtype = self.dtype
+        info = _EXPORTS.get((self.device, dtype.name))
+        if info is None or info[0] is not dtype:
+            info = _export_info(self.device, dtype)
+        _, here, code_bits, sync = info
+        src = self
+        if dl_device is not None or copy:
+            src = self._export_source(here, dl_device, copy)
+            if src is not self:
+                _, here, code_bits, sync = _export_info(src.device, src.dtype)
+        if stream is not None:
+            if sync is None:
+                if stream != -1:
+                    raise D.DLPackError(f"{src.device.name} buffers take stream=None, got stream={stream!r}")
+            elif isinstance(stream, bool) or not isinstance(stream, int):
+                raise D.DLPackError(f"stream must be an int (a stream handle) or None, got {stream!r}")
+        with src._lock:         # the pointer and the export count together: a free() waits for the export
+            ptr = src._ptr
+            if ptr is None:
+                raise BufferFreedError(f"{src!r} was freed")
+            src._exports += 1
+        try:
+            if sync is not None:
+                sync(stream)
+            return D.export_fast(ptr, src.size, code_bits, here, src,
+                                 max_version is not None and max_version[0] >= 1, src is not self,
+                                 src._export_released)
+        except BaseException:
+            src._export_released()
+            raise
+
+    def _export_source(self, here: tuple[int, int], dl_device: Any, copy: "bool | None") -> "Buffer":
+        """The buffer an export with `dl_device` / `copy` hands out: this one, or a copy."""
         if dl_device is not None and tuple(dl_device) != here:
             want = tuple(dl_device)
             if copy is False:
@@ -204,32 +260,10 @@ class Buffer:
             if want[0] != D.CPU:
                 raise D.DLPackError(f"{self!r} can be exported to {self.device.name} or copied to the CPU, "
                                     f"not to dl_device={want}")
-            src, copied = self.to("CPU"), True
-        elif copy:
-            src, copied = self.copy_to(Buffer(self.device, self.size, self.dtype)), True
-        ptr = src.ptr        # raises for a freed buffer
-        versioned = max_version is not None and tuple(max_version)[0] >= 1
-        src._sync_for_consumer(stream)
-        with src._lock:
-            src._exports += 1
-        try:
-            return D.export(ptr, src.size, src.dtype, here if src is self else src.__dlpack_device__(), src,
-                            versioned=versioned,
-                            copied=copied, on_release=src._export_released)
-        except BaseException:
-            src._export_released()
-            raise
-
-    def _sync_for_consumer(self, stream: Any) -> None:
-        DLPackError = D.DLPackError
-        sync = getattr(self.device, "dlpack_sync", None)
-        if sync is None:
-            if stream is not None and stream != -1:
-                raise DLPackError(f"{self.device.name} buffers take stream=None, got stream={stream!r}")
-            return
-        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
-            raise DLPackError(f"stream must be an int (a stream handle) or None, got {stream!r}")
-        sync(stream)
+            return self.to("CPU")
+        if copy:
+            return self.copy_to(Buffer(self.device, self.size, self.dtype))
+        return self
 
     def _export_released(self) -> None:
         """A consumer let go of an export; the last one completes a free() that came meanwhile."""
@@ -245,7 +279,18 @@ class Buffer:
         through either side are seen by the other. The tensor must be contiguous, writable, on a
         morok_py device (CPU, CUDA:n, ROCM:n), of a dtype the IR knows and 16-byte aligned (vector
         loads assume it). The producer keeps the memory alive until the buffer is freed or collected;
-        on a GPU the producer's pending work is ordered before this device's stream."""
+        on a GPU the producer's pending work is ordered before this device's stream.
+
+        A producer whose type carries DLPack's C exchange API (`__dlpack_c_exchange_api__`, PyTorch
+        2.10+) hands its tensor over in one C call, unsynchronized, and names its current stream, which
+        this device's stream is then ordered after; any other producer goes through `__dlpack__`, asked
+        to order its work before this device's DLPack stream (`dlpack_stream`)."""
+        api = _exchange_api(type(obj))
+        if api is not None and getattr(obj, "requires_grad", False) is not True:
+            # (a tensor that requires grad goes through __dlpack__, which refuses it as its producer decides)
+            buf = Buffer._from_exchange(obj, api)
+            if buf is not None:
+                return buf
         get_device = _registry_get_device or _load_get_device()
         try:
             kind, ordinal = obj.__dlpack_device__()
@@ -256,9 +301,7 @@ class Buffer:
             raise
         name = _DLPACK_DEVICES.get(kind)
         if name is None:
-            kind = int(kind)
-            raise D.DLPackError(f"the tensor lives in {D.DEVICE_NAMES.get(kind, f'device type {kind}')} memory; "
-                                f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
+            raise D.DLPackError(_foreign(int(kind)))
         kind, ordinal = int(kind), int(ordinal)
         dev = get_device(f"{name}:{0 if kind == D.CPU else ordinal}")
         stream_of = getattr(dev, "dlpack_stream", None)
@@ -284,13 +327,43 @@ class Buffer:
             if imported.device != (kind, ordinal):
                 raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "
                                     f"that __dlpack_device__ said")
-            if imported.ptr % 16:
-                raise D.DLPackError(f"the tensor's data at {imported.ptr:#x} is not 16-byte aligned; kernels "
-                                    f"load vectors that assume it (pass a copy, e.g. numpy.array(x, copy=True))")
-            return Buffer._view(dev, imported.count, imported.dtype, imported.ptr, imported)
+            return Buffer._imported_view(dev, imported)
         except BaseException:
             imported.release()
             raise
+
+    @staticmethod
+    def _from_exchange(obj: Any, api: Any) -> "Buffer | None":
+        """from_dlpack through the producer's C exchange API; None when the tensor's device has no way to
+        order its stream after the producer's (then the protocol's handshake does it)."""
+        imported = D.Imported.exchange(obj, api)
+        try:
+            kind, ordinal = imported.device
+            name = _DLPACK_DEVICES.get(kind)
+            if name is None:
+                raise D.DLPackError(_foreign(kind))
+            get_device = _registry_get_device or _load_get_device()
+            if kind == D.CPU:
+                dev = get_device("CPU:0")
+            else:
+                dev = get_device(f"{name}:{ordinal}")
+                after = getattr(dev, "dlpack_imported", None)
+                if after is None:
+                    imported.release()
+                    return None
+                # the exchange is unsynchronized: this device's stream waits for the producer's current one
+                after(api.current_stream(kind, ordinal))
+            return Buffer._imported_view(dev, imported)
+        except BaseException:
+            imported.release()
+            raise
+
+    @staticmethod
+    def _imported_view(dev: "Device", imported: Any) -> "Buffer":
+        if imported.ptr % 16:
+            raise D.DLPackError(f"the tensor's data at {imported.ptr:#x} is not 16-byte aligned; kernels "
+                                f"load vectors that assume it (pass a copy, e.g. numpy.array(x, copy=True))")
+        return Buffer._view(dev, imported.count, imported.dtype, imported.ptr, imported)
 
     @staticmethod
     def _view(device: "Device", size: int, dtype: DType, ptr: int, owner: Any) -> "Buffer":

@@ -139,16 +139,15 @@ def producer_stream(obj: Any, device_type: int, ordinal: int) -> "int | None":
 
 # ---- export ---------------------------------------------------------------------------------------
 
-_lock = threading.Lock()
 _exports: dict[int, tuple] = {}    # managed tensor address -> (its memory, owner, on_release)
 
 
 def _release_export(addr: int | None) -> None:
-    """The deleter of every tensor we export: drops the struct and the owner it kept alive."""
+    """The deleter of every tensor we export: drops the struct and the owner it kept alive. (dict.pop is
+    atomic: of two racing calls one gets the entry.)"""
     if not addr:
         return
-    with _lock:
-        entry = _exports.pop(addr, None)
+    entry = _exports.pop(addr, None)
     if entry is not None and entry[2] is not None:
         entry[2]()
 
@@ -175,6 +174,8 @@ _OUR_UNUSED = frozenset(a for a, n in _NAME_ADDRS.items() if n in (_NAME, _NAME_
 _V_MEM = ctypes.c_char * _V_EXPORT.size      # the array types of an export's memory, made once
 _L_MEM = ctypes.c_char * _L_EXPORT.size
 _V_NAME, _L_NAME = _NAMES[_NAME_V], _NAMES[_NAME]
+_V_SHAPE_AT, _L_SHAPE_AT = _V_HEAD.size, _L_HEAD.size
+_addressof = ctypes.addressof
 
 
 def dtype_code(dt: DType) -> tuple[int, int]:
@@ -186,32 +187,43 @@ def dtype_code(dt: DType) -> tuple[int, int]:
     return code, 8 if dt.kind == "b" else dt.itemsize * 8
 
 
+def code_bits(dt: DType) -> tuple[int, int]:
+    """DLPack's (type code, bits) of `dt`; DLPackError for a dtype it has none for."""
+    cb = _CODE_BITS.get(dt)
+    return cb if cb is not None else dtype_code(dt)
+
+
 def export(ptr: int, count: int, dt: DType, device: tuple[int, int], owner: Any, *, versioned: bool,
            read_only: bool = False, copied: bool = False,
            on_release: Callable[[], None] | None = None) -> Any:
     """A capsule for the 1-D tensor of `count` elements at `ptr`. `owner` stays referenced until the
     consumer's deleter runs (or the unconsumed capsule is collected); then `on_release()` is called."""
-    code_bits = _CODE_BITS.get(dt)
-    code, bits = code_bits if code_bits is not None else dtype_code(dt)
+    if read_only and not versioned:
+        raise DLPackError("a read-only tensor needs the versioned DLPack capsule (max_version >= (1, 0))")
+    return export_fast(ptr, count, code_bits(dt), device, owner, versioned, copied, on_release, read_only)
+
+
+def export_fast(ptr: int, count: int, code_bits: tuple[int, int], device: tuple[int, int], owner: Any,
+                versioned: bool, copied: bool, on_release: "Callable[[], None] | None",
+                read_only: bool = False) -> Any:
+    """`export` with the dtype's (code, bits) already looked up (Buffer.__dlpack__ caches them per dtype)."""
+    code, bits = code_bits
     if versioned:
         mem = _V_MEM()
-        addr = ctypes.addressof(mem)
-        shape = addr + _V_HEAD.size
-        flags = (FLAG_READ_ONLY if read_only else 0) | (FLAG_IS_COPIED if copied else 0)
-        _V_EXPORT.pack_into(mem, 0, VERSION[0], VERSION[1], addr, _DELETER_ADDR, flags, ptr or 0, device[0],
-                            device[1], 1, code, bits, 1, shape, shape + 8, 0, count, 1)
+        addr = _addressof(mem)
+        shape = addr + _V_SHAPE_AT
+        _V_EXPORT.pack_into(mem, 0, VERSION[0], VERSION[1], addr, _DELETER_ADDR,
+                            (FLAG_IS_COPIED if copied else 0) | (FLAG_READ_ONLY if read_only else 0), ptr or 0,
+                            device[0], device[1], 1, code, bits, 1, shape, shape + 8, 0, count, 1)
         name = _V_NAME
     else:
-        if read_only:
-            raise DLPackError("a read-only tensor needs the versioned DLPack capsule (max_version >= (1, 0))")
         mem = _L_MEM()
-        addr = ctypes.addressof(mem)
-        shape = addr + _L_HEAD.size
+        addr = _addressof(mem)
+        shape = addr + _L_SHAPE_AT
         _L_EXPORT.pack_into(mem, 0, ptr or 0, device[0], device[1], 1, code, bits, 1, shape, shape + 8, 0,
                             addr, _DELETER_ADDR, count, 1)
         name = _L_NAME
-    with _lock:
-        _exports[addr] = (mem, owner, on_release)
+    _exports[addr] = (mem, owner, on_release)
     try:
         return _capsule_new(addr, name, _DESTRUCTOR_ADDR)
     except BaseException:
@@ -221,8 +233,7 @@ def export(ptr: int, count: int, dt: DType, device: tuple[int, int], owner: Any,
 
 def live_exports() -> int:
     """How many exported tensors no consumer has released yet (for tests and leak hunts)."""
-    with _lock:
-        return len(_exports)
+    return len(_exports)
 
 
 # ---- import ---------------------------------------------------------------------------------------
@@ -282,63 +293,107 @@ class Imported:
     """A consumed DLPack tensor: its data pointer, element count, dtype and device. `release()` calls
     the producer's deleter (once); until then the producer keeps the memory alive."""
 
-    _managed: "int | None" = None
+    __slots__ = ("versioned", "device", "dtype", "shape", "count", "ptr", "flags", "_managed", "_deleter")
 
     def __init__(self, capsule: Any) -> None:
+        self._managed = None
         if type(capsule) is not _CAPSULE:
             raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
         cname = _capsule_name(capsule)
         if cname == _NAME_V:
-            self.versioned = True
-            addr = _ADDR.unpack_from(_MEMORY, id(capsule) + _CAP_PTR)[0]
-            major, _minor, _ctx, deleter, flags, *tensor = _V_HEAD.unpack_from(_MEMORY, addr)
-            if major != VERSION[0]:
-                raise DLPackError(f"DLPack major version {major} is not supported (this reads {VERSION[0]})")
+            versioned = True
         elif cname == _NAME:
-            self.versioned = False
-            addr = _ADDR.unpack_from(_MEMORY, id(capsule) + _CAP_PTR)[0]
-            *tensor, _ctx, deleter = _L_HEAD.unpack_from(_MEMORY, addr)
-            flags = 0
+            versioned = False
         else:
             raise DLPackError("not an unconsumed DLPack capsule (a capsule is consumed once)")
+        addr = _ADDR.unpack_from(_MEMORY, id(capsule) + _CAP_PTR)[0]
         if not addr:
             raise DLPackError("the DLPack capsule holds no tensor")
-        data, dev_type, dev_id, ndim, code, bits, lanes, shape_at, strides_at, offset = tensor
         # checks first: a refused capsule stays unconsumed, so its own destructor releases the tensor
+        deleter = self._read(addr, versioned)
+        # consumed: the capsule's name field now points at our "used_" constant (what PyCapsule_SetName does
+        # after checking the capsule, which type() and the name read above did)
+        _ADDR.pack_into(_MEMORY, id(capsule) + _CAP_NAME, _USED_ADDRS[versioned])
+        self._own(addr, deleter)
+
+    @classmethod
+    def exchange(cls, obj: Any, api: "ExchangeAPI") -> "Imported":
+        """Take `obj`'s tensor through its type's C exchange API (no capsule, no stream synchronization:
+        the caller orders its stream after `api.work_stream`). Refused tensors are released at once."""
+        out = _Out()
+        try:
+            rc = api.from_py(id(obj), ctypes.addressof(out))
+        except DLPackError:
+            raise
+        except Exception as e:      # the producer's exception (ctypes raises what it set)
+            raise DLPackError(f"{type(obj).__name__} refused to export: {e}") from e
+        addr = out.value
+        if rc != 0 or not addr:
+            raise DLPackError(f"{type(obj).__name__}'s DLPack exchange API returned {rc} and no tensor")
+        self = object.__new__(cls)
+        self._managed = None
+        deleter = _V_HEAD.unpack_from(_MEMORY, addr)[3]
+        try:
+            deleter = self._read(addr, True)
+        except BaseException:
+            if deleter:     # ours now: a refused tensor goes back to its producer here
+                _deleter_fn(deleter)(addr)
+            raise
+        self._own(addr, deleter)
+        return self
+
+    def _read(self, addr: int, versioned: bool) -> int:
+        """Check and read the managed tensor at `addr`; returns its deleter's address."""
+        if versioned:
+            (major, _minor, _ctx, deleter, flags, data, dev_type, dev_id, ndim, code, bits, lanes, shape_at,
+             strides_at, offset) = _V_HEAD.unpack_from(_MEMORY, addr)
+            if major != VERSION[0]:
+                raise DLPackError(f"DLPack major version {major} is not supported (this reads {VERSION[0]})")
+        else:
+            (data, dev_type, dev_id, ndim, code, bits, lanes, shape_at, strides_at, offset, _ctx,
+             deleter) = _L_HEAD.unpack_from(_MEMORY, addr)
+            flags = 0
+        self.versioned = versioned
         if flags & FLAG_READ_ONLY:
             raise DLPackError("the tensor is read-only; kernels write their buffers, so a Buffer cannot view "
                               "it (pass a writable tensor, or a copy)")
         self.device = (dev_type, dev_id)
         self.dtype = dtype_of(code, bits, lanes)
-        if ndim < 0 or (ndim and not shape_at):
-            raise DLPackError(f"the capsule's tensor has ndim {ndim} and shape pointer {shape_at:#x}")
-        shape = _dims(ndim).unpack_from(_MEMORY, shape_at) if ndim else ()
-        count = 1
-        for n in shape:
-            count *= n
-        if strides_at and count > 1:
-            strides = _dims(ndim).unpack_from(_MEMORY, strides_at)
-            want = 1
-            for i in reversed(range(ndim)):
-                if shape[i] != 1 and strides[i] != want:
-                    raise DLPackError(f"the tensor is not contiguous (shape {tuple(shape)}, strides {tuple(strides)} "
-                                      f"elements); a Buffer is one dense run of elements: pass a contiguous copy")
-                want *= shape[i]
+        if ndim == 1 and shape_at:          # the common case, without the general loop
+            count = _ONE.unpack_from(_MEMORY, shape_at)[0]
+            shape = (count,)
+            if strides_at and count > 1 and _ONE.unpack_from(_MEMORY, strides_at)[0] != 1:
+                self._not_contiguous(shape, _ONE.unpack_from(_MEMORY, strides_at))
+        else:
+            if ndim < 0 or (ndim and not shape_at):
+                raise DLPackError(f"the capsule's tensor has ndim {ndim} and shape pointer {shape_at:#x}")
+            shape = _dims(ndim).unpack_from(_MEMORY, shape_at) if ndim else ()
+            count = 1
+            for n in shape:
+                count *= n
+            if strides_at and count > 1:
+                strides = _dims(ndim).unpack_from(_MEMORY, strides_at)
+                want = 1
+                for i in reversed(range(ndim)):
+                    if shape[i] != 1 and strides[i] != want:
+                        self._not_contiguous(shape, strides)
+                    want *= shape[i]
+        if count < 0:
+            raise DLPackError(f"the tensor's shape {tuple(shape)} has a negative size")
         self.shape = tuple(shape)
         self.count = count
         self.ptr = data + offset
         self.flags = flags
-        # consumed: the capsule's name field now points at our "used_" constant (what PyCapsule_SetName does
-        # after checking the capsule, which type() and the name read above did)
-        _ADDR.pack_into(_MEMORY, id(capsule) + _CAP_NAME, _USED_ADDRS[self.versioned])
+        return deleter
+
+    @staticmethod
+    def _not_contiguous(shape: tuple, strides: tuple) -> None:
+        raise DLPackError(f"the tensor is not contiguous (shape {tuple(shape)}, strides {tuple(strides)} "
+                          f"elements); a Buffer is one dense run of elements: pass a contiguous copy")
+
+    def _own(self, addr: int, deleter: int) -> None:
         self._managed = addr
-        if deleter:
-            fn = _deleters.get(deleter)
-            if fn is None:
-                fn = _deleters[deleter] = _DELETER(deleter)
-            self._deleter = fn
-        else:
-            self._deleter = None
+        self._deleter = _deleter_fn(deleter) if deleter else None
 
     def release(self) -> None:
         with _release_lock:
@@ -347,10 +402,86 @@ class Imported:
             self._deleter(addr)
 
     def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:
-            pass
+        if self._managed is not None:       # (released already: the usual case, nothing to do)
+            try:
+                self.release()
+            except Exception:
+                pass
+
+
+def _deleter_fn(addr: int) -> Any:
+    """The callable of a producer's deleter at `addr`, made once per address. Called with the GIL held
+    (a producer's deleter that needs it takes it again; one that does not never waits for it)."""
+    fn = _deleters.get(addr)
+    if fn is None:
+        fn = _deleters[addr] = _PY_DELETER(addr)
+    return fn
+
+
+# ---- the C exchange API: DLPack 1.3's `__dlpack_c_exchange_api__` -----------------------------------
+# A producer type may carry a capsule named "dlpack_exchange_api" holding a table of C functions; a
+# consumer takes a tensor through one call (no Python __dlpack__, no capsule) and asks another for the
+# producer's current stream, which it then orders itself after. PyTorch's __dlpack__ costs 3 to 5 us on
+# an H200 host even with stream=-1 (benchmarks/results/nvidia-h200/permute-*.json); this path is one
+# ctypes call. The table is read once per type.
+
+_EXCHANGE_NAME = b"dlpack_exchange_api"
+_API_TABLE = struct.Struct("@IIPPPPPP")   # header (version major, minor, prev_api), then 5 function pointers
+_FROM_PY = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_WORK_STREAM = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int32, ctypes.c_void_p)
+_PY_DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+_Out = ctypes.c_void_p
+_ONE = struct.Struct("@q")
+
+
+class ExchangeAPI:
+    """A producer type's exchange table: `from_py(PyObject*, DLManagedTensorVersioned**)` and
+    `work_stream(device_type, device_id, void**)`, both returning 0 on success."""
+    __slots__ = ("from_py", "work_stream", "capsule")
+
+    def __init__(self, from_py: Any, work_stream: Any, capsule: Any) -> None:
+        self.from_py, self.work_stream, self.capsule = from_py, work_stream, capsule
+
+    def current_stream(self, device_type: int, device_id: int) -> int:
+        """The producer's current work stream on that device, as a raw handle (0: the default stream)."""
+        out = _Out()
+        rc = self.work_stream(device_type, device_id, ctypes.addressof(out))
+        if rc != 0:
+            raise DLPackError(f"the producer's current_work_stream returned {rc}")
+        return out.value or 0
+
+
+_exchange_apis: dict[type, "ExchangeAPI | None"] = {}
+
+
+def exchange_api(tp: type) -> "ExchangeAPI | None":
+    """The DLPack C exchange API of objects of type `tp`, or None when it has none this module can use."""
+    try:
+        return _exchange_apis[tp]
+    except KeyError:
+        pass
+    try:
+        api = _read_exchange_api(tp)
+    except Exception:       # an attribute that is not the table: the protocol's __dlpack__ still works
+        api = None
+    if len(_exchange_apis) < 256:
+        _exchange_apis[tp] = api
+    return api
+
+
+def _read_exchange_api(tp: type) -> "ExchangeAPI | None":
+    cap = getattr(tp, "__dlpack_c_exchange_api__", None)     # on the type, as dlpack.h says
+    if type(cap) is not _CAPSULE or _capsule_name(cap) != _EXCHANGE_NAME:
+        return None
+    addr, seen = _ADDR.unpack_from(_MEMORY, id(cap) + _CAP_PTR)[0], 0
+    while addr and seen < 8:        # a newer major version may chain to an older table
+        major, _minor, prev, _alloc, from_py, _to_py, _dltensor, work_stream = _API_TABLE.unpack_from(_MEMORY, addr)
+        if major == VERSION[0]:
+            if not from_py or not work_stream:
+                return None
+            return ExchangeAPI(_FROM_PY(from_py), _WORK_STREAM(work_stream), cap)
+        addr, seen = prev, seen + 1
+    return None
 
 
 # every exportable dtype's (code, bits), looked up once per export

@@ -484,3 +484,133 @@ def test_gpu_lifetimes_in_either_order(gpu, torch, rng):
     del v
     gc.collect()
     assert D.live_exports() == 0
+
+
+# ---- export: stream argument, cached per (device, dtype) ---------------------------------------------
+
+@pytest.mark.parametrize("stream", [True, 1.0, "1", 0, 2])
+def test_a_cpu_export_refuses_any_stream_but_none_and_minus_one(cpu, stream):
+    b = cpu.buffer(4, dtypes.float32)
+    with pytest.raises(DLPackError, match="stream"):
+        b.__dlpack__(stream=stream)
+    assert b._exports == 0                   # a refused export leaves no count behind
+    b.free()
+
+
+def test_stream_minus_one_exports_without_ordering(cpu, rng):
+    x = rand(rng, 33)
+    b = Buffer.from_numpy(x)
+    imp = D.Imported(b.__dlpack__(stream=-1, max_version=(1, 0)))
+    assert imp.ptr == b.ptr and imp.count == 33
+    imp.release()
+
+
+def test_an_equal_dtype_object_exports_its_own_code(cpu):
+    """The export cache is keyed by the dtype's name but holds the dtype: another object of that name
+    is looked up for itself."""
+    import dataclasses
+    b = cpu.buffer(8, dtypes.float32)
+    np.from_dlpack(b)                                      # the cache holds float32 now
+    other = dataclasses.replace(dtypes.float32)            # equal, not the same object
+    v = Buffer._view(cpu, 8, other, b.ptr, None)
+    imp = D.Imported(v.__dlpack__(max_version=(1, 0)))
+    assert imp.dtype == dtypes.float32 and imp.count == 8
+    imp.release()
+    v._owner = None
+    v._ptr = None                                          # the view owns nothing: never freed here
+
+
+@pytest.mark.parametrize("n", [1, 3, 17, 1001])
+@pytest.mark.parametrize("dt", ["float32", "int16", "uint8", "float64"])
+def test_odd_sizes_round_trip_both_ways(rng, n, dt):
+    x = (rng.standard_normal(n) * 30).astype(dt)
+    b = Buffer.from_dlpack(x)
+    back = np.from_dlpack(b)
+    assert back.ctypes.data == x.ctypes.data and back.shape == (n,) and back.dtype == x.dtype
+    np.testing.assert_array_equal(back, x)
+
+
+def test_an_export_of_a_freed_buffer_names_it(cpu):
+    from morok_py.errors import BufferFreedError
+    b = cpu.buffer(4, dtypes.float32)
+    b.free()
+    with pytest.raises(BufferFreedError, match="freed"):
+        b.__dlpack__(max_version=(1, 0))
+
+
+@pytest.mark.cuda
+def test_torch_hands_its_tensor_over_through_the_c_exchange_api(gpu, torch):
+    """PyTorch 2.10+ carries __dlpack_c_exchange_api__: its current stream comes from the table, and a side
+    stream's pending write is ordered before this device's stream."""
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this PyTorch has no DLPack C exchange API")
+    api = D.exchange_api(torch.Tensor)
+    assert api is not None
+    assert api.current_stream(D.CUDA, 0) in (0, torch.cuda.current_stream().cuda_stream)
+    n = 1 << 20
+    z = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert api.current_stream(D.CUDA, 0) == side.cuda_stream
+        torch.cuda._sleep(200_000_000)
+        z.fill_(5)
+        bz = Buffer.from_dlpack(z)
+    assert bz.ptr == z.data_ptr() and bz.size == n and bz.device is gpu
+    out = gpu.buffer(n, dtypes.float32)
+    gpu.compile(K.add(), name="dlpack_gpu_add")(bz, bz, out, n=n)
+    np.testing.assert_array_equal(out.numpy(), np.full(n, 10, np.float32))
+    side.synchronize()
+
+
+@pytest.mark.cuda
+def test_torch_through_the_protocol_alone_still_orders_streams(gpu, torch, monkeypatch):
+    """With the exchange API hidden, from_dlpack takes torch's __dlpack__ and the same ordering holds."""
+    monkeypatch.setitem(D._exchange_apis, torch.Tensor, None)
+    n = 1 << 20
+    z = torch.zeros(n, device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        z.fill_(2)
+        bz = Buffer.from_dlpack(z)
+    out = gpu.buffer(n, dtypes.float32)
+    gpu.compile(K.add(), name="dlpack_gpu_add")(bz, bz, out, n=n)
+    np.testing.assert_array_equal(out.numpy(), np.full(n, 4, np.float32))
+    side.synchronize()
+
+
+@pytest.mark.cuda
+def test_torch_tensors_the_exchange_does_not_take(gpu, torch):
+    x = torch.randn(64, device="cuda", requires_grad=True)
+    with pytest.raises(DLPackError, match="gradient"):        # torch's own refusal, through __dlpack__
+        Buffer.from_dlpack(x)
+    with pytest.raises(DLPackError, match="not contiguous"):
+        Buffer.from_dlpack(torch.randn(8, 8, device="cuda").t())
+    with pytest.raises(DLPackError, match="16-byte aligned"):
+        Buffer.from_dlpack(torch.randn(64, device="cuda")[1:])
+    with pytest.raises(DLPackError, match="read-only|no morok_py dtype|complex"):
+        Buffer.from_dlpack(torch.zeros(4, dtype=torch.complex64, device="cuda"))
+    ok = Buffer.from_dlpack(torch.randn(64, device="cuda")[4:])    # 16 bytes in: byte offset kept
+    assert ok.size == 60
+    for dt, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16"), (torch.int64, "int64"),
+                     (torch.uint8, "uint8"), (torch.bool, "bool")):
+        assert Buffer.from_dlpack(torch.ones(37, dtype=dt, device="cuda")).dtype.name == name
+
+
+@pytest.mark.cuda
+def test_torch_from_a_buffer_orders_after_our_stream_on_any_torch_stream(gpu, torch, rng):
+    n = 1 << 20
+    x = rand(rng, n)
+    a = Buffer.from_numpy(x, gpu)
+    out = gpu.buffer(n, dtypes.float32)
+    add = gpu.compile(K.add(), name="dlpack_gpu_add")
+    side = torch.cuda.Stream()
+    for _ in range(3):
+        add(a, a, out, n=n)                       # queued on our stream
+        with torch.cuda.stream(side):
+            t = torch.from_dlpack(out)            # side waits for ours
+            s = (t * 1).cpu().numpy()
+        np.testing.assert_array_equal(s, 2 * x)
+        del t

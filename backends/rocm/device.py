@@ -104,6 +104,22 @@ class ROCMDevice(Device):
         and copy of this device goes through."""
         return 0
 
+    def dlpack_imported(self, producer: int | None = None) -> None:
+        """This device's stream waits for the producer's: nothing to do for HIP's default stream (None or 0,
+        the one this device uses), another raw stream handle (a producer's current stream, named by its
+        exchange API or dlpack.producer_stream) through an event, unless that stream is idle."""
+        if not producer:
+            return
+        self.make_current()
+        hip = self._hip
+        if hip.hipStreamQuery(producer)[0] == hip.hipError_t.hipSuccess:
+            return
+        event = getattr(self, "_dlpack_import_event", None)
+        if event is None:
+            event = self._dlpack_import_event = check(hip.hipEventCreate(), "hipEventCreate")
+        check(hip.hipEventRecord(event, producer), "hipEventRecord")
+        check(hip.hipStreamWaitEvent(self.stream, event, 0), "hipStreamWaitEvent")
+
     def dlpack_sync(self, stream: int | None) -> None:
         """Order the consumer's `stream` after the work queued on this device (the DLPack rule). Our
         work is on the default stream: None or 0 is that stream itself, -1 asks for no
