@@ -322,7 +322,7 @@ class Imported:
         the caller orders its stream after `api.work_stream`). Refused tensors are released at once."""
         out = _Out()
         try:
-            rc = api.from_py(id(obj), ctypes.addressof(out))
+            rc = api.from_py(id(obj), _addressof(out))
         except DLPackError:
             raise
         except Exception as e:      # the producer's exception (ctypes raises what it set)
@@ -332,10 +332,10 @@ class Imported:
             raise DLPackError(f"{type(obj).__name__}'s DLPack exchange API returned {rc} and no tensor")
         self = object.__new__(cls)
         self._managed = None
-        deleter = _V_HEAD.unpack_from(_MEMORY, addr)[3]
         try:
             deleter = self._read(addr, True)
         except BaseException:
+            deleter = _V_HEAD.unpack_from(_MEMORY, addr)[3]
             if deleter:     # ours now: a refused tensor goes back to its producer here
                 _deleter_fn(deleter)(addr)
             raise
@@ -445,7 +445,7 @@ class ExchangeAPI:
     def current_stream(self, device_type: int, device_id: int) -> int:
         """The producer's current work stream on that device, as a raw handle (0: the default stream)."""
         out = _Out()
-        rc = self.work_stream(device_type, device_id, ctypes.addressof(out))
+        rc = self.work_stream(device_type, device_id, _addressof(out))
         if rc != 0:
             raise DLPackError(f"the producer's current_work_stream returned {rc}")
         return out.value or 0

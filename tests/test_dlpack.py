@@ -614,3 +614,13 @@ def test_torch_from_a_buffer_orders_after_our_stream_on_any_torch_stream(gpu, to
             s = (t * 1).cpu().numpy()
         np.testing.assert_array_equal(s, 2 * x)
         del t
+
+
+def test_both_gpu_devices_have_the_same_dlpack_shape():
+    """CUDA and ROCm answer the same DLPack calls: the consumer's stream for an import handshake, the
+    ordering after a producer's stream, the ordering of a consumer's stream after ours."""
+    from morok_py.backends.cuda.device import CUDADevice
+    from morok_py.backends.rocm.device import ROCMDevice
+    public = {"dlpack_stream", "dlpack_imported", "dlpack_sync"}
+    for cls in (CUDADevice, ROCMDevice):
+        assert public <= {m for m in vars(cls) if not m.startswith("_")}, cls
