@@ -205,6 +205,19 @@ def amdgpu_llvm_pair(arch: str):
     return renderer, compiler
 
 
+def compile_for_check(compiler, spec):
+    """`compiler.compile(spec)` of a compile-only pair; the llvm-amdgpu pair skips (after the caller's checks of
+    the rendered kernel) where no ld.lld >= 19 links its code objects."""
+    if compiler.cache_key == "llvm-amdgpu":
+        from morok_py.backends.rocm import compiler as C
+        from morok_py.errors import DeviceUnavailableError
+        try:
+            C.find_lld()
+        except DeviceUnavailableError as e:
+            pytest.skip(f"rendered and checked; not linked: no ld.lld >= 19 here: {e}")
+    return compiler.compile(spec)
+
+
 def cuda_compile_pair(key: str, arch: str = "sm_90"):
     """The CUDA (renderer, compiler) of pair `key` ('nvrtc', 'llvm-nvptx') for `arch`, compile-only (no GPU
     needed); skips with the reason where the cuda extra or that pair's compiler is missing."""

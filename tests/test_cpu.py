@@ -851,7 +851,8 @@ def test_a_register_tile_prefetches_its_epilogue_lines_before_its_reduction_loop
                     before = [x for x in block[:pos] if not isinstance(x, Loop) and x.kind is L.PREFETCH]
                     after = [x for x in block[pos + 1:] if not isinstance(x, Loop) and x.kind in (L.LOAD, L.STORE)
                              and (x.arg or x.lanes > 1)]
-                    assert len(before) >= len({(x.src[0].id, x.src[1].id) for x in after}) > 0
+                    # (a remainder of scalar columns, AVX-512's 5-8 of 3 tj + 5, has no vector access to prefetch)
+                    assert len(before) >= len({(x.src[0].id, x.src[1].id) for x in after})
                     assert {x.src[0].arg for x in before} == {x.src[0].arg for x in after}   # residual and output
                     seen["before"] += len(before)
                 walk(it.body)

@@ -12,7 +12,7 @@ import pytest
 from morok_py import AxisType, UOp, dtypes, kernels as K
 from morok_py.codegen.lower import GRID_REDUCE_GROUPS
 
-from conftest import open_target, random_array
+from conftest import compile_for_check, open_target, random_array
 
 GPU_PAIRS = [
     pytest.param(("CUDA", "nvrtc"), id="CUDA-nvrtc", marks=pytest.mark.cuda),
@@ -66,7 +66,7 @@ def test_full_reduction_is_split_over_groups_with_hidden_scratch(pair):
                       (2**31 - GRID_REDUCE_GROUPS * r.caps.default_group, GRID_REDUCE_GROUPS)]:
         gs, ls = info.launch_dims({"n": n})
         assert gs == (groups, 1, 1) and ls == (r.caps.default_group, 1, 1), n
-    out = c.compile(spec)
+    out = compile_for_check(c, spec)
     assert out.payload
 
 
@@ -80,7 +80,7 @@ def test_elementwise_kernels_use_4_wide_accesses(pair):
     # a broadcast operand (coefficient 0 along x) stays scalar; the contiguous ones are vectors
     bspec = r.render(K.broadcast_binary("add", [5, 1003], [1, 1003]), "badd")
     assert ("float4" in bspec.src) or ("<4 x float>" in bspec.src)
-    c.compile(spec), c.compile(bspec)
+    compile_for_check(c, spec), compile_for_check(c, bspec)
 
 
 @pytest.mark.parametrize("pair", range(3), ids=["nvrtc", "llvm-nvptx", "llvm-amdgpu"])
@@ -89,7 +89,7 @@ def test_softmax_reads_each_row_from_global_memory_once(pair):
     spec = r.render(K.softmax(64, 4096), "softmax")
     loads = [i for i in spec.linear.walk() if i.kind.value == "load" and i.src[0].kind.value == "param"]
     assert len(loads) == 1, spec.linear.dump()
-    c.compile(spec)
+    compile_for_check(c, spec)
     # symbolic columns: the row length is unknown, so no cache (and still three passes over global)
     sym = r.render(K.softmax(), "softmax_sym")
     loads = [i for i in sym.linear.walk() if i.kind.value == "load" and i.src[0].kind.value == "param"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import linear_interp as LI
-from conftest import random_array
+from conftest import compile_for_check, random_array
 from test_gpu_lowering import gpu, renderers  # noqa: F401  (gpu: the CUDA/ROCm pairs fixture)
 from morok_py import dtypes
 from morok_py import kernels as K
@@ -48,7 +48,7 @@ def test_half_elementwise_kernels_use_16_byte_accesses(pair, dt):
     mixed = r.render(_cast_add(d), f"cast_add_{dt}")
     assert mixed.linear.schedule.vector_width == 4 and _vector_text(mixed.src, dt, 4)
     for s in (spec, bspec, mixed):
-        assert c.compile(s).payload
+        assert compile_for_check(c, s).payload
 
 
 def _bits(x: np.ndarray, dt: str) -> np.ndarray:
