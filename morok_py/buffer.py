@@ -26,8 +26,6 @@ def _foreign(kind: int) -> str:
             f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
 
 
-_exchange_api = D.exchange_api
-
 # (device, dtype name) -> (the dtype, DLPack device, DLPack (code, bits), the device's dlpack_sync or None):
 # what every export of such a buffer needs, checked once. Keyed by the name because a DType's dataclass
 # hash is Python code (a microsecond an export); the entry holds its dtype, and another one is looked up anew.
@@ -44,6 +42,23 @@ def _export_info(device: "Device", dtype: DType) -> tuple:
     if len(_EXPORTS) < 1024 and (device, dtype.name) not in _EXPORTS:
         _EXPORTS[(device, dtype.name)] = info
     return info
+
+
+# (DLPack device type, id) -> (the Device, its dlpack_imported or None): the registry keeps every device
+# it opened, so an import looks its device up once
+_OPENED: "dict[tuple[int, int], tuple[Device, Any]]" = {}
+
+
+def _open_for_import(kind: int, ordinal: int) -> "tuple[Device, Any]":
+    name = _DLPACK_DEVICES.get(kind)
+    if name is None:
+        raise D.DLPackError(_foreign(kind))
+    get_device = _registry_get_device or _load_get_device()
+    dev = get_device("CPU:0" if kind == D.CPU else f"{name}:{ordinal}")
+    opened = (dev, None if kind == D.CPU else getattr(dev, "dlpack_imported", None))
+    if len(_OPENED) < 64:
+        _OPENED[(kind, ordinal)] = opened
+    return opened
 
 
 def _load_get_device():
@@ -285,7 +300,7 @@ class Buffer:
         2.10+) hands its tensor over in one C call, unsynchronized, and names its current stream, which
         this device's stream is then ordered after; any other producer goes through `__dlpack__`, asked
         to order its work before this device's DLPack stream (`dlpack_stream`)."""
-        api = _exchange_api(type(obj))
+        api = D.exchange_api(type(obj))
         if api is not None and getattr(obj, "requires_grad", False) is not True:
             # (a tensor that requires grad goes through __dlpack__, which refuses it as its producer decides)
             buf = Buffer._from_exchange(obj, api)
@@ -338,21 +353,17 @@ class Buffer:
         order its stream after the producer's (then the protocol's handshake does it)."""
         imported = D.Imported.exchange(obj, api)
         try:
-            kind, ordinal = imported.device
-            name = _DLPACK_DEVICES.get(kind)
-            if name is None:
-                raise D.DLPackError(_foreign(kind))
-            get_device = _registry_get_device or _load_get_device()
-            if kind == D.CPU:
-                dev = get_device("CPU:0")
-            else:
-                dev = get_device(f"{name}:{ordinal}")
-                after = getattr(dev, "dlpack_imported", None)
-                if after is None:
-                    imported.release()
-                    return None
+            place = imported.device
+            opened = _OPENED.get(place)
+            if opened is None:
+                opened = _open_for_import(*place)
+            dev, after = opened
+            if after is not None:
                 # the exchange is unsynchronized: this device's stream waits for the producer's current one
-                after(api.current_stream(kind, ordinal))
+                after(api.current_stream(*place))
+            elif place[0] != D.CPU:
+                imported.release()
+                return None
             return Buffer._imported_view(dev, imported)
         except BaseException:
             imported.release()

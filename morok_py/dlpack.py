@@ -12,6 +12,7 @@ import ctypes
 import struct
 import sys
 import threading
+import weakref
 from typing import Any, Callable
 
 from .dtypes import DType, dtypes
@@ -168,6 +169,11 @@ def _capsule_destructor(capsule: int | None) -> None:
 
 
 _DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
+# Both C entry points outlive this module: a capsule or a consumer's view held in a reference cycle is
+# collected by the interpreter's last garbage collection, after module globals are gone, and calling a
+# freed ctypes thunk then crashes the process. One reference each, never dropped, keeps them.
+for _entry in (_deleter, _capsule_destructor):
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_entry))
 _USED_ADDRS = {True: ctypes.cast(_NAMES[_USED_V], ctypes.c_void_p).value,
                False: ctypes.cast(_NAMES[_USED], ctypes.c_void_p).value}
 _OUR_UNUSED = frozenset(a for a, n in _NAME_ADDRS.items() if n in (_NAME, _NAME_V))
@@ -437,13 +443,23 @@ _ONE = struct.Struct("@q")
 class ExchangeAPI:
     """A producer type's exchange table: `from_py(PyObject*, DLManagedTensorVersioned**)` and
     `work_stream(device_type, device_id, void**)`, both returning 0 on success."""
-    __slots__ = ("from_py", "work_stream", "capsule")
+    __slots__ = ("from_py", "work_stream", "capsule", "raw_stream")
 
-    def __init__(self, from_py: Any, work_stream: Any, capsule: Any) -> None:
-        self.from_py, self.work_stream, self.capsule = from_py, work_stream, capsule
+    def __init__(self, from_py: Any, work_stream: Any, capsule: Any, raw_stream: Any = None) -> None:
+        self.from_py, self.work_stream, self.capsule, self.raw_stream = from_py, work_stream, capsule, raw_stream
 
     def current_stream(self, device_type: int, device_id: int) -> int:
-        """The producer's current work stream on that device, as a raw handle (0: the default stream)."""
+        """The producer's current work stream on that GPU, as a raw handle (0: the default stream).
+        PyTorch's own `_cuda_getCurrentRawStream(device)` gives the same handle as its table's
+        current_work_stream without a ctypes call (0.09 against 0.70 us on an H200 host)."""
+        raw = self.raw_stream
+        if raw is not None:
+            try:
+                stream = raw(device_id)
+            except Exception:
+                stream = None
+            if type(stream) is int and stream >= 0:
+                return stream
         out = _Out()
         rc = self.work_stream(device_type, device_id, _addressof(out))
         if rc != 0:
@@ -451,22 +467,36 @@ class ExchangeAPI:
         return out.value or 0
 
 
-_exchange_apis: dict[type, "ExchangeAPI | None"] = {}
+# id(type) -> (a weak reference to the type, its ExchangeAPI or None): looked up once per type, and
+# dropped with the type (a strong reference would keep every class ever passed in alive, and what its
+# instances hold, to the interpreter's end)
+_exchange_apis: dict[int, tuple] = {}
 
 
 def exchange_api(tp: type) -> "ExchangeAPI | None":
     """The DLPack C exchange API of objects of type `tp`, or None when it has none this module can use."""
-    try:
-        return _exchange_apis[tp]
-    except KeyError:
-        pass
+    entry = _exchange_apis.get(id(tp))
+    if entry is not None and entry[0]() is tp:
+        return entry[1]
     try:
         api = _read_exchange_api(tp)
     except Exception:       # an attribute that is not the table: the protocol's __dlpack__ still works
         api = None
-    if len(_exchange_apis) < 256:
-        _exchange_apis[tp] = api
+    key = id(tp)
+    try:
+        ref = weakref.ref(tp, lambda _, key=key: _exchange_apis.pop(key, None))
+    except TypeError:       # a type without weak references: looked up on every call
+        return api
+    if len(_exchange_apis) < 1024:
+        _exchange_apis[key] = (ref, api)
     return api
+
+
+def _torch_raw_stream(tp: type) -> Any:
+    """PyTorch's current-raw-stream function, for its own tensor types (CUDA and HIP builds alike)."""
+    if not (tp.__module__ == "torch" or tp.__module__.startswith("torch.")):
+        return None
+    return getattr(getattr(sys.modules.get("torch"), "_C", None), "_cuda_getCurrentRawStream", None)
 
 
 def _read_exchange_api(tp: type) -> "ExchangeAPI | None":
@@ -479,7 +509,7 @@ def _read_exchange_api(tp: type) -> "ExchangeAPI | None":
         if major == VERSION[0]:
             if not from_py or not work_stream:
                 return None
-            return ExchangeAPI(_FROM_PY(from_py), _WORK_STREAM(work_stream), cap)
+            return ExchangeAPI(_FROM_PY(from_py), _WORK_STREAM(work_stream), cap, _torch_raw_stream(tp))
         addr, seen = prev, seen + 1
     return None
 

@@ -226,3 +226,26 @@ def test_buffer_lifetimes_either_order(producer, rng):
     b.free()
     b.free()
     assert producer.balanced() and len(producer.deleted) == 1
+
+
+def test_the_table_cache_does_not_keep_types_alive():
+    """A type looked up (with or without a table) is not kept alive by the lookup: what its class holds
+    goes with it, not at the interpreter's end."""
+    import weakref
+    p = Producer()
+    T = p.Tensor
+    assert D.exchange_api(T) is not None
+
+    class Plain:
+        pass
+
+    assert D.exchange_api(Plain) is None
+    refs = [weakref.ref(T), weakref.ref(Plain)]
+    del T, Plain, p
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+
+
+def test_the_torch_stream_shortcut_only_for_torch_types():
+    assert D._torch_raw_stream(np.ndarray) is None
+    assert D._torch_raw_stream(Producer().Tensor) is None
