@@ -530,6 +530,12 @@ def test_odd_sizes_round_trip_both_ways(rng, n, dt):
     np.testing.assert_array_equal(back, x)
 
 
+def test_a_zero_dimensional_array_comes_in_as_one_element(rng):
+    raw = rand(rng, 4)
+    b = Buffer.from_dlpack(np.array(raw[0]))
+    assert b.size == 1 and b.numpy()[0] == raw[0]
+
+
 def test_an_export_of_a_freed_buffer_names_it(cpu):
     from morok_py.errors import BufferFreedError
     b = cpu.buffer(4, dtypes.float32)

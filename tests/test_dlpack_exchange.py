@@ -164,7 +164,9 @@ def test_nd_and_byte_offset_and_size_one_strides(producer, rng):
     assert empty.size == 0
     none = Buffer.from_dlpack(producer.Tensor(raw, shape=(4, 3), strides="null"))      # NULL strides: dense
     assert none.size == 12
-    del b, col, empty, none
+    scalar = Buffer.from_dlpack(producer.Tensor(raw, shape=(), strides="null"))         # 0-d: one element
+    assert scalar.size == 1 and scalar.numpy()[0] == raw[0]
+    del b, col, empty, none, scalar
     gc.collect()
     assert producer.balanced()
 
