@@ -347,6 +347,33 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
     assert not [it for it in kernel.body if not isinstance(it, (Loop,)) and hasattr(it, "body")]   # no If
 
 
+@pytest.mark.parametrize("tile,lanes,M,N,want", [
+    ((6, 16), 8, 1, 1000, (1, 64)), ((6, 16), 8, 2, 1000, (2, 32)), ((6, 16), 8, 5, 1000, (5, 16)),
+    ((6, 16), 8, 1, 200, (1, 16)), ((6, 64), 16, 1, 1000, (1, 64)), ((6, 64), 16, 1, 4096, (1, 128)),
+    ((6, 16), 8, 6, 1000, (6, 16)), ((6, 16), 8, None, 1000, (6, 16))])
+def test_a_contraction_of_few_static_rows_gets_wider_column_tiles(cpu, rng, monkeypatch, tile, lanes, M, N, want):
+    """opt.tile_for: fewer static rows than the target's tile (a classifier at batch 1) widen the columns, up
+    to GEMV_TILE_VECTORS lane vectors in all while GEMV_MIN_UNITS column tiles remain; AVX2's and AVX-512's
+    tiles alike (explicit here), a symbolic M untouched. The widened kernel matches numpy on several threads,
+    every output written (NaN-filled), N not a multiple of the tile."""
+    from morok_py.codegen.opt import GEMV_MIN_UNITS, GEMV_TILE_VECTORS, tile_for
+    from morok_py.codegen.schedule import Schedule, using
+    got = tile_for(K.matmul(M, N, 300), tile, lanes)
+    assert got == want, got
+    if got != (tile[0] if M is None else M, tile[1]):
+        assert got[0] * got[1] // lanes <= GEMV_TILE_VECTORS and -(-N // got[1]) >= GEMV_MIN_UNITS
+    if M is None:
+        return
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    with using(Schedule("threads", register_tile=got, tile_lanes=lanes, prefetch=True)):
+        spec = renderer.render(K.matmul(M, N + 3, 300), f"gemv_{M}_{got[1]}")
+    a = rng.standard_normal((M, 300)).astype(np.float32)
+    b = rng.standard_normal((300, N + 3)).astype(np.float32)
+    out = cpu.buf(np.full(M * (N + 3), np.nan, np.float32))
+    cpu.dev.runtime(compiler.compile(spec))(cpu.buf(a), cpu.buf(b), out)
+    np.testing.assert_allclose(out.numpy().reshape(M, N + 3), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("M,tail", [(1020, 0), (1024, 4), (1023, 3), (1001, 5)])
 def test_leftover_rows_of_a_static_matmul_form_one_tile(M, tail):
     """M % 6 leftover rows of AVX2's 6 x 16 tile (two 8-lane vectors a row) are one tile of that many rows,

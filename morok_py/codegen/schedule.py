@@ -362,7 +362,7 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
             tile = (1, 2 * tile[1])        # a column reduction: one row of 2x the vector tile's columns
         elif tile is not None:
             from .opt import tile_for
-            tile = tile_for(ast, tile)
+            tile = tile_for(ast, tile, caps.tile_lanes)
         lanes = default_lanes(ast, caps, tile)
         from .opt import pack_applies
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
