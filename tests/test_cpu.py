@@ -347,6 +347,31 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
     assert not [it for it in kernel.body if not isinstance(it, (Loop,)) and hasattr(it, "body")]   # no If
 
 
+@pytest.mark.parametrize("N,G,COg,Kg,P,blocks", [(8, 1, 130, 40, 49, 1), (3, 2, 70, 37, 101, 1), (5, 3, 13, 7, 50, 1),
+                                                  (4, 1, 40, 24, 196, 2)])
+def test_a_batched_contraction_splits_its_images_and_tiles_over_the_threads_together(cpu, rng, monkeypatch, N, G,
+                                                                                      COg, Kg, P, blocks):
+    """conv_gemm over a batch (and groups): the store's other GLOBAL ranges join the register tile's units in
+    one thread-split range (opt.tile_with_lanes), so 8 images of 49 pixels are not 8 units for any number of
+    workers; every output written once (NaN-filled) and equal to numpy's, on several threads, with a remainder
+    of columns, tail rows, packed and unpacked panels."""
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    spec = renderer.render(K.conv_gemm(N, G, COg, Kg, P, pixel_blocks=blocks), f"batched_{N}_{G}_{P}")
+    from morok_py.codegen.linear import Loop
+    from morok_py.ir import AxisType
+    loops = [it for it in spec.linear.body if isinstance(it, Loop) and it.kind is AxisType.GLOBAL]
+    assert len(loops) == 1
+    units = spec.launch_dims({})[0][0]
+    assert units % (N * G * blocks) == 0 and units > N * G * blocks, units      # images x groups x tile units
+    x = rng.standard_normal((N, G * Kg, P)).astype(np.float32)
+    w = rng.standard_normal((G * COg, Kg)).astype(np.float32)
+    out = cpu.buf(np.full(N * G * COg * P, np.nan, np.float32))
+    cpu.dev.runtime(compiler.compile(spec))(cpu.buf(x), cpu.buf(w), out)
+    want = np.concatenate([np.einsum("ok,nkp->nop", w[g * COg:(g + 1) * COg].astype(np.float64),
+                                     x[:, g * Kg:(g + 1) * Kg].astype(np.float64)) for g in range(G)], axis=1)
+    np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("tile,lanes,M,N,want", [
     ((6, 16), 8, 1, 1000, (1, 64)), ((6, 16), 8, 2, 1000, (2, 32)), ((6, 16), 8, 5, 1000, (5, 16)),
     ((6, 16), 8, 1, 200, (1, 16)), ((6, 64), 16, 1, 1000, (1, 64)), ((6, 64), 16, 1, 4096, (1, 128)),
