@@ -26,6 +26,9 @@ def _foreign(kind: int) -> str:
             f"a Buffer views CPU, CUDA or ROCM device memory (copy it to one first)")
 
 
+# The two DLPack caches below are read without a lock (a dict read is atomic) and filled under this one.
+_CACHE_LOCK = threading.Lock()
+
 # (device, dtype name) -> (the dtype, DLPack device, DLPack (code, bits), the device's dlpack_sync or None):
 # what every export of such a buffer needs, checked once. Keyed by the name because a DType's dataclass
 # hash is Python code (a microsecond an export); the entry holds its dtype, and another one is looked up anew.
@@ -39,8 +42,9 @@ def _export_info(device: "Device", dtype: DType) -> tuple:
         raise D.DLPackError(f"{device.name} memory has no DLPack device type")
     info = (dtype, (kind, 0 if kind == D.CPU else spec.ordinal), D.code_bits(dtype),
             getattr(device, "dlpack_sync", None))
-    if len(_EXPORTS) < 1024 and (device, dtype.name) not in _EXPORTS:
-        _EXPORTS[(device, dtype.name)] = info
+    with _CACHE_LOCK:
+        if len(_EXPORTS) < 1024 and (device, dtype.name) not in _EXPORTS:
+            _EXPORTS[(device, dtype.name)] = info
     return info
 
 
@@ -56,8 +60,9 @@ def _open_for_import(kind: int, ordinal: int) -> "tuple[Device, Any]":
     get_device = _registry_get_device or _load_get_device()
     dev = get_device("CPU:0" if kind == D.CPU else f"{name}:{ordinal}")
     opened = (dev, None if kind == D.CPU else getattr(dev, "dlpack_imported", None))
-    if len(_OPENED) < 64:
-        _OPENED[(kind, ordinal)] = opened
+    with _CACHE_LOCK:
+        if len(_OPENED) < 64:
+            opened = _OPENED.setdefault((kind, ordinal), opened)
     return opened
 
 

@@ -267,6 +267,9 @@ def _dtype_of(code: int, bits: int, lanes: int) -> DType:
 
 
 _release_lock = threading.Lock()     # one for every import: release() runs a deleter once
+# this module's caches (_DIMS, _deleters, _exchange_apis) are read without a lock (a dict read is
+# atomic) and filled under this one
+_cache_lock = threading.Lock()
 _DIMS: dict[int, struct.Struct] = {}
 
 
@@ -276,7 +279,8 @@ def _dims(ndim: int) -> struct.Struct:
     if s is None:
         if ndim > 64:
             raise DLPackError(f"a tensor of {ndim} dimensions is not supported")
-        s = _DIMS[ndim] = struct.Struct(f"@{ndim}q")
+        with _cache_lock:
+            s = _DIMS.setdefault(ndim, struct.Struct(f"@{ndim}q"))
     return s
 
 
@@ -420,7 +424,8 @@ def _deleter_fn(addr: int) -> Any:
     (a producer's deleter that needs it takes it again; one that does not never waits for it)."""
     fn = _deleters.get(addr)
     if fn is None:
-        fn = _deleters[addr] = _PY_DELETER(addr)
+        with _cache_lock:
+            fn = _deleters.setdefault(addr, _PY_DELETER(addr))
     return fn
 
 
@@ -487,8 +492,9 @@ def exchange_api(tp: type) -> "ExchangeAPI | None":
         ref = weakref.ref(tp, lambda _, key=key: _exchange_apis.pop(key, None))
     except TypeError:       # a type without weak references: looked up on every call
         return api
-    if len(_exchange_apis) < 1024:
-        _exchange_apis[key] = (ref, api)
+    with _cache_lock:
+        if len(_exchange_apis) < 1024:
+            _exchange_apis[key] = (ref, api)
     return api
 
 

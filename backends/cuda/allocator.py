@@ -48,12 +48,14 @@ class CUDAAllocator(PinnedStaging, Allocator):
 
     def _copy_to_device_async(self, dst: int, src: int, nbytes: int) -> None:
         check(cu.cuMemcpyHtoDAsync(dst, src, nbytes, self.device.stream), "cuMemcpyHtoDAsync")
+        self.device.stream_used()
 
     def _copy_to_host_async(self, dst: int, src: int, nbytes: int) -> None:
         check(cu.cuMemcpyDtoHAsync(dst, src, nbytes, self.device.stream), "cuMemcpyDtoHAsync")
+        self.device.stream_used()
 
     def _sync_stream(self) -> None:
-        check(cu.cuStreamSynchronize(self.device.stream), "cuStreamSynchronize")
+        self.device.synchronize()
 
     # -- device to device ---------------------------------------------------------------------
     def transfer(self, dst: int, src: int, nbytes: int, src_allocator: Allocator) -> None:
@@ -71,7 +73,8 @@ class CUDAAllocator(PinnedStaging, Allocator):
             # a peer copy goes over NVLink/PCIe directly when peer access is on, else via the host
             check(cu.cuMemcpyPeerAsync(dst, ddev.context, src, sdev.context, nbytes, ddev.stream),
                   "cuMemcpyPeerAsync")
-        check(cu.cuStreamSynchronize(ddev.stream), "cuStreamSynchronize")
+        ddev.stream_used()
+        ddev.synchronize()
 
     def _enable_peer(self, src_dev: "CUDADevice") -> bool:
         key = src_dev.spec.ordinal

@@ -3,6 +3,8 @@
 Two compiler pairs, both to CUBIN for the device's compute capability (or `MOROK_CUDA_ARCH`):
 CUDA C -> NVRTC ("nvrtc", the default) and NVPTX LLVM IR -> llvmlite -> nvJitLink ("llvm-nvptx").
 Each device has one stream that every launch and copy goes through; `synchronize()` waits for it.
+Whatever queues work on that stream marks it (`stream_used`), so a DLPack export can tell, without a
+driver call, that nothing of ours is pending (`stream_idle`).
 
 Without a driver, `create_device` raises DeviceUnavailableError, unless `MOROK_CUDA_ARCH` is set:
 then it returns a compile-only device (real renderers and compilers; allocating or loading raises
@@ -45,6 +47,9 @@ def driver_missing() -> str | None:
     if err != cu.CUresult.CUDA_SUCCESS:
         return f"cuDriverGetVersion failed with {err.name}"
     return None
+
+
+_NEVER = object()     # CUDADevice._idle before any check: no `_queued` value is it
 
 
 _NO_DRIVER_HINT = ("CUDA kernels can still be rendered and compiled without one: set MOROK_CUDA_ARCH=sm_90, "
@@ -101,7 +106,35 @@ class CUDADevice(Device):
         from cuda.bindings import driver as cu
         from .runtime import check
         self.make_current()
+        token = self._queued = object()
         check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+        self._idle = token
+
+    # -- what is pending on the stream ----------------------------------------------------------
+    # Every launch, copy or wait queued on `stream` sets `_queued` to None after queuing it. A check
+    # that finds the stream idle (a query, a synchronize) first puts a fresh token in `_queued`, then
+    # on success copies it to `_idle`: `_queued is _idle` then means nothing was queued since a check
+    # that saw everything before it done. Lock-free: work queued while a check runs leaves `_queued`
+    # None (or another check's token), never the token that check confirms.
+    _queued: object = None
+    _idle: object = _NEVER
+
+    def stream_used(self) -> None:
+        """Work was queued on `stream` (the runtime calls this; so must code that queues on it itself)."""
+        self._queued = None
+
+    def stream_idle(self) -> bool:
+        """Whether everything queued on `stream` is done: known without a driver call when nothing was
+        queued since the last check that found it idle, else one cuStreamQuery."""
+        if self._queued is self._idle:
+            return True
+        query, _record, _wait, ok = (self._dlpack_api or self._dlpack_setup())[:4]
+        self.make_current()
+        token = self._queued = object()
+        if query(self.stream)[0] == ok:
+            self._idle = token
+            return True
+        return False
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
@@ -128,6 +161,7 @@ class CUDADevice(Device):
             return
         check(record(events[0], src), "cuEventRecord")
         check(wait(self.stream, events[0], 0), "cuStreamWaitEvent")
+        self._queued = None     # our stream now waits on the producer's work
 
     # (cuStreamQuery, cuEventRecord, cuStreamWaitEvent, CUDA_SUCCESS, the legacy stream, check, (import
     # event, export event), consumer streams by handle): looked up once, not imported per DLPack call
@@ -154,10 +188,11 @@ class CUDADevice(Device):
             from morok_py.dlpack import DLPackError
             raise DLPackError("stream=0 is ambiguous for CUDA (the DLPack protocol refuses it); pass 1 for the "
                               "legacy default stream, 2 for the per-thread one, or a stream handle")
-        query, record, wait, ok, legacy, check, events, streams = self._dlpack_api or self._dlpack_setup()
-        self.make_current()
-        if query(self.stream)[0] == ok:
-            return          # nothing queued here is pending: nothing to order
+        if self._queued is self._idle:
+            return          # nothing was queued here since the stream was last seen idle: nothing to order
+        if self.stream_idle():
+            return          # one query: nothing queued here is pending
+        _query, record, wait, _ok, _legacy, check, events, streams = self._dlpack_api
         target = streams.get(stream)
         if target is None:
             from cuda.bindings import driver as cu

@@ -174,6 +174,7 @@ class CUDAProgram(Program):
             return None          # nothing to do: CUDA refuses empty grids
         (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
                               local_size[0], local_size[1], local_size[2], self._smem, self._stream, self.kernel_params, 0)
+        dev._queued = None      # (CUDADevice.stream_used, inline)
         if err:
             self._launch_failed(err, global_size, local_size)
         return None
@@ -195,7 +196,14 @@ class CUDAProgram(Program):
         slots = (ctypes.c_uint64 * n)(*[a & 0xFFFFFFFFFFFFFFFF for a in args])
         base = ctypes.addressof(slots)
         argv = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
-        launch = functools.partial(self._launch, self._fn, *gs, *ls, self._smem, self._stream, ctypes.addressof(argv), 0)
+        args = (self._fn, *gs, *ls, self._smem, self._stream, ctypes.addressof(argv), 0)
+        kernel, dev = self._launch, self.device
+
+        def launch():
+            result = kernel(*args)
+            dev._queued = None      # (CUDADevice.stream_used, inline)
+            return result
+        launch.args = args
         launch.keep = (slots, argv)     # the argument memory lives as long as the launch
         return launch
 
@@ -237,6 +245,7 @@ class CUDAProgram(Program):
         check(cu.cuEventRecord(start, stream), "cuEventRecord")
         (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
                               local_size[0], local_size[1], local_size[2], self._smem, stream, self.kernel_params, 0)
+        self.device.stream_used()
         if err:
             self._launch_failed(err, global_size, local_size)
         check(cu.cuEventRecord(end, stream), "cuEventRecord")
@@ -277,6 +286,7 @@ class CUDAGraph:
         if wait:
             check(cu.cuEventRecord(self._start, stream), "cuEventRecord")
         (err,) = cu.cuGraphLaunch(self.graph_exec, stream)
+        dev.stream_used()
         if err:
             raise device_error("cuGraphLaunch", err, error_text(err))
         if wait:

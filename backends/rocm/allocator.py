@@ -51,11 +51,13 @@ class HIPAllocator(PinnedStaging, Allocator):
         hip = self._hip
         check(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyHostToDevice, self.device.stream),
               "hipMemcpyAsync(HtoD)")
+        self.device.stream_used()
 
     def _copy_to_host_async(self, dst: int, src: int, nbytes: int) -> None:
         hip = self._hip
         check(hip.hipMemcpyAsync(dst, src, nbytes, hip.hipMemcpyKind.hipMemcpyDeviceToHost, self.device.stream),
               "hipMemcpyAsync(DtoH)")
+        self.device.stream_used()
 
     def _sync_stream(self) -> None:
         check(self._hip.hipStreamSynchronize(self.device.stream), "hipStreamSynchronize")
@@ -78,6 +80,7 @@ class HIPAllocator(PinnedStaging, Allocator):
             # direct over xGMI/PCIe when peer access is on, else HIP stages it through the host
             check(hip.hipMemcpyPeerAsync(dst, ddev.ordinal, src, sdev.ordinal, nbytes, ddev.stream),
                   "hipMemcpyPeerAsync")
+        ddev.stream_used()
         check(hip.hipStreamSynchronize(ddev.stream), "hipStreamSynchronize")
 
     def _enable_peer(self, src_dev: "ROCMDevice") -> bool:

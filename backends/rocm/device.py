@@ -22,6 +22,7 @@ from .renderer import AMDGPURenderer, parse_arch, wave_size
 from .runtime import HIPProgram, check, hip_module
 
 _current = threading.local()     # the HIP device each thread last made current
+_NEVER = object()                # ROCMDevice._idle before any check: no `_queued` value is it
 _open: "weakref.WeakSet[ROCMDevice]" = weakref.WeakSet()
 
 
@@ -96,7 +97,35 @@ class ROCMDevice(Device):
 
     def synchronize(self) -> None:
         self.make_current()
+        token = self._queued = object()
         check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
+        self._idle = token
+
+    # -- what is pending on the stream (as CUDADevice keeps it) ----------------------------------
+    # Every launch, copy or wait queued on `stream` sets `_queued` to None after queuing it. A check
+    # that finds the stream idle (a query, a synchronize) first puts a fresh token in `_queued`, then
+    # on success copies it to `_idle`: `_queued is _idle` then means nothing was queued since a check
+    # that saw everything before it done. Lock-free: work queued while a check runs leaves `_queued`
+    # None (or another check's token), never the token that check confirms.
+    _queued: object = None
+    _idle: object = _NEVER
+
+    def stream_used(self) -> None:
+        """Work was queued on `stream` (the runtime calls this; so must code that queues on it itself)."""
+        self._queued = None
+
+    def stream_idle(self) -> bool:
+        """Whether everything queued on `stream` is done: known without a HIP call when nothing was
+        queued since the last check that found it idle, else one hipStreamQuery."""
+        if self._queued is self._idle:
+            return True
+        self.make_current()
+        hip = self._hip
+        token = self._queued = object()
+        if hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess:
+            self._idle = token
+            return True
+        return False
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
@@ -109,6 +138,8 @@ class ROCMDevice(Device):
         the one this device uses), another raw stream handle (a producer's current stream, named by its
         exchange API or dlpack.producer_stream) through an event, unless that stream is idle."""
         if not producer:
+            # the producer's pending work is on our stream now: a later export orders after it
+            self._queued = None
             return
         self.make_current()
         hip = self._hip
@@ -119,6 +150,7 @@ class ROCMDevice(Device):
             event = self._dlpack_import_event = check(hip.hipEventCreate(), "hipEventCreate")
         check(hip.hipEventRecord(event, producer), "hipEventRecord")
         check(hip.hipStreamWaitEvent(self.stream, event, 0), "hipStreamWaitEvent")
+        self._queued = None     # our stream now waits on the producer's work
 
     def dlpack_sync(self, stream: int | None) -> None:
         """Order the consumer's `stream` after the work queued on this device (the DLPack rule). Our
@@ -130,7 +162,8 @@ class ROCMDevice(Device):
         if stream in (1, 2):
             raise DLPackError(f"stream={stream} is CUDA's default-stream code; ROCm takes None or 0 for the "
                               f"default stream, or a stream handle")
-        self.make_current()
+        if self._queued is self._idle or self.stream_idle():
+            return          # nothing queued here is pending: nothing to order
         hip = self._hip
         event = getattr(self, "_dlpack_event", None)
         if event is None:

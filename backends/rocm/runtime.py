@@ -247,6 +247,7 @@ class HIPProgram(Program):
             check(hip.hipEventRecord(start, stream), "hipEventRecord")
         (err,) = hip.hipModuleLaunchKernel(self._fn, global_size[0], global_size[1], global_size[2],
                                            local_size[0], local_size[1], local_size[2], 0, stream, None, self.extra)
+        dev._queued = None      # (ROCMDevice.stream_used, inline)
         if err != hip.hipError_t.hipSuccess:
             raise device_error("hipModuleLaunchKernel", err,
                                f"{self.name} grid={tuple(global_size)} block={tuple(local_size)}: "
