@@ -372,6 +372,25 @@ def test_a_batched_contraction_splits_its_images_and_tiles_over_the_threads_toge
     np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("rem,width", [(1, 4), (4, 4), (5, 8), (8, 8), (9, 16), (16, 16)])
+def test_a_remainder_region_is_one_vector_of_the_fewest_lanes_that_hold_it(cpu, rng, monkeypatch, rem, width):
+    """AVX-512's 64-wide tile leaves remainders of up to 16 columns: each is one vector ending at N of 4, 8 or
+    16 lanes (not scalar columns), overlapping the last tile; every output written once more with the same
+    value (NaN-filled), on several threads, against numpy."""
+    from morok_py.codegen.schedule import Schedule, using
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    N, M = 3 * 64 + rem, 50
+    with using(Schedule("threads", register_tile=(6, 64), tile_lanes=16, prefetch=True)):
+        spec = renderer.render(K.matmul(M, N, 70), f"rem_lanes_{rem}")
+    assert "fadd reassoc contract float " not in spec.src         # no scalar accumulator
+    assert f"<{width} x float>" in spec.src
+    a = rng.standard_normal((M, 70)).astype(np.float32)
+    b = rng.standard_normal((70, N)).astype(np.float32)
+    out = cpu.buf(np.full(M * N, np.nan, np.float32))
+    cpu.dev.runtime(compiler.compile(spec))(cpu.buf(a), cpu.buf(b), out)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("tile,lanes,M,N,want", [
     ((6, 16), 8, 1, 1000, (1, 64)), ((6, 16), 8, 2, 1000, (2, 32)), ((6, 16), 8, 5, 1000, (5, 16)),
     ((6, 16), 8, 1, 200, (1, 16)), ((6, 64), 16, 1, 1000, (1, 64)), ((6, 64), 16, 1, 4096, (1, 128)),
@@ -903,7 +922,7 @@ def test_a_register_tile_prefetches_its_epilogue_lines_before_its_reduction_loop
                     before = [x for x in block[:pos] if not isinstance(x, Loop) and x.kind is L.PREFETCH]
                     after = [x for x in block[pos + 1:] if not isinstance(x, Loop) and x.kind in (L.LOAD, L.STORE)
                              and (x.arg or x.lanes > 1)]
-                    # (a remainder of scalar columns, AVX-512's 5-8 of 3 tj + 5, has no vector access to prefetch)
+                    # (a loop with no vector access after it, scalar columns, has nothing to prefetch)
                     assert len(before) >= len({(x.src[0].id, x.src[1].id) for x in after})
                     assert {x.src[0].arg for x in before} == {x.src[0].arg for x in after}   # residual and output
                     seen["before"] += len(before)

@@ -416,9 +416,15 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
         col0 = jo * tj if n_static % tj == 0 or rem else (jo * tj).minimum(N - tj)
         out += tile_stores(col0, tj)
         if rem and not merged:
-            # with lanes, the last `rem` (< 4) columns are one 4-lane vector ending at N: it overlaps its
-            # neighbour (those outputs are written twice, the same value) instead of scalar columns
-            width = LANE_REMAINDER if lanes >= LANE_REMAINDER and rem < LANE_REMAINDER <= n_static else rem
+            # with lanes, the last `rem` columns are one vector ending at N, of the fewest lanes (4, 8, ...,
+            # up to the target's) that hold them: it overlaps its neighbour (those outputs are written twice,
+            # the same value) instead of scalar columns (AVX-512's remainders of 5-7 and 9-15 columns of a
+            # 64-wide tile were 6 rows of that many scalar accumulators)
+            width = rem
+            if lanes >= LANE_REMAINDER:
+                width = next((w for w in _lane_widths(lanes) if w >= rem), rem)
+                if width > n_static:
+                    width = rem
             rest = unpacked
             if plan is not None:
                 # the remainder's columns packed after the panel (each chunk of units packs them once, before its
@@ -473,6 +479,15 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     if fused:
         sink = substitute(sink, fused)
     return sink, {r.axis: w for w, r in lane_ranges.items()}, scratch_info
+
+
+def _lane_widths(lanes: int) -> list[int]:
+    """The vector widths a remainder may take: LANE_REMAINDER, doubling, up to `lanes`."""
+    out, w = [], LANE_REMAINDER
+    while w <= lanes:
+        out.append(w)
+        w *= 2
+    return out
 
 
 def _tile_width(n: int, tj: int) -> tuple[int, int]:
