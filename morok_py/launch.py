@@ -187,6 +187,47 @@ class _DeviceMeta(contracts._DeviceMeta):
         return get_device(name)
 
 
+_NEVER = object()     # StreamMarks._idle before any check: no `_queued` value is it
+
+
+class StreamMarks:
+    """What is pending on a GPU device's one stream, known without a driver call where it can be.
+
+    Every launch, copy or wait queued on the stream calls `stream_used()` after queuing it (the runtimes
+    inline it as `_queued = None`). A check that finds the stream idle (`stream_idle`'s query, `synchronized`)
+    first puts a fresh token in `_queued`, then on success copies it to `_idle`: `_queued is _idle` then
+    means nothing was queued since a check that saw everything before it done. Lock-free: work queued while
+    a check runs leaves `_queued` None (or another check's token), never the token that check confirms.
+    A backend supplies `_stream_query()` (True: everything queued is done) and its synchronize."""
+
+    _queued: object = None
+    _idle: object = _NEVER
+
+    def stream_used(self) -> None:
+        """Work was queued on the stream (the runtime calls this; so must code that queues on it itself)."""
+        self._queued = None
+
+    def stream_idle(self) -> bool:
+        """Whether everything queued on the stream is done: known without a driver call when nothing was
+        queued since the last check that found it idle, else one query (`_stream_query`)."""
+        if self._queued is self._idle:
+            return True
+        token = self._queued = object()
+        if self._stream_query():
+            self._idle = token
+            return True
+        return False
+
+    def synchronized(self, wait) -> None:
+        """Run `wait()` (a call that returns once the stream is idle) and remember the stream idle."""
+        token = self._queued = object()
+        wait()
+        self._idle = token
+
+    def _stream_query(self) -> bool:
+        raise NotImplementedError
+
+
 class Device(contracts.Device, metaclass=_DeviceMeta):
     """A device with the friendly path: `Device["CUDA:1"]` opens (once) and returns a device,
     `compile` goes through the method and disk caches, `buffer` allocates a Buffer."""

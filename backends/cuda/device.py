@@ -16,7 +16,7 @@ from typing import Any
 
 from morok_py import config
 from morok_py.device import Allocator, CompiledSpec, Compiler, DeviceSpec, Renderer
-from morok_py.launch import Device
+from morok_py.launch import Device, StreamMarks
 from morok_py.errors import DeviceError, DeviceUnavailableError
 
 from .compiler import INSTALL, NVPTXCompiler, NVRTCCompiler, device_compile_arch, mlir_pair, normalize_arch
@@ -49,15 +49,12 @@ def driver_missing() -> str | None:
     return None
 
 
-_NEVER = object()     # CUDADevice._idle before any check: no `_queued` value is it
-
-
 _NO_DRIVER_HINT = ("CUDA kernels can still be rendered and compiled without one: set MOROK_CUDA_ARCH=sm_90, "
                    "run `morok compile --device CUDA --arch sm_90 KERNEL`, or use "
                    "morok_py.backends.cuda.compile_only_pairs('sm_90')")
 
 
-class CUDADevice(Device):
+class CUDADevice(StreamMarks, Device):
     def __init__(self, spec: DeviceSpec) -> None:
         from cuda.bindings import driver as cu
 
@@ -106,35 +103,13 @@ class CUDADevice(Device):
         from cuda.bindings import driver as cu
         from .runtime import check
         self.make_current()
-        token = self._queued = object()
-        check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
-        self._idle = token
+        self.synchronized(lambda: check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize"))
 
-    # -- what is pending on the stream ----------------------------------------------------------
-    # Every launch, copy or wait queued on `stream` sets `_queued` to None after queuing it. A check
-    # that finds the stream idle (a query, a synchronize) first puts a fresh token in `_queued`, then
-    # on success copies it to `_idle`: `_queued is _idle` then means nothing was queued since a check
-    # that saw everything before it done. Lock-free: work queued while a check runs leaves `_queued`
-    # None (or another check's token), never the token that check confirms.
-    _queued: object = None
-    _idle: object = _NEVER
-
-    def stream_used(self) -> None:
-        """Work was queued on `stream` (the runtime calls this; so must code that queues on it itself)."""
-        self._queued = None
-
-    def stream_idle(self) -> bool:
-        """Whether everything queued on `stream` is done: known without a driver call when nothing was
-        queued since the last check that found it idle, else one cuStreamQuery."""
-        if self._queued is self._idle:
-            return True
+    def _stream_query(self) -> bool:
+        """One cuStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         query, _record, _wait, ok = (self._dlpack_api or self._dlpack_setup())[:4]
         self.make_current()
-        token = self._queued = object()
-        if query(self.stream)[0] == ok:
-            self._idle = token
-            return True
-        return False
+        return query(self.stream)[0] == ok
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:

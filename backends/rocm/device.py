@@ -13,7 +13,7 @@ from typing import Any
 
 from morok_py import config
 from morok_py.device import CompiledSpec, Compiler, DeviceSpec, Renderer
-from morok_py.launch import Device
+from morok_py.launch import Device, StreamMarks
 from morok_py.errors import DeviceUnavailableError, UnknownNameError
 from morok_py.registry import active_gpu_stack, claim_gpu_stack
 
@@ -22,7 +22,6 @@ from .renderer import AMDGPURenderer, parse_arch, wave_size
 from .runtime import HIPProgram, check, hip_module
 
 _current = threading.local()     # the HIP device each thread last made current
-_NEVER = object()                # ROCMDevice._idle before any check: no `_queued` value is it
 _open: "weakref.WeakSet[ROCMDevice]" = weakref.WeakSet()
 
 
@@ -56,7 +55,7 @@ def ordered_pairs(pairs: list[tuple[Renderer, Compiler]]) -> list[tuple[Renderer
     return usable + [p for p in pairs if p not in usable]
 
 
-class ROCMDevice(Device):
+class ROCMDevice(StreamMarks, Device):
     """One AMD GPU: `ROCM` or `ROCM:n`."""
 
     def __init__(self, spec: DeviceSpec) -> None:
@@ -97,35 +96,13 @@ class ROCMDevice(Device):
 
     def synchronize(self) -> None:
         self.make_current()
-        token = self._queued = object()
-        check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize")
-        self._idle = token
+        self.synchronized(lambda: check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize"))
 
-    # -- what is pending on the stream (as CUDADevice keeps it) ----------------------------------
-    # Every launch, copy or wait queued on `stream` sets `_queued` to None after queuing it. A check
-    # that finds the stream idle (a query, a synchronize) first puts a fresh token in `_queued`, then
-    # on success copies it to `_idle`: `_queued is _idle` then means nothing was queued since a check
-    # that saw everything before it done. Lock-free: work queued while a check runs leaves `_queued`
-    # None (or another check's token), never the token that check confirms.
-    _queued: object = None
-    _idle: object = _NEVER
-
-    def stream_used(self) -> None:
-        """Work was queued on `stream` (the runtime calls this; so must code that queues on it itself)."""
-        self._queued = None
-
-    def stream_idle(self) -> bool:
-        """Whether everything queued on `stream` is done: known without a HIP call when nothing was
-        queued since the last check that found it idle, else one hipStreamQuery."""
-        if self._queued is self._idle:
-            return True
+    def _stream_query(self) -> bool:
+        """One hipStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         self.make_current()
         hip = self._hip
-        token = self._queued = object()
-        if hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess:
-            self._idle = token
-            return True
-        return False
+        return hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
