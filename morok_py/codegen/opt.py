@@ -99,8 +99,9 @@ def tile_for(ast: UOp, tile: tuple[int, int], lanes: int = 0) -> tuple[int, int]
     ti, tj = tile
     if m is not None and n is not None and 0 < m < ti and lanes and n >= tj:
         # a GEMV-like contraction (a classifier at batch 1): each column tile walks every row of B, one short
-        # run per step; wider runs let the prefetcher stream B (matmul(1, 1000, 2048) on the 2-vCPU AVX2
-        # EPYC, two threads: 0.54 ms in 16-column tiles, 0.32 in 64, 0.29 in 128)
+        # run per step; wider runs let the prefetcher stream B (benchmarks/cpu_tiles.py --tag gemv on the
+        # 2-vCPU AVX2 EPYC, cpu_tiles-gemv.json: matmul(1, 1000, 2048) 0.43 ms in 16-column tiles, 0.33 in
+        # 64, 0.25 in 128; resnet50's classifier in the model 1.14 -> 0.69 ms at 64)
         while m * 2 * tj // lanes <= GEMV_TILE_VECTORS and -(-n // (2 * tj)) >= GEMV_MIN_UNITS:
             tj *= 2
         return m, tj
