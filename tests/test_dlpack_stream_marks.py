@@ -13,6 +13,7 @@ import pytest
 
 from morok_py import Buffer, dtypes, kernels as K
 from morok_py.dlpack import DLPackError
+from test_dlpack import gpu, torch  # noqa: F401 -- fixtures shared with the DLPack tests
 
 
 # ---- without a GPU: the devices' bookkeeping over fake driver calls --------------------------------
@@ -254,19 +255,7 @@ def test_concurrent_checks_never_call_pending_work_idle(fake):
 
 
 # ---- CUDA: a PyTorch consumer on a side stream after each way of queuing a kernel ---------------
-
-@pytest.fixture
-def gpu():
-    from conftest import open_target
-    dev = open_target("CUDA", "nvrtc").dev
-    if getattr(dev, "compile_only", False):
-        pytest.skip(f"CUDA is compile-only here: {dev.reason}")
-    return dev
-
-
-@pytest.fixture
-def torch():
-    return pytest.importorskip("torch", reason="PyTorch is not installed")
+# (fixtures: test_dlpack's `gpu`, the CUDA device on nvrtc, and `torch`)
 
 
 @pytest.mark.cuda
