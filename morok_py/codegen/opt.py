@@ -1,6 +1,8 @@
 """AST-level optimizations chosen from a renderer's capabilities, applied before lowering."""
 from __future__ import annotations
 
+import math
+
 from ..dtypes import dtypes
 from ..ir import AxisType, Ops, UOp, substitute
 from .scan import is_column_reduction
@@ -337,9 +339,8 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     # 1280 layer of benchmarks/cpu_conv.py on the 16-core Xeon: 0.35x onnxruntime)
     others = sorted((r for r in st.free_ranges if r.axis_type is AxisType.GLOBAL and r is not i and r is not j),
                     key=lambda r: r.axis)
-    E = 1
-    for r in others:
-        E = E * _const(r.src[0]) if E is not None and _const(r.src[0]) is not None else None
+    extents = [_const(r.src[0]) for r in others]
+    E = None if None in extents else math.prod(extents)
     batched = bool(others) and E is not None and threads > 0 and n_static is not None and m_static is not None
     if _const(full) is not None and _const(Cj) is not None:
         P = UOp.const(_partitions(_const(full), _const(Cj), -(-threads // E) if batched else threads), dtypes.index)
