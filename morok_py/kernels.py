@@ -878,6 +878,16 @@ GROUPED_UNROLL_MAX_TAPS = 36
 # the outputs of a group one work-item computes: the most whose products per step (taps x outputs) stay
 # within this (8 outputs x 72 taps x 8 pixels of float16 took NVRTC 10 s to compile)
 GROUPED_MAX_TERMS = 288
+# grouped_tile: the output pixels (rows, columns) one work-item of a grouped convolution with its channels a
+# REDUCE range computes, each weight loaded once for all of them and each input tap once for the pixels that
+# share it; at most GROUPED_TILE_ACCS accumulators. Measured on an H200 (32x256x28x28 * 256x8x3x3 g32, 8 outputs
+# per work-item, nvrtc / llvm-nvptx, us, medians of 3 interleaved rounds; torch 74 float16, 221 float32):
+# float16 1x1 103 / 111, 4x1 58 / 61, 2x2 56 / 70, 7x1 63 / 52, 4x2 57 / 60; float32 1x1 108 / 117, 4x1 70 / 71,
+# 2x2 69 / 75, 4x2 55 / 65
+GROUPED_TILE = (4, 2)
+GROUPED_TILE_ACCS = 64
+# (n, group, output block) is one GLOBAL range and a plane's tiles another: tile rows and tile columns as two
+# ranges took work-groups of 32 x 8 items over 28 x 7 of them (4x1 tiles 60 against 58 us, float16, nvrtc)
 
 
 def grouped_outputs(Cg: int, COg: int, KH: int, KW: int) -> int:
@@ -887,15 +897,36 @@ def grouped_outputs(Cg: int, COg: int, KH: int, KW: int) -> int:
     return max(d for d in range(1, COg + 1) if COg % d == 0 and d * taps <= GROUPED_MAX_TERMS or d == 1)
 
 
+def grouped_tile(Cg: int, COg: int, KH: int, KW: int, OH: int, OW: int, per: int | None = None) -> tuple[int, int]:
+    """(rows, columns) of output pixels one work-item of `grouped_conv2d` computes: (1, 1) where a group's
+    taps are unrolled; with the channels a REDUCE range, the largest divisors of OH and OW up to
+    GROUPED_TILE, columns then rows cut to their next smaller divisor until the accumulators (outputs x
+    pixels) are at most GROUPED_TILE_ACCS."""
+    if Cg * KH * KW <= GROUPED_UNROLL_MAX_TAPS:
+        return (1, 1)
+    per = per if per is not None else grouped_outputs(Cg, COg, KH, KW)
+    rows, cols = (max(d for d in range(1, min(n, t) + 1) if n % d == 0) for n, t in zip((OH, OW), GROUPED_TILE))
+    while per * rows * cols > GROUPED_TILE_ACCS and rows * cols > 1:
+        if cols > 1:
+            cols = max(d for d in range(1, cols) if OW % d == 0)
+        else:
+            rows = max(d for d in range(1, rows) if OH % d == 0)
+    return (rows, cols)
+
+
 def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int, groups: int,
                    stride: tuple[int, int] = (1, 1), dilation: tuple[int, int] = (1, 1),
                    pads: tuple[int, int, int, int] = (0, 0, 0, 0), dtype=dtypes.float32,
-                   epilogue: Epilogue | None = None, per: int | None = None) -> UOp:
+                   epilogue: Epilogue | None = None, per: int | None = None,
+                   tile: tuple[int, int] | None = None) -> UOp:
     """A grouped convolution (GPU form, ConvPlan family grouped_direct; depthwise too): every (n, group,
     output block, oh, ow) is a GLOBAL range (a work-item); a work-item loads its group's input taps
     (masked at the borders, zero padding) once for the `per` output channels it sums them into (default
     `grouped_outputs`), in the accumulation dtype (float32 for 16-bit floats). A group's channels are
-    unrolled up to GROUPED_UNROLL_MAX_TAPS taps, else a REDUCE range. N None is the variable `N`.
+    unrolled up to GROUPED_UNROLL_MAX_TAPS taps, else a REDUCE range. `tile` (rows, columns; default
+    `grouped_tile`, both dividing the output's sides): output pixels per work-item, each input tap they
+    share loaded once and each weight once for all of them; with a tile other than (1, 1) the GLOBAL ranges
+    are (n, group, output block) and (tile row, tile column). N None is the variable `N`.
     Params: x, w [CO, C/groups, KH, KW], the epilogue's operands, out."""
     dt = as_dtype(dtype)
     if C % groups or CO % groups:
@@ -907,40 +938,59 @@ def grouped_conv2d(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: 
     per = per if per is not None else grouped_outputs(Cg, COg, KH, KW)
     if per < 1 or COg % per:
         raise ArgumentError(f"grouped_conv2d: {per} outputs per work-item for {COg} per group")
+    th, tw = tile if tile is not None else grouped_tile(Cg, COg, KH, KW, OH, OW, per)
+    if th < 1 or tw < 1 or OH % th or OW % tw:
+        raise ArgumentError(f"grouped_conv2d: a {th}x{tw} tile of pixels does not divide a {OH}x{OW} output")
     blocks = COg // per
     acc_dt = accumulation_dtype(dt)
     ax = _Axes()
     u = ax(_batch(N) * (groups * blocks) if N is None else N * groups * blocks)      # (n, g, output block)
-    oh, ow = ax(OH), ax(OW)
+    if (th, tw) == (1, 1):
+        oh0, ow0 = ax(OH), ax(OW)
+    else:       # (tile row, tile column) one GLOBAL range: see GROUPED_TILE
+        OHt, OWt = OH // th, OW // tw
+        q = ax(OHt * OWt)
+        oh0, ow0 = (q // OWt) * th, (q % OWt) * tw
     n, gb = u // (groups * blocks), u % (groups * blocks)
     g, b = gb // blocks, gb % blocks
     x, w = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     ci_r = None if unrolled else ax(Cg, AxisType.REDUCE)
     chans = range(Cg) if unrolled else [ci_r]
-    taps = []
-    for ci in chans:
-        base = (n * C + g * Cg + ci) * (H * W)
-        for kh in range(KH):
-            for kw in range(KW):
-                t = _tap(x, base, H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-                taps.append((ci, kh, kw, t if acc_dt == dt else t.cast(acc_dt)))
+    taps: dict[tuple, UOp] = {}      # (channel, input row offset, input column offset) -> the tap, loaded once
+
+    def tap(ci, ry: int, rx: int) -> UOp:
+        key = (ci, ry, rx)
+        if key not in taps:
+            base = (n * C + g * Cg + ci) * (H * W)
+            t = _tap(x, base, H, W, oh0 * sh + ry - pt, ow0 * sw + rx - pl, dt, masked)
+            taps[key] = t if acc_dt == dt else t.cast(acc_dt)
+        return taps[key]
+
     epi = epilogue or Epilogue()
     stores = []
     for o in range(per):
         co = g * COg + b * per + o
-        acc = None
-        for ci, kh, kw, t in taps:
-            wv = w.load(co * (Cg * KH * KW) + (ci * KH + kh) * KW + kw)
-            term = t * (wv if acc_dt == dt else wv.cast(acc_dt))
-            acc = term if acc is None else acc + term
-        if ci_r is not None:
-            acc = acc.reduce(ci_r)
-        if acc_dt != dt:
-            acc = acc.cast(dt)
-        at = ((n * CO + co) * OH + oh) * OW + ow
-        v, nxt = epi.apply(acc, 2, dt, co, at)
-        stores.append(UOp.param(nxt, dt).store(at, v))
+        wts = {}
+        for i in range(th):
+            for j in range(tw):
+                acc = None
+                for ci in chans:
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            k = (ci, kh, kw)
+                            if k not in wts:
+                                wv = w.load(co * (Cg * KH * KW) + (ci * KH + kh) * KW + kw)
+                                wts[k] = wv if acc_dt == dt else wv.cast(acc_dt)
+                            term = tap(ci, i * sh + kh * dh, j * sw + kw * dw) * wts[k]
+                            acc = term if acc is None else acc + term
+                if ci_r is not None:
+                    acc = acc.reduce(ci_r)
+                if acc_dt != dt:
+                    acc = acc.cast(dt)
+                at = ((n * CO + co) * OH + (oh0 + i if i else oh0)) * OW + (ow0 + j if j else ow0)
+                v, nxt = epi.apply(acc, 2, dt, co, at)
+                stores.append(UOp.param(nxt, dt).store(at, v))
     return UOp.sink(*stores)
 
 

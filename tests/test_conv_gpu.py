@@ -101,6 +101,50 @@ def test_grouped_outputs_per_work_item():
         K.grouped_conv2d(1, 66, 5, 5, 6, 3, 3, 2, per=4)
 
 
+def test_grouped_tiles_per_work_item():
+    assert K.grouped_tile(8, 8, 3, 3, 28, 28) == (4, 2)       # ResNeXt 32x8d: 8 outputs x 8 pixels
+    assert K.grouped_tile(8, 8, 3, 3, 14, 14) == (2, 2)       # the largest divisors up to 4 rows, 2 columns
+    assert K.grouped_tile(8, 8, 3, 3, 7, 13) == (1, 1)        # prime sides: one pixel
+    assert K.grouped_tile(4, 4, 3, 3, 28, 28) == (1, 1)       # 36 taps unrolled: the schedule vectorizes the pixels
+    assert K.grouped_tile(32, 32, 3, 3, 28, 28) == (2, 1)     # 32 outputs: at most 64 accumulators
+    assert K.grouped_tile(16, 16, 3, 3, 12, 12) == (4, 1)
+    with pytest.raises(ArgumentError):
+        K.grouped_conv2d(1, 16, 6, 6, 16, 3, 3, 2, pads=(1, 1, 1, 1), tile=(4, 1))     # 4 rows do not divide 6
+
+
+# grouped convolutions whose channels are a REDUCE range, each in an explicit tile of output pixels (rows,
+# columns): odd sides, a stride, a dilation, fewer outputs per work-item than a group has
+TILED = [
+    (ConvGeometry(2, 24, 12, 10, 24, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=3), (4, 2), None),
+    (ConvGeometry(3, 20, 9, 15, 10, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), groups=2), (3, 5), None),
+    (ConvGeometry(2, 18, 13, 11, 12, 3, 3, (2, 1), (1, 1), (1, 1, 1, 1), groups=2), (7, 1), 3),
+    (ConvGeometry(1, 14, 10, 9, 14, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3), groups=2), (3, 3), None),
+]
+
+
+def _tiled_step(geo: ConvGeometry, tile, per, dt, N=None):
+    ast = K.grouped_conv2d(N, geo.C, geo.H, geo.W, geo.CO, geo.KH, geo.KW, geo.groups, geo.stride, geo.dilation,
+                           geo.pads, dt, per=per, tile=tile)
+    return [K.KernelStep("grouped", ast, ("x", "w"), "out", geo.N * geo.CO * geo.OH * geo.OW,
+                         (("N", geo.N),) if N is None else ())]
+
+
+def _tid(case) -> str:
+    return f"{_gid(case[0])}-t{case[1][0]}x{case[1][1]}-per{case[2]}"
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("case", TILED, ids=_tid)
+def test_grouped_tiles_in_the_interpreter(rng, pair, case):
+    geo, tile, per = case
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
+    steps = _tiled_step(geo, tile, per, dtypes.float32)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N)
+    np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo),
+                               rtol=1e-4, atol=1e-4)
+
+
 # ---- the test interpreter, both CUDA pairs ------------------------------------------------------------
 
 def _interpret(steps, arrays: dict, pair: int, npdt, N: int, schedules: dict | None = None,
@@ -132,7 +176,9 @@ def test_grouped_direct_in_the_interpreter(rng, pair, geo):
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
     w = random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32)
     steps = K.conv2d_kernels(geo, ConvPlan("grouped_direct"), symbolic_batch=True)
-    assert len(steps[0].ast.src) == K.grouped_outputs(geo.C // geo.groups, geo.CO // geo.groups, geo.KH, geo.KW)
+    Cg, COg = geo.C // geo.groups, geo.CO // geo.groups
+    rows, cols = K.grouped_tile(Cg, COg, geo.KH, geo.KW, geo.OH, geo.OW)
+    assert len(steps[0].ast.src) == K.grouped_outputs(Cg, COg, geo.KH, geo.KW) * rows * cols
     got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N)
     np.testing.assert_allclose(got.reshape(geo.N, geo.CO, geo.OH, geo.OW), conv_ref(x, w, None, geo),
                                rtol=1e-4, atol=1e-4)
@@ -407,6 +453,22 @@ def test_each_gpu_family_on_the_device(gpu, rng, dt, case):
     w = (random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
     steps = K.conv2d_kernels(geo, plan, d_t, symbolic_batch=True)
     got = _run(gpu, steps, {"x": x, "w": w}, d_t)
+    ref = conv_ref(x, w, None, geo)
+    tol = 1e-4 if dt == "float32" else 3e-3
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize("case", TILED, ids=_tid)
+def test_grouped_tiles_on_the_device(gpu, rng, dt, case):
+    """Explicit tiles of output pixels, a symbolic batch, float32 accumulation for float16."""
+    geo, tile, per = case
+    d_t = getattr(dtypes, dt)
+    npdt = to_numpy(d_t)
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(npdt)
+    w = (random_array(rng, (geo.CO, geo.C // geo.groups, geo.KH, geo.KW), np.float32) / 4).astype(npdt)
+    got = _run(gpu, _tiled_step(geo, tile, per, d_t), {"x": x, "w": w}, d_t)
     ref = conv_ref(x, w, None, geo)
     tol = 1e-4 if dt == "float32" else 3e-3
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=tol, atol=tol * np.abs(ref).max())
