@@ -418,6 +418,33 @@ def test_a_contraction_of_few_static_rows_gets_wider_column_tiles(cpu, rng, monk
     np.testing.assert_allclose(out.numpy().reshape(M, N + 3), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("tile,lanes,N,want", [
+    ((6, 64), 16, 49, (6, 48)), ((6, 64), 16, 36, (6, 32)), ((6, 64), 16, 52, (6, 48)), ((6, 64), 16, 48, (6, 48)),
+    ((6, 64), 16, 57, (6, 32)), ((6, 64), 16, 20, (4, 16)), ((6, 16), 8, 10, (4, 8)), ((6, 16), 8, 16, (6, 16))])
+def test_few_columns_take_whole_lane_vectors_and_a_merged_remainder(cpu, rng, monkeypatch, tile, lanes, N, want):
+    """opt.tile_for: a static N below the target's tile width, of MERGED_MIN_VECTORS lane vectors or more and a
+    remainder of at most LANE_REMAINDER columns, is one tile of whole vectors with the remainder merged (a 7x7
+    layer's 49 pixels: 48 + 4 on AVX-512, not two overlapping 32-wide tiles), rows as many as the target
+    tile's accumulators hold; other widths keep the power-of-two rule. Tiles given explicitly (AVX2's and
+    AVX-512's), so any host checks both; the chosen tile's kernel matches numpy on several threads with every
+    output written (NaN-filled); 16 lanes on an AVX2 host are two registers each."""
+    from morok_py.codegen.opt import LANE_REMAINDER, MERGED_MIN_VECTORS, tile_for
+    from morok_py.codegen.schedule import Schedule, using
+    got = tile_for(K.matmul(96, N, 300), tile, lanes)
+    assert got == want, got
+    if N >= MERGED_MIN_VECTORS * lanes and N % lanes <= LANE_REMAINDER:
+        assert got[1] == N - N % lanes and got[0] * (got[1] // lanes + (N % lanes > 0)) <= tile[0] * tile[1] // lanes
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    M = 97
+    with using(Schedule("threads", register_tile=got, tile_lanes=lanes, prefetch=True)):
+        spec = renderer.render(K.matmul(M, N, 300), f"narrow_{N}_{got[1]}")
+    a = rng.standard_normal((M, 300)).astype(np.float32)
+    b = rng.standard_normal((300, N)).astype(np.float32)
+    out = cpu.buf(np.full(M * N, np.nan, np.float32))
+    cpu.dev.runtime(compiler.compile(spec))(cpu.buf(a), cpu.buf(b), out)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("M,tail", [(1020, 0), (1024, 4), (1023, 3), (1001, 5)])
 def test_leftover_rows_of_a_static_matmul_form_one_tile(M, tail):
     """M % 6 leftover rows of AVX2's 6 x 16 tile (two 8-lane vectors a row) are one tile of that many rows,

@@ -117,6 +117,14 @@ def test_matmul_static(cpu_level, rng, shape):
     _matmul(cpu_level, rng, *shape, static=True)
 
 
+# few columns, below the level's tile width: whole lane vectors with a remainder of 0-4 columns merged into the one
+# tile (49: a 7x7 layer's pixels; 48 + 4 on AVX-512), a wider remainder, and K long enough to take packed panels
+@pytest.mark.parametrize("shape", [(70, 49, 300), (13, 33, 130), (50, 36, 70), (31, 52, 97), (19, 57, 150)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_matmul_narrow_static(cpu_level, rng, shape):
+    _matmul(cpu_level, rng, *shape, static=True)
+
+
 @pytest.mark.parametrize("shape", [(66, 130, 257), (64, 128, 256), (7, 13, 5)], ids=lambda s: "x".join(map(str, s)))
 def test_matmul_symbolic(cpu_level, rng, shape):
     _matmul(cpu_level, rng, *shape, static=False)

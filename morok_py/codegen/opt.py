@@ -84,6 +84,8 @@ def _tile_roles(ast: UOp) -> "tuple[UOp, UOp | None, UOp] | None":
 
 
 GEMV_TILE_VECTORS = 8     # fewer static rows than the tile's: its columns widened up to this many lane vectors in all
+MERGED_MIN_VECTORS = 2    # a static N below the tile's width, of at least this many lane vectors and a remainder of at
+                          # most LANE_REMAINDER columns: one tile of whole vectors with the remainder merged (tile_for)
 GEMV_MIN_UNITS = 16       # while that leaves at least this many column tiles (the most threads BALANCE_THREADS splits)
 
 
@@ -111,6 +113,16 @@ def tile_for(ast: UOp, tile: tuple[int, int], lanes: int = 0) -> tuple[int, int]
         ti = m // 2
     if n is None or n >= tj or n < 4:
         return ti, tj
+    if lanes and n >= MERGED_MIN_VECTORS * lanes and n % lanes <= LANE_REMAINDER:
+        # whole lane vectors and at most one 4-lane vector (merged): N = 49 on AVX-512 as 48 + 4 columns in one
+        # tile, not two overlapping 32-wide tiles (64 columns computed, the left operand read twice); as many
+        # rows as the target tile's accumulators hold. resnet50's 7x7 layers on the 16-core AVX-512 Xeon
+        # (benchmarks/onnx_models.py's light model, launches in order, both forms in one process, medians of 15
+        # rounds): 3.32 against 4.08 ms in all. Their B rows (196 bytes apart) stay in place: packed panels of
+        # one 52-column tile, a copy per worker for 32 rows each, took 5.0 ms
+        w = n - n % lanes
+        per_row = w // lanes + (1 if n % lanes else 0)
+        return max(1, min(ti, (ti * tj // lanes) // per_row)), w
     w = 1 << (n.bit_length() - 1)
     if _tile_width(n, w)[1]:
         # the remainder joins the tile as one more vector per row (register_tile's `merged`): fewer
