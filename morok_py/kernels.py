@@ -882,8 +882,11 @@ GROUPED_MAX_TERMS = 288
 # REDUCE range computes, each weight loaded once for all of them and each input tap once for the pixels that
 # share it; at most GROUPED_TILE_ACCS accumulators. Measured on an H200 (32x256x28x28 * 256x8x3x3 g32, 8 outputs
 # per work-item, nvrtc / llvm-nvptx, us, medians of 3 interleaved rounds; torch 74 float16, 221 float32):
-# float16 1x1 103 / 111, 4x1 58 / 61, 2x2 56 / 70, 7x1 63 / 52, 4x2 57 / 60; float32 1x1 108 / 117, 4x1 70 / 71,
-# 2x2 69 / 75, 4x2 55 / 65
+# float16 1x1 103 / 111, 4x1 58 / 61, 2x2 56 / 70, 7x1 63 / 52, 4x2 57 / 60, 7x2 54 / 50, 14x1 64 / 43; float32
+# 1x1 108 / 117, 4x1 70 / 71, 2x2 69 / 75, 4x2 55 / 65, 7x2 70 / 49, 14x1 85 / 44. 32x256x56x56 g32 (8 outputs):
+# float16 1x1 372 / 411, 4x2 155 / 172, 8x1 185 / 175, 8x2 161 / 158, 7x2 213 / 145; float32 1x1 371 / 421, 4x2
+# 154 / 182. 32x512x14x14 g32 (16 outputs): float16 1x1 99 / 148, 2x2 56 / 61, 7x1 47 / 42 (torch 51); float32
+# 1x1 101 / 114, 2x2 63 / 59, 7x1 48 / 41. 32x1024x7x7 g32 (32 outputs): 7x1 took twice 1x1's time
 GROUPED_TILE = (4, 2)
 GROUPED_TILE_ACCS = 64
 # (n, group, output block) is one GLOBAL range and a plane's tiles another: tile rows and tile columns as two
