@@ -924,6 +924,29 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
     assert not aligned.linear.schedule.pack or (12 * tj + 16) * 4 % 1024 == 0
 
 
+@pytest.mark.parametrize("tile,lanes", [((6, 16), 8), ((6, 64), 16)])
+def test_rows_split_over_cache_lines_are_packed_where_each_partition_has_rows_for_its_workers(tile, lanes):
+    """opt._pack_plan with the workers known: B rows a cache line does not divide (a 14x14 layer's 784 bytes) are
+    packed only where a unit's partition keeps PACK_LINE_ROWS_PER_THREAD rows per thread (every partition copies
+    its panels against the cache bandwidth the workers share); without a thread count, as before. Other reasons to
+    pack (rows a page apart) do not depend on it. AVX2's and AVX-512's tiles given explicitly."""
+    from morok_py.codegen import opt
+    for M, N, Kd in [(256, 196, 2304), (32, 196, 1152), (1024, 196, 256), (70, 49, 300)]:
+        ast = K.matmul(M, N, Kd)
+        t = opt.tile_for(ast, tile, lanes)
+        tj, rem = opt._tile_width(N, t[1])
+        if not opt.pack_applies(ast, t, lanes):
+            continue
+        for threads in (1, 2, 3, 8, 16):
+            P = opt._partitions(M // t[0], N // tj if rem else -(-N // tj), threads)
+            want = M / P >= opt.PACK_LINE_ROWS_PER_THREAD * threads
+            assert opt.pack_applies(ast, t, lanes, threads) == want, (M, N, Kd, t, threads, P)
+    assert opt.pack_applies(K.matmul(256, 196, 2304), tile, lanes, 2)
+    assert not opt.pack_applies(K.matmul(256, 196, 2304), opt.tile_for(K.matmul(256, 196, 2304), tile, lanes), lanes, 16)
+    far = K.matmul(64, 3136, 256)            # rows 12.5 KB apart (a 56x56 layer): packed at any thread count
+    assert all(opt.pack_applies(far, opt.tile_for(far, tile, lanes), lanes, th) for th in (0, 2, 16))
+
+
 def test_a_register_tile_prefetches_its_epilogue_lines_before_its_reduction_loop(cpu, rng, monkeypatch):
     """The default CPU tile schedule prefetches (codegen/prefetch.py): in the block of each reduction loop,
     PREFETCH instructions for the tile's vector stores and its residual's vector loads come before the loop,

@@ -151,10 +151,18 @@ PACK_FAR_BYTES = 8192       # B rows this far apart put each step of a panel on 
 PACK_MAX_BYTES = 64 << 20   # a thread's scratch (one K x tj panel) at most this big
 PACK_MIN_K = 64
 PACK_LINE_BYTES = 64        # B rows not a multiple of this apart split every tj-wide vector load over two cache lines
+# rows split over lines alone: packed where a unit's partition has at least this many rows per worker thread. Every
+# partition copies its panels, so the copies grow with the partitions and run against the cache bandwidth all the
+# workers share, while the work a copy serves (the partition's rows) runs at each core's own speed. The 16-core
+# AVX-512 Xeon's 14x14 layers (about 50 rows a unit) ran faster in place: resnet50 12.07 against 12.40 ms and
+# densenet121 19.96 against 20.48 (benchmarks/onnx_models.py's light models, launches in order, both forms in one
+# process, medians of 15 rounds); on two AVX2 threads packing won down to densenet121's 32-row units (its 14x14
+# 3x3 layers 6.2 against 6.6 ms)
+PACK_LINE_ROWS_PER_THREAD = 8
 PACK_CAP = 32 << 20         # symbolic sizes: scratch elements per thread (virtual until used); K * tj above runs unpacked
 
 
-def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
+def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int, threads: int = 0):
     """(load, reduce range, tile width) of the operand a tile's units copy into contiguous panels, else
     None: static sizes with column tiles of lane vectors (a remainder region or an overlapping last tile reads
     B in place; not a remainder merged into a single tile), one sum over a range of >= PACK_MIN_K steps (or a
@@ -171,7 +179,8 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     (benchmarks/cpu_tiles.py, one thread of the 2-vCPU AVX2 EPYC, 6x16 tiles, packed against in place:
     512x49x2048 1.78 against 2.71 ms, 512x49x4608 6.6 against 11.3, 256x196x2304 4.1 against 5.9,
     512x196x1024 3.4 against 4.4). Line-aligned rows 784 floats apart (28x28) stay in place: packed they lost
-    (256x784x512 3.9 against 3.1 ms, 128x784x1152 4.7 against 4.1)."""
+    (256x784x512 3.9 against 3.1 ms, 128x784x1152 4.7 against 4.1). With the workers known (`threads`), rows
+    split over lines alone are packed only where a unit's partition keeps PACK_LINE_ROWS_PER_THREAD rows per thread."""
     roles = _tile_roles(ast)
     if roles is None or roles[1] is None or lanes < 4:
         return None
@@ -209,6 +218,10 @@ def _pack_plan(ast: UOp, tile: tuple[int, int], lanes: int):
     ti = max(1, min(tile[0], M))
     if (K is not None and K * tj * ld.dtype.itemsize > PACK_MAX_BYTES) or M // ti < 2:
         return None
+    if threads > 0 and row_bytes % PACK_LINE_BYTES and row_bytes < PACK_FAR_BYTES:
+        col_tiles = N // tj if rem else -(-N // tj)
+        if M / _partitions(M // ti, col_tiles, threads) < PACK_LINE_ROWS_PER_THREAD * threads:
+            return None
     return ld, k, tj
 
 
@@ -221,8 +234,8 @@ def _panel_steps(k: UOp) -> int:
     return end.arg[2] if end.op is Ops.DEFINE_VAR else 1 << 62
 
 
-def pack_applies(ast: UOp, tile: tuple[int, int], lanes: int) -> bool:
-    return _pack_plan(ast, tile, lanes) is not None
+def pack_applies(ast: UOp, tile: tuple[int, int], lanes: int, threads: int = 0) -> bool:
+    return _pack_plan(ast, tile, lanes, threads) is not None
 
 
 # ops the lanes of a register tile may compute as vectors (the LLVM printer's lane path prints them all)

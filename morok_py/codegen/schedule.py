@@ -366,7 +366,7 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         lanes = default_lanes(ast, caps, tile)
         from .opt import pack_applies
         return Schedule("threads", register_tile=tile, tile_lanes=lanes,
-                        pack=bool(lanes) and pack_applies(ast, tile, lanes), prefetch=bool(lanes))
+                        pack=bool(lanes) and pack_applies(ast, tile, lanes, caps.threads), prefetch=bool(lanes))
     from .strategies.permute import TILE, permute_applies, permute_group, permute_plan
     if permute_applies(ast, caps, scan):
         return Schedule("groups", group=permute_group(caps, TILE, permute_plan(ast, scan)), permute=TILE)
