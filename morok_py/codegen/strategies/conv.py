@@ -21,9 +21,11 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
   grouped_flat  (CPU) a grouped convolution with few channels per group, stride 1 and the width kept:
                each (image, group) sums its input planes into its output planes in one flat loop
                (`kernels.grouped_conv2d_flat`), no im2col columns.
-  grouped_direct  (GPU) a grouped convolution as one kernel over (n, group, output block, oh, ow), a
-               work-item summing its group's masked taps, loaded once, into a few output channels
-               (`kernels.grouped_conv2d`); no im2col columns, no contraction over a group's few channels.
+  grouped_direct  (GPU) a grouped convolution as one kernel, a work-item summing its group's masked taps,
+               loaded once, into a few output channels (`kernels.grouped_conv2d`): over (n, group, output block,
+               oh, ow) where a group's taps unroll; where its channels are a loop, over (n, group, output
+               block) and a tile of output pixels (`kernels.grouped_tile`), each weight loaded once for the
+               tile; no im2col columns, no contraction over a group's few channels.
   im2col_flat  (GPU) `kernels.im2col_flat` writes the columns [C*KH*KW, N*OH*OW] (every image's pixels of
                a tap side by side), then `kernels.flat_gemm` contracts them with the weights as one matrix
                product whose tiles fill by contiguous (16-byte, asynchronous) copies; the direct implicit
