@@ -894,13 +894,21 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
     + 4) then), by every chunk of a split launch before its loop: each thread's chunk has a scratch of its own.
     Static and variable reductions, several threads, rows past the row tiles; every output written
     (NaN-filled) and equal to numpy's."""
-    from morok_py.codegen.opt import PACK_LINE_BYTES
+    from morok_py.codegen.opt import PACK_LINE_BYTES, pack_applies, tile_for
+    from morok_py.codegen.schedule import Schedule, using
     renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
-    tj = renderer.caps.register_tile[1]
+    caps = renderer.caps
+    tj, lanes = caps.register_tile[1], caps.tile_lanes
     M = 70
     for n in (3 * tj + 1, 12 * tj + 4, 4 * tj - 4):
         assert (n * 4) % PACK_LINE_BYTES, n
-        spec = renderer.render(K.matmul(M, n, 300), f"mm_misaligned_{n}")
+        ast = K.matmul(M, n, 300)
+        tile = tile_for(ast, caps.register_tile, lanes)
+        # the default packs these rows where its partitions keep enough rows per thread (the host's count)
+        default = renderer.render(ast, f"mm_misaligned_default_{n}")
+        assert default.linear.schedule.pack == pack_applies(ast, tile, lanes, caps.threads), default.linear.schedule
+        with using(Schedule("threads", register_tile=tile, tile_lanes=lanes, pack=True, prefetch=True)):
+            spec = renderer.render(ast, f"mm_misaligned_{n}")
         assert spec.linear.schedule.pack and spec.launch.hidden, (n, spec.linear.schedule)
         region = n % tj and 4 * (n % tj) <= tj         # opt._tile_width: a remainder region, not an overlapping tile
         assert [h.count for h in spec.launch.hidden] == [300 * (tj + 4 if region else tj)], (n, spec.launch.hidden)
@@ -910,7 +918,8 @@ def test_columns_a_cache_line_misaligned_apart_are_packed_beside_a_remainder(cpu
         out = cpu.buf(np.full(M * n, np.nan, np.float32))
         prog(cpu.buf(a), cpu.buf(b), out)
         np.testing.assert_allclose(out.numpy().reshape(M, n), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
-        spec = renderer.render(K.conv_gemm(1, 1, M, None, n), f"conv_gemm_misaligned_{n}")
+        with using(Schedule("threads", register_tile=tile, tile_lanes=lanes, pack=True, prefetch=True)):
+            spec = renderer.render(K.conv_gemm(1, 1, M, None, n), f"conv_gemm_misaligned_{n}")
         assert spec.linear.schedule.pack, (n, spec.linear.schedule)
         prog = cpu.dev.runtime(compiler.compile(spec))
         for C in (37, 130):
