@@ -17,6 +17,10 @@ by MOROK_DEBUG=1):
 - `serial`: one worker, or one kernel.
 MOROK_COMPILE_WORKERS sets the worker count (default: os.cpu_count(), less what other work keeps busy by
 the load average: `idle_workers`); MOROK_COMPILE_MODE forces a mode.
+
+A forked batch that hands back nothing for MOROK_COMPILE_STALL seconds (default STALL_SECONDS; a worker that
+inherited a lock some other thread held at the fork waits forever) has its workers killed, and the calling
+process compiles what they left, so a model's first run never hangs on them.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import os
 import sys
 import threading
 import warnings
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence, TypeVar
@@ -46,6 +50,9 @@ MODES = ("serial", "threads", "processes")
 # below this many distinct kernels the forks cost more than they save (forking a worker and reading its
 # result back take a few ms; rendering and compiling one CPU kernel 10-60 ms)
 PROCESS_MIN_KERNELS = 8
+# seconds a forked batch may go without a result before its workers are killed (one CPU kernel renders and
+# compiles in 10-60 ms, the largest GPU ones in a few seconds)
+STALL_SECONDS = 60.0
 
 Item = tuple["UOp", "str | None"]
 T = TypeVar("T")
@@ -241,6 +248,7 @@ def _run_forked(order: list[int], items: Sequence[Item], workers: int, compile_o
     import multiprocessing as mp
     global _JOB
     done: set[int] = set()
+    stall = config.compile_stall(STALL_SECONDS)     # read before any fork
     with _fork_lock:
         _JOB = (compile_one, items)
         try:
@@ -251,22 +259,43 @@ def _run_forked(order: list[int], items: Sequence[Item], workers: int, compile_o
                 pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"),
                                            initializer=_after_fork, initargs=(holders,))
                 futures = [pool.submit(_child, i) for i in order]     # the first submit forks the workers
-            with pool:
-                for fut in as_completed(futures):
-                    try:
-                        i, packed, _err, compiles, seconds = fut.result()
-                    except BrokenProcessPool:
+            pending = set(futures)
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=stall, return_when=FIRST_COMPLETED)
+                    if not finished:
+                        _kill_workers(pool, stall)
                         break
-                    with cache._lock:
-                        cache.stats.compiles += compiles
-                        cache.stats.compile_seconds += seconds
-                    done.add(i)
-                    settle(i, None if packed is None else _unpack(packed, items[i][0]))
+                    for fut in finished:
+                        try:
+                            i, packed, _err, compiles, seconds = fut.result()
+                        except BrokenProcessPool:
+                            pending = set()
+                            break
+                        with cache._lock:
+                            cache.stats.compiles += compiles
+                            cache.stats.compile_seconds += seconds
+                        done.add(i)
+                        settle(i, None if packed is None else _unpack(packed, items[i][0]))
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
             _JOB = None
     for i in order:             # what a dead worker left
         if i not in done:
             settle(i, None)
+
+
+def _kill_workers(pool: ProcessPoolExecutor, stall: float) -> None:
+    """Kill a forked batch's workers that stopped handing back results (their kernels compile in the caller)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    warnings.warn(f"morok_py: compile workers handed back nothing for {stall:g} s (MOROK_COMPILE_STALL): killed "
+                  f"{len(procs)} worker(s); the calling process compiles what they left", RuntimeWarning, stacklevel=3)
+    for proc in procs:
+        try:
+            proc.kill()
+        except (OSError, ValueError):
+            pass
 
 
 def _unique(keys: Iterable[tuple]) -> tuple[list[int], list[int]]:

@@ -91,6 +91,20 @@ def cpu_spin(default: int) -> int:
     return n
 
 
+def compile_stall(default: float) -> float:
+    """MOROK_COMPILE_STALL: seconds a forked compile batch may go without a result (> 0)."""
+    raw = _raw("MOROK_COMPILE_STALL")
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(f"MOROK_COMPILE_STALL must be a number of seconds, got {raw!r}") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise ConfigError(f"MOROK_COMPILE_STALL must be a finite number of seconds > 0, got {raw!r}")
+    return v
+
+
 def cpu_pin() -> bool:
     """MOROK_CPU_PIN: '1' (default) pins each native CPU worker to its own CPU of the process's affinity set;
     '0' leaves placement to the OS scheduler (several processes sharing one machine's CPUs may want that)."""

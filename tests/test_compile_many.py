@@ -117,6 +117,46 @@ def test_processes_hand_back_launch_information(cpu, monkeypatch):
     run_scaled_add(progs[0], cpu, n, 0.5)
 
 
+def test_a_forked_batch_that_stalls_is_killed_and_compiled_here(cpu, monkeypatch):
+    """Forked workers that hand back nothing for MOROK_COMPILE_STALL seconds (here: every worker blocks, as one
+    that inherited a lock held at the fork would) are killed with a warning, and the calling process compiles
+    what they left: the batch finishes, every program runs, no worker process is left behind."""
+    import multiprocessing as mp
+    import os
+    import threading
+    import time
+    monkeypatch.setenv("MOROK_COMPILE_MODE", "processes")
+    monkeypatch.setenv("MOROK_COMPILE_STALL", "1.5")
+    parent = os.getpid()
+    real = cache.compile_scheduled
+
+    def blocked_in_a_worker(*args, **kw):
+        if os.getpid() != parent:
+            threading.Event().wait()            # never set: the worker blocks for good
+        return real(*args, **kw)
+    monkeypatch.setattr(cache, "compile_scheduled", blocked_in_a_worker)
+    items = kernel_set()
+    t0 = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match="MOROK_COMPILE_STALL"):
+        progs = cpu.compile_many(items, workers=2)
+    assert time.perf_counter() - t0 < 60
+    assert len(progs) == len(items)
+    for j in range(6):
+        run_scaled_add(progs[j], cpu, 97 + 13 * j, 0.5 + j)
+    deadline = time.time() + 10
+    while mp.active_children() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not [c for c in mp.active_children() if c.is_alive()]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "inf", "nan"])
+def test_a_bad_stall_setting_is_a_config_error(cpu, monkeypatch, value):
+    monkeypatch.setenv("MOROK_COMPILE_MODE", "processes")
+    monkeypatch.setenv("MOROK_COMPILE_STALL", value)
+    with pytest.raises(ConfigError, match="MOROK_COMPILE_STALL"):
+        cpu.compile_many(kernel_set(), workers=2)
+
+
 def test_forked_workers_after_the_parent_used_mlir(cpu, monkeypatch):
     """The MLIR pair through forked workers after the parent compiled with it (each worker starts its
     own MLIR context): the objects equal the parent's, and they run."""
