@@ -443,6 +443,16 @@ def test_few_columns_take_whole_lane_vectors_and_a_merged_remainder(cpu, rng, mo
     out = cpu.buf(np.full(M * N, np.nan, np.float32))
     cpu.dev.runtime(compiler.compile(spec))(cpu.buf(a), cpu.buf(b), out)
     np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+    # the same tile with the rows and the reduction symbolic (one program, several sizes)
+    assert tile_for(K.matmul(None, N, None), tile, lanes) == got
+    with using(Schedule("threads", register_tile=got, tile_lanes=lanes, prefetch=True)):
+        prog = cpu.dev.runtime(compiler.compile(renderer.render(K.matmul(None, N, None), f"narrow_sym_{N}_{got[1]}")))
+    for m, kd in [(1, 7), (13, 130)]:
+        a = rng.standard_normal((m, kd)).astype(np.float32)
+        b = rng.standard_normal((kd, N)).astype(np.float32)
+        out = cpu.buf(np.full(m * N, np.nan, np.float32))
+        prog(cpu.buf(a), cpu.buf(b), out, M=m, K=kd)
+        np.testing.assert_allclose(out.numpy().reshape(m, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("M,tail", [(1020, 0), (1024, 4), (1023, 3), (1001, 5)])
