@@ -100,7 +100,7 @@ def compile_stall(default: float) -> float:
         v = float(raw)
     except ValueError:
         raise ConfigError(f"MOROK_COMPILE_STALL must be a number of seconds, got {raw!r}") from None
-    if not v > 0 or v != v or v == float("inf"):
+    if not 0 < v < float("inf"):        # NaN fails both comparisons
         raise ConfigError(f"MOROK_COMPILE_STALL must be a finite number of seconds > 0, got {raw!r}")
     return v
 
