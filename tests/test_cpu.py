@@ -455,6 +455,31 @@ def test_few_columns_take_whole_lane_vectors_and_a_merged_remainder(cpu, rng, mo
         np.testing.assert_allclose(out.numpy().reshape(m, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 16])
+@pytest.mark.parametrize("tile,lanes,N", [((6, 48), 16, 49), ((4, 8), 8, 10), ((6, 32), 16, 35)])
+def test_a_merged_remainder_sums_in_the_tiles_loop_at_any_thread_count(cpu, rng, monkeypatch, threads, tile, lanes, N):
+    """A tile with its remainder merged (48 + 4 columns for N = 49 on AVX-512) computes all its sums in one
+    reduction loop, whatever the thread count: one row partition (a single worker) once left the remainder's
+    stores without the thread-split range, so they formed groups of their own and every row and vector got a
+    K loop of its own (matmul(512, 49, 576) on one thread of the 16-core AVX-512 Xeon, 4.5x slower). Counted in
+    the rendered loops over K (a static 300: the row tiles' loop and the leftover rows' one), then run against
+    numpy with every output written (NaN-filled)."""
+    import re
+    from morok_py.codegen.schedule import Schedule, using
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    monkeypatch.setattr(renderer, "caps", dataclasses.replace(renderer.caps, threads=threads))
+    M, Kd = 97, 300
+    with using(Schedule("threads", register_tile=tile, tile_lanes=lanes, prefetch=True)):
+        spec = renderer.render(K.matmul(M, N, Kd), f"merged_{N}_{threads}")
+    k_loops = re.findall(r"icmp slt i32 %\w+, 300\b", spec.src)
+    assert len(k_loops) == 2, (len(k_loops), spec.linear.schedule)
+    a = rng.standard_normal((M, Kd)).astype(np.float32)
+    b = rng.standard_normal((Kd, N)).astype(np.float32)
+    out = cpu.buf(np.full(M * N, np.nan, np.float32))
+    cpu.dev.runtime(compiler.compile(spec))(cpu.buf(a), cpu.buf(b), out)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("M,tail", [(1020, 0), (1024, 4), (1023, 3), (1001, 5)])
 def test_leftover_rows_of_a_static_matmul_form_one_tile(M, tail):
     """M % 6 leftover rows of AVX2's 6 x 16 tile (two 8-lane vectors a row) are one tile of that many rows,

@@ -425,7 +425,10 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     # overlapping the tile where it is narrower (those outputs written twice, the same value). It was
     # always 4 lanes: AVX-512's 5-8 column remainders (N = 37) left columns unwritten (tests/test_cpu.py on an AVX-512 Xeon)
     ew = LANE_REMAINDER * -(-rem // LANE_REMAINDER) if merged else 0
-    extra = columns(N - ew, ew) if merged else []
+    # (+ jo, 0 here, keeps the thread-split range in every store of the tile, so the stores group and their sums
+    # fuse into one loop even where a single row partition leaves the rows without it: without, one worker
+    # thread ran a K loop per row and vector, tests/test_cpu.py's merged-remainder test)
+    extra = columns(N - ew + jo, ew) if merged else []
 
     shared: dict[tuple, UOp] = {}      # the tile's stores share what depends on one of (row, column)
 
