@@ -803,7 +803,9 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
     tap, pix = (c * KH + kh) * KW + kw, (n * OH + oh) * OW + ow
-    at = pix * (C * KH * KW) + tap if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
+    # rows: the tap is the range t itself, so the store's index is contiguous in t as the vector plan sees it
+    # (codegen/strategies/vectorize.py): 16-byte stores of 8 halves and a work-item's 8 gathered loads in flight
+    at = pix * (C * KH * KW) + t if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
     return UOp.sink(col.store(at, v))
 
 

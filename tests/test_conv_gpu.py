@@ -7,6 +7,7 @@ buffer."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -168,6 +169,26 @@ def _interpret(steps, arrays: dict, pair: int, npdt, N: int, schedules: dict | N
         assert (writes[len(ins)] == 1).all(), f"{st.name}: not every output written once"
         bufs[st.output] = out
     return bufs["out"]
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+def test_rows_columns_store_a_pixels_taps_as_vectors(rng, pair):
+    """im2col_rows' columns: the store's index is the taps' range itself, so a work-item writes 8 halves (16
+    bytes) and gathers their 8 taps, in flight together; where a pixel's row of taps is not a multiple of 8
+    long (5 channels: 45) the unaligned rows run lane by lane. Symbolic batch, against numpy."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    r, _ = compile_only_pairs("sm_90")[pair]
+    for geo in (ConvGeometry(3, 16, 9, 11, 8, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), DENSE[0]):
+        step = K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)[0]
+        assert step.name == "im2col"
+        assert r.render(step.ast, "cols").linear.schedule.vector_width == 8
+        x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
+        got = _interpret([replace(step, output="out")], {"x": x}, pair, np.float16, geo.N)
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        want = np.stack([xp[:, :, kh:kh + geo.stride[0] * geo.OH:geo.stride[0], kw:kw + geo.stride[1] * geo.OW:geo.stride[1]]
+                         for kh in range(3) for kw in range(3)], axis=2)              # [N, C, 9, OH, OW]
+        np.testing.assert_array_equal(got.reshape(geo.N * geo.OH * geo.OW, -1),
+                                      want.transpose(0, 3, 4, 1, 2).reshape(geo.N * geo.OH * geo.OW, -1))
 
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
