@@ -321,23 +321,24 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 
 
 # GPU plans, measured on an H200 (benchmarks/conv.py --variants, batch 32, NVRTC, beside cuDNN without TF32;
-# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json). The flat columns are KH*KW times the input's
-# bytes and the contraction does 2*CO flops per column element. float32 3x3: im2col_flat beats the direct
-# implicit GEMM at every width (64 channels at 56x56 17.8 against 16.7 TFLOP/s, 128 at 28x28 27.1 against
-# 25.8, stride 2 at 56x56 26.1 against 22.8) and im2col_rows (13.1, 21.1, 20.5), and its reduction cut into
-# flat_split runs where the tiles are few (256 at 14x14 2 runs: 29.6 against 24.0; 512 at 7x7 4 runs: 25.8
-# against 21.7; 256 at 28x28 stride 2, 2 runs: 27.8 against 23.1). 16-bit 3x3: im2col_rows from
-# IM2COL_FLAT_MIN_CO output channels (512 at 7x7 129.7 against 100.9 for im2col_flat and 54.6 direct; 256 at
-# 14x14 89.5 against 76.8 and 74.2; stride 2 at 28x28 86.4 against 74.7 and 58.8; runs cut only lose: 92.8,
-# 81.0), below it the direct implicit GEMM (64 at 56x56 50.1 against 24.9 and 17.9). float32 1x1 over at
-# least POINTWISE_MIN_PIXELS pixels: the batched contraction of the input itself (256 -> 64 at 56x56 21.3
-# against 17.8; 1024 -> 256 at 14x14 the direct form, 23.8 against 22.6). Groups and depthwise:
-# grouped_direct (depthwise float16 128 channels at 56x56 5.8 against 4.9 TFLOP/s for the elementwise
-# depthwise kernel, float32 the same). Padded 16-bit layers below IM2COL_FLAT_MIN_CO take direct_masked, no pad
-# kernel (H100, benchmarks/results/nvidia-h100/conv-variants-nvrtc.json: 64 at 56x56 95.9 TFLOP/s against 57.4
-# for pad + direct, stride 2 at 56x56 104.3 against 52.6); from IM2COL_FLAT_MIN_CO im2col_rows stays (256 at 14x14
-# 97.7 against 101.9 for direct_masked, 512 at 7x7 118.1 against 72.7, 256 stride 2 at 28x28 93.4 against 92.0).
-# float32 keeps im2col_flat (128 at 28x28 29.0 against 25.6 for direct_masked)
+# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json, TFLOP/s). The flat columns are KH*KW times the input's
+# bytes and the contraction does 2*CO flops per column element. float32 3x3: im2col_flat beats the direct implicit
+# GEMM (64 channels at 56x56 25.1 against 23.8, where direct_masked ties at 25.3; 128 at 28x28 29.9 against 21.0 and
+# 25.5; stride 2 at 56x56 28.4 against 18.4 and 24.6) and im2col_rows (20.7, 25.5, 24.7), its reduction cut into
+# flat_split runs where the tiles are few (256 at 14x14 2 runs: 29.1 against 24.0; 512 at 7x7 4 runs: 25.8 against
+# 21.4; 256 at 28x28 stride 2, 2 runs: 27.9 against 23.1). 16-bit 3x3: im2col_rows from IM2COL_FLAT_MIN_CO output
+# channels (512 at 7x7 156.2 against 97.7 for im2col_flat, 53.8 direct and 75.1 direct_masked; 256 at 14x14 133.7
+# against 88.0, 71.5 and 106.4; stride 2 at 28x28 130.6 against 81.3, 53.0 and 92.6; runs cut only lose: 116.4,
+# 108.9, 103.2), below it the direct implicit GEMM reading the padding through masked taps, direct_masked, no pad
+# kernel (64 at 56x56 105.3 against 68.5 for im2col_flat, 43.4 im2col_rows and 59.7 pad + direct; 128 at 28x28 122.6
+# against 85.0 im2col_rows; stride 2 at 56x56 112.6 against 75.0). float32 1x1 over at least POINTWISE_MIN_PIXELS
+# pixels: the batched contraction of the input itself (1024 -> 256 at 14x14 takes the direct form, 23.8 against
+# 22.3; 256 -> 64 at 56x56 pointwise 20.1 against 24.9 for the direct form here, a rule to re-decide: at 7e50fd6 the
+# direct form took 17.8 against 21.3). Groups and depthwise: grouped_direct (depthwise float16 128 channels at 56x56
+# 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same). On an H100
+# (benchmarks/results/nvidia-h100/conv-variants-nvrtc.json) direct_masked took 64 at 56x56 95.9 against 57.4 for pad
+# + direct, stride 2 at 56x56 104.3 against 52.6. float32 keeps im2col_flat (128 at 28x28 29.9 against 25.5 for
+# direct_masked)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
 # the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);
