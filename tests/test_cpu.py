@@ -420,20 +420,26 @@ def test_a_contraction_of_few_static_rows_gets_wider_column_tiles(cpu, rng, monk
 
 @pytest.mark.parametrize("tile,lanes,N,want", [
     ((6, 64), 16, 49, (6, 48)), ((6, 64), 16, 36, (6, 32)), ((6, 64), 16, 52, (6, 48)), ((6, 64), 16, 48, (6, 48)),
-    ((6, 64), 16, 57, (6, 32)), ((6, 64), 16, 20, (4, 16)), ((6, 16), 8, 10, (4, 8)), ((6, 16), 8, 16, (6, 16))])
+    ((6, 64), 16, 57, (6, 32)), ((6, 64), 16, 20, (4, 16)), ((6, 16), 8, 10, (4, 8)), ((6, 16), 8, 16, (6, 16)),
+    ((6, 64), 16, 68, (4, 64)), ((6, 64), 16, 64, (6, 64)), ((6, 16), 8, 20, (3, 16)), ((6, 16), 8, 17, (3, 16))])
 def test_few_columns_take_whole_lane_vectors_and_a_merged_remainder(cpu, rng, monkeypatch, tile, lanes, N, want):
     """opt.tile_for: a static N below the target's tile width, of MERGED_MIN_VECTORS lane vectors or more and a
     remainder of at most LANE_REMAINDER columns, is one tile of whole vectors with the remainder merged (a 7x7
     layer's 49 pixels: 48 + 4 on AVX-512, not two overlapping 32-wide tiles), rows as many as the target
-    tile's accumulators hold; other widths keep the power-of-two rule. Tiles given explicitly (AVX2's and
+    tile's registers hold (`opt.merged_rows`: its rows plus one times its vectors, less MERGED_SPARE_REGISTERS),
+    and a remainder merged into a single full-width tile (N = 68 on AVX-512, 20 on AVX2) takes
+    as few rows; other widths keep the power-of-two rule. Tiles given explicitly (AVX2's and
     AVX-512's), so any host checks both; the chosen tile's kernel matches numpy on several threads with every
     output written (NaN-filled); 16 lanes on an AVX2 host are two registers each."""
-    from morok_py.codegen.opt import LANE_REMAINDER, MERGED_MIN_VECTORS, tile_for
+    from morok_py.codegen.opt import LANE_REMAINDER, MERGED_MIN_VECTORS, MERGED_SPARE_REGISTERS, tile_for
     from morok_py.codegen.schedule import Schedule, using
     got = tile_for(K.matmul(96, N, 300), tile, lanes)
     assert got == want, got
     if N >= MERGED_MIN_VECTORS * lanes and N % lanes <= LANE_REMAINDER:
-        assert got[1] == N - N % lanes and got[0] * (got[1] // lanes + (N % lanes > 0)) <= tile[0] * tile[1] // lanes
+        per_row = got[1] // lanes + (N % lanes > 0)
+        assert got[1] == N - N % lanes and got[0] * per_row <= tile[0] * tile[1] // lanes
+        if N % lanes:       # accumulators and B's vectors within the target tile's registers, less the spare
+            assert (got[0] + 1) * per_row <= (tile[0] + 1) * tile[1] // lanes - MERGED_SPARE_REGISTERS
     renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
     M = 97
     with using(Schedule("threads", register_tile=got, tile_lanes=lanes, prefetch=True)):

@@ -87,6 +87,24 @@ GEMV_TILE_VECTORS = 8     # fewer static rows than the tile's: its columns widen
 MERGED_MIN_VECTORS = 2    # a static N below the tile's width, of at least this many lane vectors and a remainder of at
                           # most LANE_REMAINDER columns: one tile of whole vectors with the remainder merged (tile_for)
 GEMV_MIN_UNITS = 16       # while that leaves at least this many column tiles (the most threads BALANCE_THREADS splits)
+MERGED_SPARE_REGISTERS = 0  # registers a tile with a merged remainder vector leaves free below the target tile's
+                            # (`merged_rows`)
+
+
+def merged_rows(tile: tuple[int, int], lanes: int, per_row: int) -> int:
+    """Rows of a tile whose rows hold `per_row` vectors (whole lane vectors and a merged remainder's): its
+    accumulators (rows x per_row) and B's vectors (per_row) within the registers the target tile fills (its rows
+    + 1 times its vectors), less MERGED_SPARE_REGISTERS. The target's rows alone spilled accumulators to the stack
+    in every K step where a remainder vector made the rows wider (rendered for matmul(512, N, 576): AVX-512's
+    6 x (64 + 4) made 18 stack accesses a step, AVX2's 6 x (16 + 4) 20; 4 and 3 rows, this rule, none: on the
+    2-vCPU AVX2 EPYC matmul(512, 20, 576) took 0.16 against 0.27 ms on one thread, matmul(4096, 20, 512) 1.04
+    against 1.30 on two).
+    AVX-512's 6 x (48 + 4) keeps its 6 rows with 3 stack accesses a step: a register spared (5 rows, none)
+    ran resnet50's launches 13.82 against 13.63 ms and densenet121's 19.38 against 19.03 on the 16-core Xeon
+    (benchmarks/onnx_models.py's light models, both forms in one process, medians of 15 rounds), though one
+    thread ran matmul(2048, 49, 512) in 0.90 against 1.10 ms with it."""
+    ti, tj = tile
+    return max(1, min(ti, ((ti + 1) * (tj // lanes) - MERGED_SPARE_REGISTERS) // per_row - 1))
 
 
 def tile_for(ast: UOp, tile: tuple[int, int], lanes: int = 0) -> tuple[int, int]:
@@ -111,18 +129,21 @@ def tile_for(ast: UOp, tile: tuple[int, int], lanes: int = 0) -> tuple[int, int]
         return m, tj
     if m is not None and ti < m < 2 * ti and m // 2 >= 2:
         ti = m // 2
+    if lanes >= LANE_REMAINDER and n is not None and tj <= n < 2 * tj and 0 < n % tj <= LANE_REMAINDER \
+            and 4 * (n % tj) <= tj and tj % lanes == 0:
+        # one column tile and a remainder vector that tile_with_lanes merges into it
+        return min(ti, merged_rows((ti, tj), lanes, tj // lanes + 1)), tj
     if n is None or n >= tj or n < 4:
         return ti, tj
     if lanes and n >= MERGED_MIN_VECTORS * lanes and n % lanes <= LANE_REMAINDER:
         # whole lane vectors and at most one 4-lane vector (merged): N = 49 on AVX-512 as 48 + 4 columns in one
         # tile, not two overlapping 32-wide tiles (64 columns computed, the left operand read twice); as many
-        # rows as the target tile's accumulators hold. resnet50's 7x7 layers on the 16-core AVX-512 Xeon
+        # rows as `merged_rows` keeps in registers. resnet50's 7x7 layers on the 16-core AVX-512 Xeon
         # (benchmarks/onnx_models.py's light model, launches in order, both forms in one process, medians of 15
         # rounds): 3.32 against 4.08 ms in all. Their B rows (196 bytes apart) stay in place: packed panels of
         # one 52-column tile, a copy per worker for 32 rows each, took 5.0 ms
         w = n - n % lanes
-        per_row = w // lanes + (1 if n % lanes else 0)
-        return max(1, min(ti, (ti * tj // lanes) // per_row)), w
+        return min(ti, merged_rows((ti, tj), lanes, w // lanes + (1 if n % lanes else 0))), w
     w = 1 << (n.bit_length() - 1)
     if _tile_width(n, w)[1]:
         # the remainder joins the tile as one more vector per row (register_tile's `merged`): fewer
