@@ -96,9 +96,11 @@ def merged_rows(tile: tuple[int, int], lanes: int, per_row: int) -> int:
     accumulators (rows x per_row) and B's vectors (per_row) within the registers the target tile fills (its rows
     + 1 times its vectors), less MERGED_SPARE_REGISTERS. The target's rows alone spilled accumulators to the stack
     in every K step where a remainder vector made the rows wider (rendered for matmul(512, N, 576): AVX-512's
-    6 x (64 + 4) made 18 stack accesses a step, AVX2's 6 x (16 + 4) 20; 4 and 3 rows, this rule, none: on the
-    2-vCPU AVX2 EPYC matmul(512, 20, 576) took 0.16 against 0.27 ms on one thread, matmul(4096, 20, 512) 1.04
-    against 1.30 on two).
+    6 x (64 + 4) made 18 stack accesses a step, AVX2's 6 x (16 + 4) 20; 4 and 3 rows, this rule, none).
+    benchmarks/cpu_tiles.py --tag merged-remainder, this rule's default against the 6-row tile: matmul(4096, 20,
+    512) 2.58 against 3.35 ms on the 2-vCPU AVX2 EPYC (cpu-epyc-avx2-2c/cpu_tiles-merged-remainder.json; its
+    smaller shapes sit within that host's noise), matmul(2048, 68, 512) 0.20 against 0.26 ms and matmul(1000, 66,
+    333) 0.080 against 0.097 on the 16-core Xeon (cpu-xeon-avx512-16c/cpu_tiles-merged-remainder.json).
     AVX-512's 6 x (48 + 4) keeps its 6 rows with 3 stack accesses a step: a register spared (5 rows, none)
     ran resnet50's launches 13.82 against 13.63 ms and densenet121's 19.38 against 19.03 on the 16-core Xeon
     (benchmarks/onnx_models.py's light models, both forms in one process, medians of 15 rounds), though one
