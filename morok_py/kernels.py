@@ -12,7 +12,8 @@ from typing import Callable, Sequence
 
 from .codegen.capabilities import Capabilities
 from .codegen.opt import PACK_ROW_BYTES
-from .codegen.strategies.conv import ConvGeometry, ConvPlan, check_plan, conv_plan, flat_spans
+from .codegen.strategies.conv import (WINOGRAD_GPU_CHANNEL_LOOP, ConvGeometry, ConvPlan, check_plan, conv_plan,
+                                      flat_spans)
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, Ops, UOp
@@ -1048,14 +1049,29 @@ def winograd_tiles(geo_out: tuple[int, int], m: int) -> tuple[int, int]:
     return OH // m, OW // m
 
 
-def winograd_weights(CO: int, C: int, m: int, dtype=dtypes.float32) -> UOp:
+def _channel_loop(ax: _Axes, extent: int, loop: int) -> tuple[UOp, int]:
+    """(a GLOBAL range over extent // loop, loop), or (one over extent, 1) where `loop` does not divide it: the
+    channel is range * loop + a LOOP range that `_close_loop` numbers after the GLOBAL ranges that follow."""
+    if loop <= 1 or extent % loop:
+        return ax(extent), 1
+    return ax(extent // loop), loop
+
+
+def _close_loop(ax: _Axes, hi: UOp, loop: int) -> UOp:
+    return hi if loop == 1 else hi * loop + ax(loop, AxisType.LOOP)
+
+
+def winograd_weights(CO: int, C: int, m: int, dtype=dtypes.float32, channel_loop: int = 1) -> UOp:
     """u[s, co, c] = (G g G^T)[s // (m + 2), s % (m + 2)] for the 3x3 filter g = w[co, c]: the weights of
-    the (m + 2)^2 contractions of `winograd_conv2d_kernels`. Params: w [CO, C, 3, 3], u."""
+    the (m + 2)^2 contractions of `winograd_conv2d_kernels`. `channel_loop` > 1 (the GPU form, strategies/conv.py's
+    WINOGRAD_GPU_CHANNEL_LOOP): each work-item runs that many output channels in a loop. Params: w [CO, C, 3, 3], u."""
     dt = as_dtype(dtype)
     _, G, _ = _winograd(m)
     a = m + 2
     ax = _Axes()
-    co, c = ax(CO), ax(C)
+    co_hi, co_lo = _channel_loop(ax, CO, channel_loop)
+    c = ax(C)
+    co = _close_loop(ax, co_hi, co_lo)
     w = UOp.param(0, dt)
     g = [[w.load((co * C + c) * 9 + k * 3 + l) for l in range(3)] for k in range(3)]
     u = _sandwich(G, g, G, dt)
@@ -1064,10 +1080,12 @@ def winograd_weights(CO: int, C: int, m: int, dtype=dtypes.float32) -> UOp:
 
 
 def winograd_input(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int], m: int,
-                   dtype=dtypes.float32, peel: bool = False, plane_pad: int = 0) -> UOp:
+                   dtype=dtypes.float32, peel: bool = False, plane_pad: int = 0, channel_loop: int = 1) -> UOp:
     """v[s, c, t] = (B^T d B)[s // (m + 2), s % (m + 2)], d the (m + 2) x (m + 2) patch of x[n, c] (zero in the
     padding) under output tile t = (n, tile row, tile column), the tiles of every image side by side: the
     right-hand operands of the Winograd contractions, plane s at s * (C * T + plane_pad) (`winograd_plane_pad`).
+    `channel_loop` > 1 (the GPU form, strategies/conv.py's WINOGRAD_GPU_CHANNEL_LOOP): one range over every
+    image's tiles (the stores' own index) and each work-item runs that many channels of its tile in a loop.
     `peel` (the CPU's plans): the (image, channel) planes
     are the only GLOBAL range and each plane's tiles run as loops, those whose patch lies inside the input
     unmasked (`_winograd_tile_span`) and the border rows and columns of tiles as stores of their own with
@@ -1082,17 +1100,25 @@ def winograd_input(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, in
     ax = _Axes()
     x, out = UOp.param(0, dt), UOp.param(1, dt)
 
-    def tiles(c: UOp, n: UOp, ty, tx, masked: tuple[bool, bool]) -> list[UOp]:
+    def tiles(c: UOp, n: UOp, ty, tx, masked: tuple[bool, bool], t: UOp | None = None) -> list[UOp]:
         base = (n * C + c) * (H * W)
         d = [[_tap(x, base, H, W, ty * m + k - pt, tx * m + l - pl, dt, masked) for l in range(a)] for k in range(a)]
         v = _sandwich(BT, d, BT, dt)
-        t = (n * TH + ty) * TW + tx
+        if t is None:
+            t = (n * TH + ty) * TW + tx
         return [out.store(((i * a + j) * C + c) * T + t + (i * a + j) * plane_pad if plane_pad else
                           ((i * a + j) * C + c) * T + t, v[i][j]) for i in range(a) for j in range(a)]
+    masks = (pt > 0 or pb > 0, pl > 0 or pr > 0)
+    if not peel and channel_loop > 1:
+        c_hi, c_lo = _channel_loop(ax, C, channel_loop)
+        t = ax(T)
+        c = _close_loop(ax, c_hi, c_lo)
+        n, ty, tx = t // (TH * TW), (t // TW) % TH, t % TW
+        return UOp.sink(*tiles(c, n, ty, tx, masks, t))
     rows, cols = _winograd_tile_span(H, TH, m, a, pt), _winograd_tile_span(W, TW, m, a, pl)
     if not peel or rows is None or cols is None:
         c, n, ty, tx = ax(C), ax(N), ax(TH), ax(TW)
-        return UOp.sink(*tiles(c, n, ty, tx, (pt > 0 or pb > 0, pl > 0 or pr > 0)))
+        return UOp.sink(*tiles(c, n, ty, tx, masks))
     q = ax(N * C)
     n, c = (q // C, q % C) if N > 1 else (UOp.const(0, dtypes.index), q)
 
@@ -1125,10 +1151,12 @@ def _winograd_tile_span(n_in: int, tiles: int, m: int, a: int, lo: int) -> "tupl
 
 
 def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.float32,
-                    epilogue: Epilogue | None = None, plane_pad: int = 0) -> UOp:
+                    epilogue: Epilogue | None = None, plane_pad: int = 0, channel_loop: int = 1) -> UOp:
     """out[n, co, ty * m + i, tx * m + j] = (A^T M A)[i, j], M the (m + 2) x (m + 2) products of output tile
     t = (n, ty, tx) and channel co (mm[s, co, t], plane s at s * (CO * T + plane_pad)), then `epilogue`.
-    Params: mm, the epilogue's operands, out."""
+    `channel_loop` > 1 (the GPU form, strategies/conv.py's WINOGRAD_GPU_CHANNEL_LOOP): each work-item runs that
+    many channels of its tile in a loop (one GLOBAL range of all where it does not divide CO). Params: mm, the
+    epilogue's operands, out."""
     dt = as_dtype(dtype)
     _, _, AT = _winograd(m)
     a = m + 2
@@ -1136,7 +1164,10 @@ def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.floa
     T = N * TH * TW
     epi = epilogue or Epilogue()
     ax = _Axes()
-    n, co, ty, tx = ax(N), ax(CO), ax(TH), ax(TW)
+    n = ax(N)
+    co_hi, co_lo = _channel_loop(ax, CO, channel_loop)
+    ty, tx = ax(TH), ax(TW)
+    co = _close_loop(ax, co_hi, co_lo)
     mm = UOp.param(0, dt)
     t = (n * TH + ty) * TW + tx
     M = [[mm.load(((i * a + j) * CO + co) * T + t + (i * a + j) * plane_pad if plane_pad else
@@ -1364,13 +1395,15 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
         T = g.N * (g.OH // m) * (g.OW // m)
         # the CPU form: the input's interior tiles unmasked, the planes padded apart (winograd_plane_pad)
         pin, pout = (winograd_plane_pad(g.C * T), winograd_plane_pad(g.CO * T)) if plan.cpu_form else (0, 0)
-        return [KernelStep("weights", winograd_weights(g.CO, g.C, m, dtype), ("w",), "wt", a2 * g.CO * g.C),
-                KernelStep("input", winograd_input(g.N, g.C, g.H, g.W, g.pads, m, dtype, plan.cpu_form, pin), ("x",),
-                           "col", a2 * (g.C * T + pin)),
+        # the GPU form: one tile (one filter) per work-item, channels in a loop
+        loop = 1 if plan.cpu_form else WINOGRAD_GPU_CHANNEL_LOOP
+        return [KernelStep("weights", winograd_weights(g.CO, g.C, m, dtype, loop), ("w",), "wt", a2 * g.CO * g.C),
+                KernelStep("input", winograd_input(g.N, g.C, g.H, g.W, g.pads, m, dtype, plan.cpu_form, pin, loop),
+                           ("x",), "col", a2 * (g.C * T + pin)),
                 KernelStep("gemm", conv_gemm(1, a2, g.CO, None, T, dtype, plane_pads=(pin, pout)), ("col", "wt"), "prod",
                            a2 * (g.CO * T + pout), (("K", g.C),)),
-                KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout), ("prod", "epilogue"),
-                           "out", out_n)]
+                KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout, loop),
+                           ("prod", "epilogue"), "out", out_n)]
     if plan.family == "direct_masked":
         # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match
         tm = g.C % TAP_MAJOR_CHANNELS == 0

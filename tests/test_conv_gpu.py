@@ -20,6 +20,7 @@ from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan, candidate_plans, check_plan, conv_plan
 from morok_py.dtypes import to_numpy
 from morok_py.errors import ArgumentError
+from morok_py.ir import AxisType, Ops
 
 GPU = Capabilities(has_local=True, has_shared=True)
 
@@ -66,6 +67,13 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
     assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 1, 1), GPU) == ConvPlan("direct")     # 1x1, few pixels
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU) == ConvPlan("pointwise")
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU, 2) == ConvPlan("direct")
+    # float32 1x1 over many pixels: the direct form from POINTWISE_MAX_CHANNEL_RATIO input channels per output one
+    from morok_py.codegen.strategies.conv import POINTWISE_MAX_CHANNEL_RATIO
+    assert POINTWISE_MAX_CHANNEL_RATIO == 4
+    assert conv_plan(ConvGeometry(32, 256, 56, 56, 64, 1, 1), GPU) == ConvPlan("direct")
+    assert conv_plan(ConvGeometry(32, 255, 56, 56, 64, 1, 1), GPU) == ConvPlan("pointwise")
+    assert conv_plan(ConvGeometry(32, 256, 56, 56, 128, 1, 1), GPU) == ConvPlan("pointwise")
+    assert conv_plan(ConvGeometry(32, 64, 56, 56, 256, 1, 1), GPU) == ConvPlan("pointwise")
     assert candidate_plans(narrow, GPU, 2)[0] == ConvPlan("direct")
     huge = ConvGeometry(256, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1))             # 1.8 GB of float32 columns
     assert conv_plan(huge, GPU) == ConvPlan("direct")
@@ -388,7 +396,8 @@ def test_direct_masked_in_the_interpreter(rng, pair, tile, geo):
 
 
 WINOGRAD = [ConvGeometry(2, 20, 12, 16, 24, 3, 3, pads=(1, 1, 1, 1)),      # both tiles
-            ConvGeometry(1, 9, 10, 6, 5, 3, 3, pads=(0, 1, 2, 1))]          # 10x6 out: 2x2 tiles only
+            ConvGeometry(1, 9, 10, 6, 5, 3, 3, pads=(0, 1, 2, 1)),          # 10x6 out: 2x2 tiles only
+            ConvGeometry(3, 6, 8, 12, 7, 3, 3, pads=(1, 1, 1, 1))]          # input channels looped, output ones not
 
 
 def test_a_gpu_takes_winograd_for_wide_float32_3x3_layers_of_a_constant_batch():
@@ -409,6 +418,28 @@ def test_a_gpu_takes_winograd_for_wide_float32_3x3_layers_of_a_constant_batch():
     assert [st.name for st in K.conv2d_kernels(l28, caps=GPU, symbolic_batch=True)][-1] == "gemm"
     with pytest.raises(ArgumentError, match="static batch"):
         K.conv2d_kernels(l28, ConvPlan("winograd", winograd=4), symbolic_batch=True)
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+def test_the_gpu_winograd_transforms_take_one_tile_per_work_item(pair):
+    """The GPU form of the transforms: no elementwise vector plan (it took 4 tiles per work-item), one tile or filter
+    per work-item with WINOGRAD_GPU_CHANNEL_LOOP channels in a loop, the input transform's work-items of a warp on
+    neighbouring tiles (the x dimension spans every image's tiles)."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    from morok_py.codegen.strategies.conv import WINOGRAD_GPU_CHANNEL_LOOP
+    r, _ = compile_only_pairs("sm_90")[pair]
+    for geo, m in ((ConvGeometry(32, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1)), 4),
+                   (ConvGeometry(32, 256, 14, 14, 256, 3, 3, pads=(1, 1, 1, 1)), 2)):
+        T = geo.N * (geo.OH // m) * (geo.OW // m)
+        for st in K.conv2d_kernels(geo, ConvPlan("winograd", winograd=m)):
+            if st.name == "gemm":
+                continue
+            spec = r.render(st.ast, st.name)
+            assert spec.linear.schedule.vector_width == 1, st.name
+            loops = [u for u in st.ast.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP]
+            assert [u.src[0].arg for u in loops] == [WINOGRAD_GPU_CHANNEL_LOOP], st.name
+            if st.name == "input":
+                assert spec.global_size[0] * spec.local_size[0] == T
 
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])

@@ -332,15 +332,19 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 # 108.9, 103.2), below it the direct implicit GEMM reading the padding through masked taps, direct_masked, no pad
 # kernel (64 at 56x56 105.3 against 68.5 for im2col_flat, 43.4 im2col_rows and 59.7 pad + direct; 128 at 28x28 122.6
 # against 85.0 im2col_rows; stride 2 at 56x56 112.6 against 75.0). float32 1x1 over at least POINTWISE_MIN_PIXELS
-# pixels: the batched contraction of the input itself (1024 -> 256 at 14x14 takes the direct form, 23.8 against
-# 22.3; 256 -> 64 at 56x56 pointwise 20.1 against 24.9 for the direct form here, a rule to re-decide: at 7e50fd6 the
-# direct form took 17.8 against 21.3). Groups and depthwise: grouped_direct (depthwise float16 128 channels at 56x56
+# pixels and with fewer than POINTWISE_MAX_CHANNEL_RATIO input channels per output channel: the batched contraction
+# of the input itself. In one process on the H200 (batch 32, pointwise against direct, nvrtc / llvm-nvptx, us;
+# cuDNN beside): 64 -> 256 at 56x56 118.8 / 117.2 against 218.3 / 225.4 (cuDNN 135.9), 64 -> 64 58.6 / 57.8
+# against 63.7 / 63.6 (56.6), 256 -> 128 217.7 / 211.6 against 237.2 / 221.2 (186.4), but 256 -> 64 163.8 / 163.4
+# against 130.3 / 119.6 (130.1) and 1024 -> 256 at 14x14 142.5 / 141.0 against 135.7 / 137.9 (127.1): the direct
+# form. Groups and depthwise: grouped_direct (depthwise float16 128 channels at 56x56
 # 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same). On an H100
 # (benchmarks/results/nvidia-h100/conv-variants-nvrtc.json) direct_masked took 64 at 56x56 95.9 against 57.4 for pad
 # + direct, stride 2 at 56x56 104.3 against 52.6. float32 keeps im2col_flat (128 at 28x28 29.9 against 25.5 for
 # direct_masked)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
+POINTWISE_MAX_CHANNEL_RATIO = 4
 # the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);
 # past it the direct implicit GEMM, which needs no scratch
 IM2COL_FLAT_MAX_BYTES = 1 << 28
@@ -372,6 +376,15 @@ def flat_split(geo: ConvGeometry) -> int:
 # against 28.7 for im2col_flat, 256 at 14x14 32.0 against 28.1; 64 at 56x56 it lost (20.6 against 22.1)
 WINOGRAD_MIN_CHANNELS = 128
 WINOGRAD_MIN_TILES = 1024
+# The GPU form of the Winograd transforms (kernels.winograd_input / winograd_output / winograd_weights): one tile
+# (one filter) per work-item, the output transform's channels a loop of WINOGRAD_GPU_CHANNEL_LOOP. With every range
+# GLOBAL and the products contiguous along the tile column, the default schedule took the elementwise vector plan:
+# 4 tiles of 36 values per work-item, a quarter of the work-items, and stores aligned for one tile row in four.
+# In one process on the H200, batch 32, float32 128 at 28x28 F(4x4) (nvrtc / llvm-nvptx, us): input 67.7 / 66.1
+# -> 22.7 / 20.9 one tile per work-item, 19.9 / 18.6 with the tiles as one range; output 58.3 / 53.1 -> 24.1 /
+# 25.8; the layer 214.5 / 199.2 -> 132.1 / 124.3 beside cuDNN's 148.9 / 140.2; 256 at 14x14 F(2x2) 217.3 / 203.4
+# -> 160.7 / 152.1 (cuDNN 268.5 / 263.4)
+WINOGRAD_GPU_CHANNEL_LOOP = 2
 
 
 def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> int:
@@ -417,7 +430,8 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4, static_batch: bool = True) ->
     if geo.groups > 1:
         return ConvPlan("grouped_direct")
     if geo.pointwise:
-        return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS else "direct")
+        return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS
+                        and geo.C < POINTWISE_MAX_CHANNEL_RATIO * geo.CO else "direct")
     cols = geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW * itemsize
     square = geo.stride[0] == geo.stride[1] and geo.dilation[0] == geo.dilation[1]
     if itemsize >= 4 and (cols <= IM2COL_FLAT_MAX_BYTES or not square):
