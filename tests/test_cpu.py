@@ -547,7 +547,7 @@ def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, 
     prog = cpu.compile(K.add(), name="cap_add")
     seen = []
     real = prog._parallel
-    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads: (seen.append(threads), real(fn, b, v, e, threads)))
+    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads, *rest: (seen.append(threads), real(fn, b, v, e, threads, *rest)))
     a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
     for lo, hi, want in ((1, 1 << 62, max(2, 3 * n // cpu_runtime.SPLIT_WORK_PER_THREAD)), (1, 2, 8)):

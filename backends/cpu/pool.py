@@ -48,16 +48,6 @@ _ARM = (98, "call void @llvm.aarch64.hint(i32 1)", "declare void @llvm.aarch64.h
 _FUTEX = {"x86_64": _X86, "amd64": _X86, "aarch64": _ARM, "arm64": _ARM}
 
 
-def pool_kind() -> str:
-    """MOROK_CPU_POOL: 'native' (default where supported) or 'python' (morok_py.config)."""
-    return config.cpu_pool()
-
-
-def pool_spin() -> int:
-    """MOROK_CPU_SPIN, default POOL_SPIN (morok_py.config)."""
-    return config.cpu_spin(POOL_SPIN)
-
-
 def _pool_ir(futex: int, pause: str, declare: str) -> str:
     return f"""
 {declare}

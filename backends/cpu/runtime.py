@@ -18,7 +18,7 @@ from morok_py.errors import DeviceError, LaunchError
 from .builtins import ensure_builtins, undefined_symbols, unresolved
 from .compiler import host_cpu, llvm
 from .features import load_mismatch
-from .pool import NativePool, native_pool, pool_kind, pool_spin
+from .pool import POOL_SPIN, NativePool, native_pool
 from .renderer import STREAM_ALIGN, STREAM_SUFFIX
 
 # The work of a launch is counted in memory accesses executed (each load and store, times the
@@ -194,9 +194,11 @@ class CPUProgram(Program):
         except Exception:
             pass
 
-    def _native_pool(self) -> NativePool | None:
-        """The native pool and this kernel's trampoline, unless MOROK_CPU_POOL=python or none can exist here."""
-        kind = pool_kind()       # the settings are read at every split launch (two lookups, ~0.5 us)
+    def _native_pool(self, settings: "tuple[int, str, int, bool] | None" = None) -> NativePool | None:
+        """The native pool and this kernel's trampoline, unless MOROK_CPU_POOL=python or none can exist here.
+        `settings`: config.cpu_launch's, where the caller read them for this launch (they are read at every
+        split launch; a bad MOROK_CPU_PIN is refused there, not when a worker starts)."""
+        _threads, kind, spin, _pin = settings or config.cpu_launch(POOL_SPIN)
         if not self._pool_checked or self._pool_kind != kind:
             self._pool_kind = kind
             self._pool = native_pool(llvm()) if kind == "native" else None
@@ -204,8 +206,7 @@ class CPUProgram(Program):
                 self._trampoline = self._pool.trampoline(self._nbuf + self._nhidden, self._nvars + 2)
             self._pool_checked = True
         if self._pool is not None:
-            self._pool.set_spin(pool_spin())
-            config.cpu_pin()     # a bad MOROK_CPU_PIN is refused at the first split launch, not when a worker starts
+            self._pool.set_spin(spin)
         return self._pool
 
     def _args(self, buffers: Sequence[int], chunk: int) -> Sequence[int]:
@@ -224,22 +225,23 @@ class CPUProgram(Program):
 
     def _execute(self, buffers: Sequence[int], vals: Sequence[int], extent: int, wait: bool) -> float | None:
         t0 = time.perf_counter() if wait else 0.0
-        threads, fn, plan = 1, self._fn, None
+        threads, fn, plan, settings = 1, self._fn, None, None
         if extent > 1:
             plan = self._plan_for(vals)
             if plan[3] and plan[0] is not _TRIAL:        # decided by a trial: count down to the next one
                 if plan[4] <= 0:
                     plan[0], plan[2], plan[3] = _TRIAL, [], []
                 plan[4] -= 1
-            if plan[0] is not _ONE:   # the environment is read only where it matters (~0.5 us)
-                threads = min(config.cpu_threads(), plan[6])
+            if plan[0] is not _ONE:   # the environment is read only where it matters
+                settings = config.cpu_launch(POOL_SPIN)
+                threads = min(settings[0], plan[6])
             # the streaming variant promises LLVM aligned output buffers (and aligned chunk starts)
             if plan[1] and all(buffers[s] % STREAM_ALIGN == 0 for s in self._stream_slots):
                 fn = self._stream_fn
         if threads > 1 and plan[0] is _TRIAL:
-            self._trial(plan, fn, buffers, vals, extent, threads)
+            self._trial(plan, fn, buffers, vals, extent, threads, settings)
         elif threads > 1:
-            self._parallel(fn, buffers, vals, extent, threads)
+            self._parallel(fn, buffers, vals, extent, threads, settings)
         else:
             fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
         return time.perf_counter() - t0 if wait else None
@@ -306,16 +308,16 @@ class CPUProgram(Program):
         cap = 1 << 30 if mode is not _TRIAL else max(2, work // SPLIT_WORK_PER_THREAD)
         return [mode, stream, [], [], 0, RETRIAL_FIRST, cap]
 
-    def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int) -> None:
+    def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
         """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by
         their best times (split only when it saves 10%: the pool's hand-off cost varies)."""
         alone, split = plan[2], plan[3]
-        native = self._native_pool()
+        native = self._native_pool(settings)
         if native is not None:
             native.ensure(threads)        # made before the clock starts
         t0 = time.perf_counter()
         if TRIAL_ORDER[(len(alone) + len(split)) % len(TRIAL_ORDER)] == "S":
-            self._parallel(fn, buffers, vals, extent, threads)
+            self._parallel(fn, buffers, vals, extent, threads, settings)
             split.append(time.perf_counter() - t0)
         else:
             fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
@@ -327,12 +329,12 @@ class CPUProgram(Program):
             else:
                 plan[4], plan[5] = plan[5], min(2 * plan[5], RETRIAL_EVERY)
 
-    def _parallel(self, fn, buffers, vals, extent: int, threads: int) -> None:
+    def _parallel(self, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
         chunks = min(threads, extent)
         step = -(-extent // chunks)
         if fn is self._stream_fn:
             step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
-        native = self._native_pool()
+        native = self._native_pool(settings)
         if native is not None:
             key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
             cached = self._blocks.get(key)    # (block, chunks), never changed once built: concurrent
