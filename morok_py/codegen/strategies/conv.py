@@ -337,7 +337,8 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 # cuDNN beside): 64 -> 256 at 56x56 118.8 / 117.2 against 218.3 / 225.4 (cuDNN 135.9), 64 -> 64 58.6 / 57.8
 # against 63.7 / 63.6 (56.6), 256 -> 128 217.7 / 211.6 against 237.2 / 221.2 (186.4), but 256 -> 64 163.8 / 163.4
 # against 130.3 / 119.6 (130.1) and 1024 -> 256 at 14x14 142.5 / 141.0 against 135.7 / 137.9 (127.1): the direct
-# form. Groups and depthwise: grouped_direct (depthwise float16 128 channels at 56x56
+# form. benchmarks/conv.py at d88fefb: 256 -> 64 at 56x56 0.90x / 0.87x -> 1.02x / 1.20x cuDNN (conv-nvrtc.json,
+# conv-llvm-nvptx.json). Groups and depthwise: grouped_direct (depthwise float16 128 channels at 56x56
 # 5.8 against 4.9 TFLOP/s for the elementwise depthwise kernel, float32 the same). On an H100
 # (benchmarks/results/nvidia-h100/conv-variants-nvrtc.json) direct_masked took 64 at 56x56 95.9 against 57.4 for pad
 # + direct, stride 2 at 56x56 104.3 against 52.6. float32 keeps im2col_flat (128 at 28x28 29.9 against 25.5 for
@@ -377,13 +378,15 @@ def flat_split(geo: ConvGeometry) -> int:
 WINOGRAD_MIN_CHANNELS = 128
 WINOGRAD_MIN_TILES = 1024
 # The GPU form of the Winograd transforms (kernels.winograd_input / winograd_output / winograd_weights): one tile
-# (one filter) per work-item, the output transform's channels a loop of WINOGRAD_GPU_CHANNEL_LOOP. With every range
-# GLOBAL and the products contiguous along the tile column, the default schedule took the elementwise vector plan:
-# 4 tiles of 36 values per work-item, a quarter of the work-items, and stores aligned for one tile row in four.
-# In one process on the H200, batch 32, float32 128 at 28x28 F(4x4) (nvrtc / llvm-nvptx, us): input 67.7 / 66.1
-# -> 22.7 / 20.9 one tile per work-item, 19.9 / 18.6 with the tiles as one range; output 58.3 / 53.1 -> 24.1 /
-# 25.8; the layer 214.5 / 199.2 -> 132.1 / 124.3 beside cuDNN's 148.9 / 140.2; 256 at 14x14 F(2x2) 217.3 / 203.4
-# -> 160.7 / 152.1 (cuDNN 268.5 / 263.4)
+# (one filter) per work-item, WINOGRAD_GPU_CHANNEL_LOOP channels in a loop, the input transform's tiles of every
+# image one range. With every range GLOBAL and the products contiguous along the tile column, the default schedule
+# took the elementwise vector plan: 4 tiles of 36 values per work-item, a quarter of the work-items, and stores
+# aligned for one tile row in four. In one process on the H200, batch 32, float32 (nvrtc / llvm-nvptx, us), 128 at
+# 28x28 F(4x4): input 69.7 / 68.2 -> 20.6 / 20.3, output 60.0 / 55.4 -> 25.8 / 25.8, the layer 219.9 / 209.8 ->
+# 134.0 / 129.5 beside cuDNN's 169.3 / 161.8; 256 at 14x14 F(2x2) 221.7 / 213.6 -> 166.6 / 161.4 (cuDNN 285.8 /
+# 273.2). A loop of 4 ran within 1% of 2 (135.2 / 131.0 and 166.1 / 162.6). benchmarks/conv.py at d88fefb
+# (benchmarks/results/nvidia-h200/conv-nvrtc.json, conv-llvm-nvptx.json): 128 at 28x28 0.70x / 0.76x -> 1.13x /
+# 1.27x cuDNN, 256 at 14x14 1.24x / 1.31x -> 1.67x / 1.80x
 WINOGRAD_GPU_CHANNEL_LOOP = 2
 
 
