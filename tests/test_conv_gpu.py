@@ -402,8 +402,9 @@ WINOGRAD = [ConvGeometry(2, 20, 12, 16, 24, 3, 3, pads=(1, 1, 1, 1)),      # bot
 
 def test_a_gpu_takes_winograd_for_wide_float32_3x3_layers_of_a_constant_batch():
     """float32 3x3 stride-1 layers with >= WINOGRAD_MIN_CHANNELS channels and enough output tiles: 4x4 tiles where
-    the sides allow, else 2x2; not for fewer channels, 16-bit elements, few tiles or a symbolic batch (whose
-    plan then is the flat columns), and a Winograd plan asked for a symbolic batch is refused."""
+    the sides allow, else 2x2 (4x4 also from WINOGRAD_4X4_MIN_CHANNELS where the flat columns fit); not for fewer
+    channels, 16-bit elements, few tiles or a symbolic batch (whose plan then is the flat columns), and a Winograd
+    plan asked for a symbolic batch is refused."""
     from morok_py.codegen.strategies.conv import WINOGRAD_MIN_CHANNELS
     l28 = ConvGeometry(32, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1))
     l14 = ConvGeometry(32, 256, 14, 14, 256, 3, 3, pads=(1, 1, 1, 1))
@@ -413,7 +414,14 @@ def test_a_gpu_takes_winograd_for_wide_float32_3x3_layers_of_a_constant_batch():
     assert conv_plan(l28, GPU, static_batch=False).family == "im2col_flat"
     assert all(p.family != "winograd" for p in candidate_plans(l28, GPU, static_batch=False))
     assert conv_plan(l28, GPU, 2).family != "winograd"
-    assert conv_plan(ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"
+    # 4x4 tiles from WINOGRAD_4X4_MIN_CHANNELS where the flat columns would fit; 2x2 tiles not below 128 channels
+    from morok_py.codegen.strategies.conv import WINOGRAD_4X4_MIN_CHANNELS
+    assert WINOGRAD_4X4_MIN_CHANNELS == 64
+    assert conv_plan(ConvGeometry(32, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), GPU) == ConvPlan("winograd", winograd=4)
+    assert conv_plan(ConvGeometry(32, 64, 56, 56, 63, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"
+    assert conv_plan(ConvGeometry(32, 64, 54, 54, 64, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"  # 2x2 only
+    assert conv_plan(ConvGeometry(256, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "direct"  # 1.8 GB
+    assert conv_plan(ConvGeometry(4, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"  # 784 tiles
     assert conv_plan(ConvGeometry(1, 128, 28, 28, 128, 3, 3, pads=(1, 1, 1, 1)), GPU).family == "im2col_flat"
     assert [st.name for st in K.conv2d_kernels(l28, caps=GPU, symbolic_batch=True)][-1] == "gemm"
     with pytest.raises(ArgumentError, match="static batch"):

@@ -374,8 +374,14 @@ def flat_split(geo: ConvGeometry) -> int:
 # float32 3x3 stride-1 layers with at least WINOGRAD_MIN_CHANNELS input and output channels and a constant batch
 # of at least WINOGRAD_MIN_TILES output tiles take Winograd (4x4 tiles where the output sides allow, else 2x2):
 # on an H100, batch 32 (benchmarks/results/nvidia-h100/conv-winograd-nvrtc.json), 128 at 28x28 32.3 TFLOP/s
-# against 28.7 for im2col_flat, 256 at 14x14 32.0 against 28.1; 64 at 56x56 it lost (20.6 against 22.1)
+# against 28.7 for im2col_flat, 256 at 14x14 32.0 against 28.1; 64 at 56x56 it lost then (20.6 against 22.1), with
+# the transforms four tiles per work-item. With one tile per work-item (WINOGRAD_GPU_CHANNEL_LOOP), 4x4 tiles from
+# WINOGRAD_4X4_MIN_CHANNELS where they replace im2col_flat (its columns within IM2COL_FLAT_MAX_BYTES): on the H200,
+# batch 32, 64 at 56x56 36.1 TFLOP/s against 25.1 for im2col_flat and 24.4 for 2x2 tiles (cuDNN 26.5;
+# benchmarks/results/nvidia-h200/conv-variants-nvrtc.json at d88fefb); in one process 203.6 / 195.5 us against
+# 293.5 / 293.4 and 307.3 / 301.7 (nvrtc / llvm-nvptx; cuDNN 280.0 / 275.0)
 WINOGRAD_MIN_CHANNELS = 128
+WINOGRAD_4X4_MIN_CHANNELS = 64
 WINOGRAD_MIN_TILES = 1024
 # The GPU form of the Winograd transforms (kernels.winograd_input / winograd_output / winograd_weights): one tile
 # (one filter) per work-item, WINOGRAD_GPU_CHANNEL_LOOP channels in a loop, the input transform's tiles of every
@@ -392,10 +398,14 @@ WINOGRAD_GPU_CHANNEL_LOOP = 2
 
 def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> int:
     """The Winograd tile a GPU's default plan takes for this layer (0: none), by the rule above."""
-    if itemsize < 4 or not static_batch or min(geo.C, geo.CO) < WINOGRAD_MIN_CHANNELS:
+    channels = min(geo.C, geo.CO)
+    if itemsize < 4 or not static_batch or channels < WINOGRAD_4X4_MIN_CHANNELS:
         return 0
+    cols = geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW * itemsize
     for m in WINOGRAD_TILES:
-        if winograd_applies(geo, m) and geo.N * (geo.OH // m) * (geo.OW // m) >= WINOGRAD_MIN_TILES:
+        if not winograd_applies(geo, m) or geo.N * (geo.OH // m) * (geo.OW // m) < WINOGRAD_MIN_TILES:
+            continue
+        if channels >= WINOGRAD_MIN_CHANNELS or (m == 4 and cols <= IM2COL_FLAT_MAX_BYTES):
             return m
     return 0
 
