@@ -188,15 +188,23 @@ class ExecutionPlan:
         if self._bound != values or not self._valid:
             self._bind(values)
             self._native = self._captures.get(tuple(sorted(values.items())))
-        native = self._native
+        native = self._captured(values)
         if native is not None:
             return native(wait)
+        return self._launch(self.steps, wait)
+
+    def _captured(self, values: Mapping[str, int]):
+        """The capture for these (bound) values: the one made, or one made now where this value set has run
+        CAPTURE_AFTER times uncaptured; else None."""
+        native = self._native
+        if native is not None:
+            return native
         if self.auto_capture and not self._capture_failed and self._can_capture():
             key = tuple(sorted(values.items()))
             runs = self._runs[key] = self._runs.get(key, 0) + 1
-            if runs >= self.CAPTURE_AFTER and self._auto_capture(key) is not None:
-                return self._native(wait)
-        return self._launch(self.steps, wait)
+            if runs >= self.CAPTURE_AFTER:
+                return self._auto_capture(key)
+        return None
 
     @property
     def host_memory(self) -> bool:
@@ -275,6 +283,13 @@ class ExecutionPlan:
                     if (sa.written or sb.written) and pa < pb + nb and pb < pa + na:
                         raise LaunchError(f"{sa.buffer!r} and {sb.buffer!r} are bound to overlapping memory "
                                           f"and the plan writes one of them")
+        if getattr(self.device, "capture_binds", False):
+            # a capture that takes other memory for given arguments of one replay (the CPU's)
+            native = self._captured(values)
+            if native is not None:
+                patches = [(i, j, ptr + off) for slot, ptr, _ in entries for i, j, off in slot.places]
+                if native.accepts(patches):
+                    return native.run(wait, patches)
         steps = self.steps
         saved: list[tuple[list[int], int, int]] = []
         try:
@@ -304,13 +319,17 @@ class ExecutionPlan:
 
     def _auto_capture(self, key: tuple):
         """Capture the bound launches for this value set; a device that refuses leaves the plan
-        replaying its launches (said under MOROK_DEBUG=1)."""
+        replaying its launches (said under MOROK_DEBUG=1). A device that answers None is not ready yet (the CPU
+        while a launch still times its split): asked again after CAPTURE_AFTER more runs."""
         try:
             native = self.device.capture_plan(self)
         except MorokError as e:
             self._capture_failed = True
             if config.debug_level() >= 1:
                 config.log(f"plan on {self.device.name}: not captured, replaying launches ({e})")
+            return None
+        if native is None:
+            self._runs.pop(key, None)
             return None
         if len(self._captures) >= self.CAPTURES:
             self._captures.pop(next(iter(self._captures)))

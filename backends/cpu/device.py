@@ -9,7 +9,7 @@ from morok_py.launch import Device
 from .allocator import HostAllocator
 from .compiler import CPUCompiler, host_cpu, llvm, mlir_pair
 from .renderer import CPURenderer
-from .runtime import CPUProgram
+from .runtime import CPUPlanCapture, CPUProgram
 
 
 class CPUDevice(Device):
@@ -27,6 +27,15 @@ class CPUDevice(Device):
         # an MCJIT engine takes ownership of its TargetMachine and destroys it when collected, so each
         # program gets its own: sharing the compiler's one was a use-after-free once a program was dropped
         return CPUProgram(self, compiled, _host_target_machine())
+
+    # an ExecutionPlan replays its launches by one native call once captured (runtime.CPUPlanCapture), also
+    # with other memory bound to its slots for a run
+    capture_binds = True
+
+    def capture_plan(self, plan) -> "CPUPlanCapture | None":
+        """The plan's launches as one native replay; None while a launch of it still times whether to split
+        (runtime.CPUProgram._trial: a capture keeps each launch's choice as it is when made)."""
+        return CPUPlanCapture(self, plan) if CPUPlanCapture.ready(plan) else None
 
     def info(self) -> dict:
         import os

@@ -187,6 +187,45 @@ done:
   ret void
 }}
 
+;; a captured plan (CPUPlanCapture): steps[i] = (trampoline, argument block, chunks, workers) as i64s; a step of
+; no workers runs its chunks here, one after another, without publishing a job or waking anyone
+define void @morok_pool_run_plan(ptr %steps, i64 %count) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %i1, %next ]
+  %more = icmp ult i64 %i, %count
+  br i1 %more, label %body, label %done
+body:
+  %base = mul i64 %i, 4
+  %p0 = getelementptr i64, ptr %steps, i64 %base
+  %fn = load ptr, ptr %p0, align 8
+  %p1 = getelementptr i64, ptr %p0, i64 1
+  %arg = load ptr, ptr %p1, align 8
+  %p2 = getelementptr i64, ptr %p0, i64 2
+  %n = load i64, ptr %p2, align 8
+  %p3 = getelementptr i64, ptr %p0, i64 3
+  %w = load i64, ptr %p3, align 8
+  %alone = icmp eq i64 %w, 0
+  br i1 %alone, label %chunks, label %split
+chunks:
+  %c = phi i64 [ 0, %body ], [ %c1, %chunk ]
+  %cm = icmp ult i64 %c, %n
+  br i1 %cm, label %chunk, label %next
+chunk:
+  call void %fn(ptr %arg, i64 %c)
+  %c1 = add i64 %c, 1
+  br label %chunks
+split:
+  call void @morok_pool_run(ptr %fn, ptr %arg, i64 %n, i64 %w)
+  br label %next
+next:
+  %i1 = add i64 %i, 1
+  br label %loop
+done:
+  ret void
+}}
+
 define i32 @morok_pool_generation() {{
   %g = load atomic i32, ptr @gen acquire, align 4
   ret i32 %g
@@ -235,6 +274,8 @@ class NativePool:
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._engine))
         self._run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
             self._engine.get_function_address("morok_pool_run"))
+        self._run_plan = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(
+            self._engine.get_function_address("morok_pool_run_plan"))
         self._generation = ctypes.CFUNCTYPE(ctypes.c_int32)(self._engine.get_function_address("morok_pool_generation"))
         self._worker = self._engine.get_function_address("morok_pool_worker")
         self._spin = ctypes.c_int64.from_address(self._engine.get_global_value_address("spin"))
@@ -344,6 +385,15 @@ class NativePool:
         if self.workers < threads - 1 or os.getpid() != self._pid:
             with self.lock:
                 self._grow(threads - 1)
+
+    def run_plan(self, steps, count: int, threads: int) -> None:
+        """Run `count` launches of a captured plan in one call: `steps` an array of (trampoline, block, chunks,
+        workers) quads (a step of 0 workers runs its chunks on the calling thread alone), workers for `threads`-way
+        splits made first."""
+        with self.lock:
+            if self.workers < threads - 1 or os.getpid() != self._pid:
+                self._grow(threads - 1)
+            self._run_plan(ctypes.addressof(steps), count)
 
     def run(self, trampoline: int, block, chunks: int, threads: int) -> None:
         """Run `chunks` rows of `block` on the launching thread and threads - 1 workers (blocks until done;
