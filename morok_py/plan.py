@@ -198,7 +198,13 @@ class ExecutionPlan:
         CAPTURE_AFTER times uncaptured; else None."""
         native = self._native
         if native is not None:
-            return native
+            if not getattr(native, "expired", False):
+                return native
+            # a capture that asks to be made again (the CPU's keep their launches' choices for so many replays)
+            native.expire()
+            self._captures = {k: v for k, v in self._captures.items() if v is not native}
+            self._native = None
+            return None
         if self.auto_capture and not self._capture_failed and self._can_capture():
             key = tuple(sorted(values.items()))
             runs = self._runs[key] = self._runs.get(key, 0) + 1

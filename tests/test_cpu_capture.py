@@ -47,6 +47,19 @@ def _captured(cpu, rng, M: int, Kd: int, N: int):
     return plan, ins, bufs, plan._native
 
 
+def _trial_add(cpu, rng, monkeypatch, n: int, name: str):
+    """A plan of one add whose launches sit between the split thresholds (each times itself alone and split
+    before it keeps one), on 2 native threads: (plan, program, out, a + b)."""
+    monkeypatch.setattr(cpu_runtime, "NATIVE_MIN_WORK", 1)
+    monkeypatch.setattr(cpu_runtime, "NATIVE_SURE_WORK", 1 << 60)
+    monkeypatch.setenv("MOROK_CPU_POOL", "native")
+    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    out = cpu.empty(n, dtypes.float32)
+    prog = cpu.compile(K.add(), name=name)
+    return ExecutionPlan().add(prog, cpu.buf(a), cpu.buf(b), out, n=n), prog, out, a + b
+
+
 def _want(x, w, b, M):
     h = np.maximum(x[:M].astype(np.float64) @ w + b, 0)
     return h, 2 * h, (2 * h).sum()
@@ -122,15 +135,8 @@ def test_a_settings_change_rebuilds_the_capture(cpu, rng, split_everything, monk
 def test_no_capture_while_a_launch_times_its_split(cpu, rng, monkeypatch):
     """Between the thresholds a launch times itself alone and split (TRIAL_ORDER) before it keeps one: the
     plan is captured only after that, with the choice made."""
-    monkeypatch.setattr(cpu_runtime, "NATIVE_MIN_WORK", 1)
-    monkeypatch.setattr(cpu_runtime, "NATIVE_SURE_WORK", 1 << 60)
-    monkeypatch.setenv("MOROK_CPU_POOL", "native")
-    monkeypatch.setenv("MOROK_CPU_THREADS", "2")
     n = 40_003
-    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
-    out = cpu.empty(n, dtypes.float32)
-    prog = cpu.compile(K.add(), name="cap_trial_add")
-    plan = ExecutionPlan().add(prog, cpu.buf(a), cpu.buf(b), out, n=n)
+    plan, prog, out, want = _trial_add(cpu, rng, monkeypatch, n, "cap_trial_add")
     trials = 2 * cpu_runtime.SPLIT_TRIALS
     for run in range(trials + ExecutionPlan.CAPTURE_AFTER + 1):
         plan.run(wait=True)
@@ -140,7 +146,7 @@ def test_no_capture_while_a_launch_times_its_split(cpu, rng, monkeypatch):
     assert decided and plan.captured
     out.copyin(np.full(n, np.nan, np.float32))
     plan.run(wait=True)
-    np.testing.assert_array_equal(out.numpy(), a + b)
+    np.testing.assert_array_equal(out.numpy(), want)
 
 
 def test_the_python_pool_replays_launch_by_launch(cpu, rng, monkeypatch):
@@ -151,3 +157,24 @@ def test_the_python_pool_replays_launch_by_launch(cpu, rng, monkeypatch):
         plan.run(M=M, MN=M * N, wait=True)
     assert not plan.captured
     np.testing.assert_allclose(y.numpy()[:M * N].reshape(M, N), _want(x, w, b, M)[1], rtol=1e-4, atol=1e-3)
+
+
+def test_a_capture_expires_and_its_trials_run_again(cpu, rng, monkeypatch):
+    """After RECAPTURE_AFTER replays the plan drops its capture, replays launch by launch while the launches whose
+    split a trial chose time themselves again, then captures itself anew; every run's output is right."""
+    monkeypatch.setattr(cpu_runtime, "RECAPTURE_AFTER", 3)
+    n = 30_011
+    plan, prog, out, want = _trial_add(cpu, rng, monkeypatch, n, "cap_expire_add")
+    seen, captures = [], []
+    for _ in range(40):
+        out.copyin(np.full(n, np.nan, np.float32))
+        plan.run(wait=True)
+        np.testing.assert_array_equal(out.numpy(), want)
+        mode = prog._plan_for([n])[0]
+        seen.append((plan.captured, mode is cpu_runtime._TRIAL))
+        if plan.captured and (not captures or captures[-1] is not plan._native):
+            captures.append(plan._native)
+    assert len(captures) >= 2                      # captured, expired, captured again
+    assert not any(c and trial for c, trial in seen)     # never captured while a trial runs
+    first = next(i for i, (c, _) in enumerate(seen) if c)
+    assert any(trial for _, trial in seen[first:])      # a trial ran again after the first capture

@@ -368,6 +368,12 @@ class CPUProgram(Program):
             f.result()
 
 
+# a captured plan keeps its launches' split choices for this many replays, then the plan replays launch by launch
+# again with every choice a trial made open to a new trial (the host's load may have changed since), and captures
+# itself anew once they are decided
+RECAPTURE_AFTER = 1024
+
+
 class CPUPlanCapture:
     """An ExecutionPlan's launches replayed by one native call (`NativePool.run_plan`): each step an argument
     block built once, with its split chosen as `CPUProgram._execute` chooses it (a plan is captured once no launch of it is
@@ -378,7 +384,8 @@ class CPUPlanCapture:
     same program on another thread cannot share them. It follows the plan's bound pointers as they were when
     captured; `run(wait, patches)` writes other memory into given arguments for one replay (a plan's
     `run(bind=...)`) and puts them back. The CPU settings (config.cpu_launch) are compared at every replay: a
-    change rebuilds the blocks."""
+    change rebuilds the blocks. After RECAPTURE_AFTER replays it expires: the plan replays launch by launch, the
+    launches whose split a trial chose try again, and the plan captures itself anew."""
 
     @staticmethod
     def ready(plan) -> bool:
@@ -391,6 +398,7 @@ class CPUPlanCapture:
 
     def __init__(self, device, plan) -> None:
         self.device = device
+        self._replays = 0
         self._steps = list(plan.steps)
         self._hidden: list[tuple[int, int]] = []
         self._settings = None
@@ -475,6 +483,7 @@ class CPUPlanCapture:
         t0 = time.perf_counter()
         if config.cpu_launch(POOL_SPIN) != self._settings:
             self._build()
+        self._replays += 1
         saved = []
         try:
             for i, j, ptr in patches:
@@ -492,3 +501,17 @@ class CPUPlanCapture:
 
     def __call__(self, wait: bool = False) -> float | None:
         return self.run(wait)
+
+    @property
+    def expired(self) -> bool:
+        """Replayed RECAPTURE_AFTER times: the plan should drop it (`expire`) and replay its launches."""
+        return self._replays >= RECAPTURE_AFTER
+
+    def expire(self) -> None:
+        """Every launch of the plan whose split a trial chose times itself again at its next launch."""
+        for st in self._steps:
+            prog = st.program
+            plans = getattr(prog, "_plans", None)
+            plan = plans.get(tuple(st.ordered)) if plans is not None else None
+            if plan is not None and plan[3] and plan[0] is not _TRIAL:
+                plan[4] = 0
