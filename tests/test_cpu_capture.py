@@ -83,9 +83,13 @@ def test_a_captured_plan_replays_every_launch_like_the_launches(cpu, rng, split_
             np.testing.assert_allclose(s.numpy()[0], ws, rtol=1e-4)
     cap = plan._native
     assert isinstance(cap, cpu_runtime.CPUPlanCapture)
-    # the dense step split over 3 threads' chunks with a scratch set each, owned by the capture
+    # the dense step split over 3 threads' chunks, each naming the program's own scratch set for that chunk
     chunks = min(3 * cpu_runtime.CHUNKS_PER_THREAD, plan.steps[0].gs[0])
-    assert cap._rows[0][0] == chunks and len(cap._hidden) >= chunks
+    dense = plan.steps[0].program
+    words = list(cap._blocks[0])
+    assert cap._rows[0][0] == chunks and len(dense._hidden_sets) >= chunks
+    assert all(ptr in words for c in range(chunks) for ptr in dense._hidden_sets[c])
+    assert cap._locks == [dense._hidden_lock]
     assert cap._rows[2][0] == 1          # one item: one chunk on the calling thread
 
 
@@ -178,3 +182,43 @@ def test_a_capture_expires_and_its_trials_run_again(cpu, rng, monkeypatch):
     assert not any(c and trial for c, trial in seen)     # never captured while a trial runs
     first = next(i for i, (c, _) in enumerate(seen) if c)
     assert any(trial for _, trial in seen[first:])      # a trial ran again after the first capture
+
+
+def test_direct_launches_of_a_captured_program_on_another_thread_stay_right(cpu, rng, split_everything):
+    """The captured dense step names its program's scratch: a replay holds that program's lock, so the same
+    program launched directly on another thread (other buffers, other sizes, on that thread alone with chunk 0's
+    scratch) waits for it; both results right."""
+    import threading
+    M, Kd, N = 150, 96, 40
+    plan, (x, w, b), (bx, h, y, s), cap = _captured(cpu, rng, M, Kd, N)
+    dense = plan.steps[0].program
+    m2 = 77
+    x2, w2, b2 = (rng.standard_normal(shape).astype(np.float32) for shape in ((m2, Kd), (Kd, N), (N,)))
+    want2 = np.maximum(x2.astype(np.float64) @ w2 + b2, 0)
+    args2 = [cpu.buf(x2), cpu.buf(w2), cpu.buf(b2)]
+    # the direct launches run on their own thread alone (chunk 0's scratch, which the replays' first chunk names)
+    before = set(dense._plans)
+    dense(*args2, cpu.buf(np.empty(m2 * N, np.float32)), M=m2, N=N, K=Kd)
+    fresh = set(dense._plans) - before
+    assert fresh
+    for key in fresh:
+        dense._plans[key][0], dense._plans[key][3] = cpu_runtime._ONE, []
+    errors = []
+
+    def direct():
+        try:
+            for _ in range(30):
+                out2 = cpu.buf(np.full(m2 * N, np.nan, np.float32))
+                dense(*args2, out2, M=m2, N=N, K=Kd)
+                np.testing.assert_allclose(out2.numpy().reshape(m2, N), want2, rtol=1e-4, atol=1e-3)
+        except Exception as e:      # noqa: BLE001 -- reported below
+            errors.append(e)
+    t = threading.Thread(target=direct)
+    t.start()
+    for _ in range(30):
+        y.copyin(np.full(M * N, np.nan, np.float32))
+        plan.run(M=M, MN=M * N, wait=True)
+        np.testing.assert_allclose(y.numpy()[:M * N].reshape(M, N), _want(x, w, b, M)[1], rtol=1e-4, atol=1e-3)
+    t.join()
+    assert not errors, errors[0]
+    assert plan._native is cap

@@ -380,8 +380,9 @@ class CPUPlanCapture:
     still timing its split, and keeps those choices: no retrials while captured). A replay then spends no Python between launches: a split launch costs ~9 us of it on the
     2-vCPU CI machine, against ~3 for the kernel call alone (resnet50's 88 launches, densenet121's 253).
 
-    The capture owns its hidden buffers (a packed matmul's panels, one set per chunk), so a direct launch of the
-    same program on another thread cannot share them. It follows the plan's bound pointers as they were when
+    Its blocks name the programs' own hidden buffers (a packed matmul's panels, one set per chunk, as a launch by
+    launch replay uses them), whose locks a replay holds: a direct launch of such a program on another thread
+    waits for it. It follows the plan's bound pointers as they were when
     captured; `run(wait, patches)` writes other memory into given arguments for one replay (a plan's
     `run(bind=...)`) and puts them back. The CPU settings (config.cpu_launch) are compared at every replay: a
     change rebuilds the blocks. After RECAPTURE_AFTER replays it expires: the plan replays launch by launch, the
@@ -400,7 +401,6 @@ class CPUPlanCapture:
         self.device = device
         self._replays = 0
         self._steps = list(plan.steps)
-        self._hidden: list[tuple[int, int]] = []
         self._settings = None
         self._build()
 
@@ -408,8 +408,8 @@ class CPUPlanCapture:
         settings = config.cpu_launch(POOL_SPIN)
         if settings[1] != "native":
             raise LaunchError("plan on CPU: MOROK_CPU_POOL=python, so its launches are not captured")
-        self._release()
         quads: list[int] = []
+        scratch: dict[int, CPUProgram] = {}      # the programs whose hidden buffers the blocks name
         self._blocks: list = []
         self._stream: list[frozenset] = []      # per step: the output slots its streaming variant needs aligned
         self._rows: list[tuple[int, int, int]] = []     # per step: (chunks, words per row, first row's offset)
@@ -434,10 +434,13 @@ class CPUPlanCapture:
                 step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
             starts = list(range(0, extent, step)) or [0]
             words = [address]
-            for c, s in enumerate(starts):
-                words += buffers + self._hidden_set(prog)
-                words += vals
-                words += (s, min(s + step, extent))
+            if prog._nhidden:
+                scratch[id(prog)] = prog
+            with prog._hidden_lock:
+                for c, s in enumerate(starts):
+                    words += prog._args(buffers, c)     # the program's own chunk scratch (its lock held at replays)
+                    words += vals
+                    words += (s, min(s + step, extent))
             block = (ctypes.c_int64 * len(words))(*words)
             self._blocks.append(block)
             self._stream.append(frozenset(prog._stream_slots) if address == prog._stream_addr else frozenset())
@@ -446,31 +449,14 @@ class CPUPlanCapture:
             workers = min(threads, chunks) - 1
             most = max(most, workers + 1)
             quads += [prog._trampoline, ctypes.addressof(block), chunks, workers]
+        # the hidden-buffer locks of the programs whose scratch the blocks name, taken in one order at every replay:
+        # a direct launch of one of them on another thread waits, as it does for another launch
+        self._locks = [scratch[k]._hidden_lock for k in sorted(scratch)]
         self._quads = (ctypes.c_int64 * max(1, len(quads)))(*quads)
         self._count = len(self._steps)
         self._threads = most
         self._native = native_pool(llvm())
         self._settings = settings
-
-    def _hidden_set(self, prog: "CPUProgram") -> list[int]:
-        out = []
-        for h in (prog.launch.hidden if prog._nhidden else ()):
-            nbytes = h.count * h.dtype.itemsize
-            ptr = self.device.allocator.alloc(nbytes)
-            self._hidden.append((ptr, nbytes))
-            out.append(ptr)
-        return out
-
-    def _release(self) -> None:
-        hidden, self._hidden = self._hidden, []
-        for ptr, nbytes in hidden:
-            self.device.allocator.free(ptr, nbytes)
-
-    def __del__(self) -> None:
-        try:
-            self._release()
-        except Exception:
-            pass
 
     def accepts(self, patches: Sequence[tuple[int, int, int]]) -> bool:
         """Whether `run` can take these patches: a step captured with its streaming variant (aligned stores)
@@ -485,7 +471,11 @@ class CPUPlanCapture:
             self._build()
         self._replays += 1
         saved = []
+        held = 0
         try:
+            for lock in self._locks:
+                lock.acquire()
+                held += 1
             for i, j, ptr in patches:
                 block = self._blocks[i]
                 chunks, row, first = self._rows[i]
@@ -497,6 +487,8 @@ class CPUPlanCapture:
         finally:
             for block, at, old in reversed(saved):
                 block[at] = old
+            for lock in self._locks[:held]:
+                lock.release()
         return time.perf_counter() - t0 if wait else None
 
     def __call__(self, wait: bool = False) -> float | None:
