@@ -337,6 +337,9 @@ class ExecutionPlan:
         if native is None:
             self._runs.pop(key, None)
             return None
+        describe = getattr(native, "describe", None)
+        if describe is not None and config.debug_level() >= 1:
+            config.log(f"plan on {self.device.name}: {describe()}")
         if len(self._captures) >= self.CAPTURES:
             self._captures.pop(next(iter(self._captures)))
         self._captures[key] = self._native = native

@@ -93,6 +93,14 @@ def test_a_captured_plan_replays_every_launch_like_the_launches(cpu, rng, split_
     assert cap._rows[2][0] == 1          # one item: one chunk on the calling thread
 
 
+def test_debug_prints_what_a_capture_replays(cpu, rng, split_everything, monkeypatch, capsys):
+    monkeypatch.setenv("MOROK_DEBUG", "1")
+    plan, *_ = _captured(cpu, rng, 40, 30, 20)
+    err = capsys.readouterr().err
+    assert "plan on CPU: captured 3 launches into one native call: 2 split over up to 3 threads, " \
+           "1 on the calling thread" in err, err
+
+
 def test_a_captured_plan_takes_bound_memory_and_keeps_its_own(cpu, rng, split_everything):
     M, Kd, N = 61, 70, 29
     plan, (x, w, b), (bx, h, y, s), _cap = _captured(cpu, rng, M, Kd, N)

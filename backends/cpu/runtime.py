@@ -494,6 +494,12 @@ class CPUPlanCapture:
     def __call__(self, wait: bool = False) -> float | None:
         return self.run(wait)
 
+    def describe(self) -> str:
+        """What the capture replays, as MOROK_DEBUG=1 prints it when it is made."""
+        split = [q for q in range(self._count) if self._quads[4 * q + 3] > 0]
+        return (f"captured {self._count} launches into one native call: {len(split)} split over up to "
+                f"{self._threads} threads, {self._count - len(split)} on the calling thread")
+
     @property
     def expired(self) -> bool:
         """Replayed RECAPTURE_AFTER times: the plan should drop it (`expire`) and replay its launches."""
