@@ -376,24 +376,26 @@ RECAPTURE_AFTER = 1024
 
 class CPUPlanCapture:
     """An ExecutionPlan's launches replayed by one native call (`NativePool.run_plan`): each step an argument
-    block built once, with its split chosen as `CPUProgram._execute` chooses it (a plan is captured once no launch of it is
-    still timing its split, and keeps those choices: no retrials while captured). A replay then spends no Python between launches: a split launch costs ~9 us of it on the
-    2-vCPU CI machine, against ~3 for the kernel call alone (resnet50's 88 launches, densenet121's 253).
+    block built once, with its split chosen as `CPUProgram._execute` chooses it (a plan is captured once no
+    launch of it is still timing its split, and keeps those choices: no retrials while captured). A replay then
+    spends no Python between launches: a split launch costs ~9 us of it on the 2-vCPU CI machine, against ~3 for
+    the kernel call alone (resnet50's 88 launches, densenet121's 253).
 
     Its blocks name the programs' own hidden buffers (a packed matmul's panels, one set per chunk, as a launch by
     launch replay uses them), whose locks a replay holds: a direct launch of such a program on another thread
-    waits for it. It follows the plan's bound pointers as they were when
-    captured; `run(wait, patches)` writes other memory into given arguments for one replay (a plan's
-    `run(bind=...)`) and puts them back. The CPU settings (config.cpu_launch) are compared at every replay: a
-    change rebuilds the blocks. After RECAPTURE_AFTER replays it expires: the plan replays launch by launch, the
-    launches whose split a trial chose try again, and the plan captures itself anew."""
+    waits for it. It follows the plan's bound pointers as they were when captured; `run(wait, patches)` writes
+    other memory into given arguments for one replay (a plan's `run(bind=...)`) and puts them back. The CPU
+    settings (config.cpu_launch) are compared at every replay: a change rebuilds the blocks. After
+    RECAPTURE_AFTER replays it expires: the plan replays launch by launch, the launches whose split a trial chose
+    try again, and the plan captures itself anew."""
 
     @staticmethod
     def ready(plan) -> bool:
         """Whether every launch of the plan has its split decided (none still in its trial)."""
         for st in plan.steps:
             prog = st.program
-            if isinstance(prog, CPUProgram) and st.gs and st.gs[0] > 1 and prog._plan_for(list(st.ordered))[0] is _TRIAL:
+            if (isinstance(prog, CPUProgram) and st.gs and st.gs[0] > 1
+                    and prog._plan_for(list(st.ordered))[0] is _TRIAL):
                 return False
         return True
 
@@ -429,7 +431,8 @@ class CPUPlanCapture:
                     threads = min(settings[0], plan[6], extent)
                 if plan[1] and prog._stream_addr and all(buffers[s] % STREAM_ALIGN == 0 for s in prog._stream_slots):
                     address = prog._stream_addr
-            step = -(-extent // min(threads * CHUNKS_PER_THREAD if threads > 1 else 1, max(extent, 1))) if extent > 0 else 1
+            chunks = min(threads * CHUNKS_PER_THREAD if threads > 1 else 1, max(extent, 1))
+            step = -(-extent // chunks) if extent > 0 else 1
             if address == prog._stream_addr and threads > 1:
                 step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
             starts = list(range(0, extent, step)) or [0]
