@@ -187,7 +187,7 @@ done:
   ret void
 }}
 
-;; a captured plan (CPUPlanCapture): steps[i] = (trampoline, argument block, chunks, workers) as i64s; a step of
+; a captured plan (CPUPlanCapture): steps[i] = (trampoline, argument block, chunks, workers) as i64s; a step of
 ; no workers runs its chunks here, one after another, without publishing a job or waking anyone
 define void @morok_pool_run_plan(ptr %steps, i64 %count) {{
 entry:
@@ -391,8 +391,7 @@ class NativePool:
         workers) quads (a step of 0 workers runs its chunks on the calling thread alone), workers for `threads`-way
         splits made first."""
         with self.lock:
-            if self.workers < threads - 1 or os.getpid() != self._pid:
-                self._grow(threads - 1)
+            self._grow(threads - 1)
             self._run_plan(ctypes.addressof(steps), count)
 
     def run(self, trampoline: int, block, chunks: int, threads: int) -> None:

@@ -335,21 +335,32 @@ class CPUProgram(Program):
             else:
                 plan[4], plan[5] = plan[5], min(2 * plan[5], RETRIAL_EVERY)
 
+    @staticmethod
+    def _chunk_step(extent: int, chunks: int, stream: bool) -> int:
+        """Items per chunk of a launch over `extent` cut into at most `chunks` (a streaming variant's chunks start
+        on multiples of STREAM_ALIGN)."""
+        step = max(1, -(-extent // max(1, min(chunks, extent))))
+        return -(-step // STREAM_ALIGN) * STREAM_ALIGN if stream else step
+
+    def _block_words(self, address: int, buffers, vals, extent: int, step: int) -> list[int]:
+        """A native launch's argument block: the kernel's address, then per chunk its buffers (with the chunk's
+        hidden ones), values and (start, end)."""
+        words = [address]
+        for c, s in enumerate(range(0, extent, step)):
+            words += self._args(buffers, c)
+            words += vals
+            words += (s, min(s + step, extent))
+        return words
+
     def _parallel(self, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
         native = self._native_pool(settings)
-        chunks = min(threads * (CHUNKS_PER_THREAD if native is not None else 1), extent)
-        step = -(-extent // chunks)
-        if fn is self._stream_fn:
-            step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
+        step = self._chunk_step(extent, threads * (CHUNKS_PER_THREAD if native is not None else 1),
+                                fn is self._stream_fn)
         if native is not None:
             key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
             cached = self._blocks.get(key)    # (block, chunks), never changed once built: concurrent
             if cached is None:                # launches of this program each keep the block they took
-                words = [self._stream_addr if key[0] else self.address]
-                for c, s in enumerate(range(0, extent, step)):
-                    words += self._args(buffers, c)
-                    words += vals
-                    words += (s, min(s + step, extent))
+                words = self._block_words(self._stream_addr if key[0] else self.address, buffers, vals, extent, step)
                 if len(self._blocks) >= BLOCKS_KEPT:
                     self._blocks.clear()
                 cached = self._blocks[key] = ((ctypes.c_int64 * len(words))(*words), len(range(0, extent, step)))
@@ -431,25 +442,18 @@ class CPUPlanCapture:
                     threads = min(settings[0], plan[6], extent)
                 if plan[1] and prog._stream_addr and all(buffers[s] % STREAM_ALIGN == 0 for s in prog._stream_slots):
                     address = prog._stream_addr
-            chunks = min(threads * CHUNKS_PER_THREAD if threads > 1 else 1, max(extent, 1))
-            step = -(-extent // chunks) if extent > 0 else 1
-            if address == prog._stream_addr and threads > 1:
-                step = -(-step // STREAM_ALIGN) * STREAM_ALIGN
-            starts = list(range(0, extent, step)) or [0]
-            words = [address]
+            step = prog._chunk_step(extent, threads * CHUNKS_PER_THREAD if threads > 1 else 1,
+                                    address == prog._stream_addr)
             if prog._nhidden:
                 scratch[id(prog)] = prog
-            with prog._hidden_lock:
-                for c, s in enumerate(starts):
-                    words += prog._args(buffers, c)     # the program's own chunk scratch (its lock held at replays)
-                    words += vals
-                    words += (s, min(s + step, extent))
+            with prog._hidden_lock:     # the program's own chunk scratch (its lock held at replays)
+                words = prog._block_words(address, buffers, vals, extent, step)
             block = (ctypes.c_int64 * len(words))(*words)
             self._blocks.append(block)
             self._stream.append(frozenset(prog._stream_slots) if address == prog._stream_addr else frozenset())
-            self._rows.append((len(starts), len(buffers) + prog._nhidden + len(vals) + 2, 1))
-            chunks = len(starts)
-            workers = min(threads, chunks) - 1
+            chunks = len(range(0, extent, step))
+            self._rows.append((chunks, len(buffers) + prog._nhidden + len(vals) + 2, 1))
+            workers = max(0, min(threads, chunks) - 1)
             most = max(most, workers + 1)
             quads += [prog._trampoline, ctypes.addressof(block), chunks, workers]
         # the hidden-buffer locks of the programs whose scratch the blocks name, taken in one order at every replay:
