@@ -149,11 +149,17 @@ def make_case(name: str, args, gpu: bool, rng) -> Case:
 
 
 class Ours:
-    """One compiled kernel on device buffers, launched through the raw path."""
+    """One compiled kernel on device buffers, launched through the raw path. On a GPU each timed launch has an
+    untimed one queued ahead of it (`queue_ahead`), as each GPU peer's call has (gpu_peers): the device is busy
+    when the start event is recorded, so the time is the kernel's own and not the host's ~4 us of launch call
+    after that event on an idle device (the H200 host: 40.7 us for softmax 4096x4096 timed alone, 36.2 us
+    back to back)."""
+    queue_ahead = False
 
     def __init__(self, dev, ast, name: str, inputs: list[np.ndarray], out_size: int, vals: dict[str, int]):
         from morok_py import Buffer, dtypes
         self.dev = dev
+        self.queue_ahead = H.is_gpu(dev)
         self.prog = dev.compile(ast, name=name)
         self.bufs = [Buffer.from_numpy(np.ascontiguousarray(x).reshape(-1), dev) for x in inputs]
         self.out = dev.buffer(out_size, dtypes.float32)
@@ -164,6 +170,8 @@ class Ours:
         self.ptrs = [b.ptr for b in self.bufs] + [self.out.ptr]
 
     def __call__(self) -> float:
+        if self.queue_ahead:
+            self.prog.execute(self.ptrs, self.vals, self.gs, self.ls)
         return self.prog.execute(self.ptrs, self.vals, self.gs, self.ls, wait=True)
 
     def result(self) -> np.ndarray:
@@ -323,6 +331,7 @@ def gpu_peers(case: Case, libs: dict[str, Any]) -> dict[str, tuple[Callable, Cal
             tonp = lambda t: t.detach().cpu().numpy()   # noqa: E731
 
         def run(f=f, ins=ins, out=out, timer=timer, holder=holder):
+            f(*ins, out)        # queued ahead, untimed, as Ours does
             return timer(lambda: holder.__setitem__("r", f(*ins, out)))
 
         peers[lib_name] = (run, lambda holder=holder, tonp=tonp: tonp(holder["r"]))

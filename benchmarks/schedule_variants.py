@@ -34,6 +34,9 @@ def variants(name: str, default=None):
         return [("default", None, None), ("one group per row, 256", gpr(group=256), None),
                 ("rows 132 x 1024", gpr(group=1024, row_groups=132), None),
                 ("rows 256 x 1024", gpr(group=1024, row_groups=256), None)]
+    if name == "softmax":
+        return [("default", None, None)] + [(f"group {g}{', row cache' * rc}", gpr(group=g, row_cache=rc), None)
+                                            for g in (128, 256, 512, 1024) for rc in (True, False)]
     if name == "gemv8":
         up = lambda g, sp, u, **k: S("groups", group=g, unroll=u, split=sp, upcast=8, **k)  # noqa: E731
         return [("default", None, None),
@@ -97,7 +100,7 @@ def main() -> None:
             prog = dev.runtime(compiled)
             ours = KB.Ours.__new__(KB.Ours)
             from morok_py import Buffer, dtypes
-            ours.dev, ours.prog = dev, prog
+            ours.dev, ours.prog, ours.queue_ahead = dev, prog, gpu
             ours.bufs = [Buffer.from_numpy(np.ascontiguousarray(x).reshape(-1), dev) for x in case.inputs]
             ours.out = dev.buffer(int(np.prod(case.out_shape)), dtypes.float32)
             mine = {k: case.vals[k] for k in compiled.launch.var_names}
