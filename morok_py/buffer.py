@@ -305,7 +305,9 @@ class Buffer:
         2.10+) hands its tensor over in one C call, unsynchronized, and names its current stream, which
         this device's stream is then ordered after; any other producer goes through `__dlpack__`, asked
         to order its work before this device's DLPack stream (`dlpack_stream`)."""
-        api = D.exchange_api(type(obj))
+        tp = type(obj)
+        known = D._exchange_apis.get(id(tp))     # (dlpack.exchange_api's cache, read inline: once per call)
+        api = known[1] if known is not None and known[0]() is tp else D.exchange_api(tp)
         if api is not None and getattr(obj, "requires_grad", False) is not True:
             # (a tensor that requires grad goes through __dlpack__, which refuses it as its producer decides)
             buf = Buffer._from_exchange(obj, api)
@@ -369,7 +371,14 @@ class Buffer:
             elif place[0] != D.CPU:
                 imported.release()
                 return None
-            return Buffer._imported_view(dev, imported)
+            ptr = imported.ptr
+            if ptr % 16:
+                return Buffer._imported_view(dev, imported)     # (refused there, with the reason)
+            buf = object.__new__(Buffer)        # Buffer._view, inline
+            buf.device, buf.size, buf.dtype, buf.nbytes = dev, imported.count, imported.dtype, \
+                imported.count * imported.dtype.itemsize
+            buf._lock, buf._owner, buf._ptr = _VIEW_LOCK, imported, ptr
+            return buf
         except BaseException:
             imported.release()
             raise

@@ -342,14 +342,25 @@ class Imported:
             raise DLPackError(f"{type(obj).__name__}'s DLPack exchange API returned {rc} and no tensor")
         self = object.__new__(cls)
         self._managed = None
-        try:
-            deleter = self._read(addr, True)
-        except BaseException:
-            deleter = _V_HEAD.unpack_from(_MEMORY, addr)[3]
-            if deleter:     # ours now: a refused tensor goes back to its producer here
-                _deleter_fn(deleter)(addr)
-            raise
-        self._own(addr, deleter)
+        (major, _minor, _ctx, deleter, flags, data, dev_type, dev_id, ndim, code, bits, lanes, shape_at, strides_at,
+         offset) = _V_HEAD.unpack_from(_MEMORY, addr)
+        dt = _DTYPES.get((code, bits, lanes))
+        # the common case inline (a dense 1-D writable tensor of a known dtype: what _read accepts without a
+        # question); anything else goes through _read, which checks and explains
+        if (ndim == 1 and major == VERSION[0] and dt is not None and shape_at and not flags & FLAG_READ_ONLY
+                and (not strides_at or _ONE.unpack_from(_MEMORY, strides_at)[0] == 1)
+                and (count := _ONE.unpack_from(_MEMORY, shape_at)[0]) >= 0):
+            self.versioned, self.device, self.dtype, self.shape, self.count = True, (dev_type, dev_id), dt, (count,), count
+            self.ptr, self.flags = data + offset, flags
+        else:
+            try:
+                self._read(addr, True)
+            except BaseException:
+                if deleter:     # ours now: a refused tensor goes back to its producer here
+                    _deleter_fn(deleter)(addr)
+                raise
+        self._managed = addr
+        self._deleter = (_deleters.get(deleter) or _deleter_fn(deleter)) if deleter else None
         return self
 
     def _read(self, addr: int, versioned: bool) -> int:
