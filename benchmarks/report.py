@@ -59,7 +59,8 @@ How they measure:
 - **Peers** run the same work on the same data: CPU peers timed with `perf_counter`, GPU peers with their
   library's CUDA events. On a GPU (`kernels.py`, `schedule_variants.py`) each timed call, ours or a peer's,
   has an untimed one queued ahead of it, so the device is busy when the start event is recorded: the time
-  is the kernel's own, not the host's launch call after that event on an idle device. numba runs with `parallel=True, fastmath=True` and `OMP_WAIT_POLICY=PASSIVE`.
+  is the kernel's own, not the host's launch call after that event on an idle device. numba runs with
+  `parallel=True, fastmath=True` and `OMP_WAIT_POLICY=PASSIVE`.
 - **Memory ceiling**: the device's own copy bandwidth, bytes read + written per second (`np.copyto` of a
   256 MiB array on the CPU; a device-to-device copy through CuPy or PyTorch on a GPU). Kernel bandwidth counts
   the minimal bytes read + written (add: 12 bytes per element, sum: 4, softmax: 8); `copies.py` counts bytes
