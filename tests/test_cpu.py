@@ -541,8 +541,10 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
 
 def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, rng, monkeypatch):
     """Between the thresholds a split takes at most one thread per SPLIT_WORK_PER_THREAD accesses (at
-    least two), however many MOROK_CPU_THREADS allows; past the upper threshold it takes them all."""
+    least two), however many MOROK_CPU_THREADS allows; past the upper threshold it takes them all. (The
+    rule by time alone is set out of reach here; the next test takes it.)"""
     monkeypatch.setenv("MOROK_CPU_THREADS", "8")
+    monkeypatch.setattr(cpu_runtime, "SPLIT_MIN_CHUNK_S", 1e9)
     n = 100_003                 # 300K accesses
     prog = cpu.compile(K.add(), name="cap_add")
     seen = []
@@ -558,6 +560,34 @@ def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, 
             prog(da, db, out, n=n)
         np.testing.assert_array_equal(out.numpy(), a + b)
         assert seen and set(seen) == {min(8, want)}, (seen, want)
+
+
+def test_a_trial_raises_the_split_by_the_launch_time_alone(cpu, rng, monkeypatch):
+    """A trial's runs alone raise the most threads a split takes to one per SPLIT_MIN_CHUNK_S of the fastest
+    of them, never below the rule by counted accesses: with a chunk of a microsecond the 300K-access add (its
+    accesses' rule: 2 threads) splits over every allowed thread from the first split on, with right sums."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", "8")
+    split_at(monkeypatch, 1, 1 << 62)
+    n = 100_003
+    prog = cpu.compile(K.add(), name="cap_time_add")
+    seen = []
+    real = prog._parallel
+    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads, *rest: (seen.append(threads), real(fn, b, v, e, threads, *rest)))
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    by_accesses = max(2, 3 * n // cpu_runtime.SPLIT_WORK_PER_THREAD)
+    for chunk in (1e-6, 1e9):
+        monkeypatch.setattr(cpu_runtime, "SPLIT_MIN_CHUNK_S", chunk)
+        prog._plans.clear()
+        seen.clear()
+        for _ in range(len(cpu_runtime.TRIAL_ORDER)):
+            prog(da, db, out, n=n)
+            np.testing.assert_array_equal(out.numpy(), a + b)
+        plan = next(iter(prog._plans.values()))
+        alone = min(plan[2])
+        want = max(by_accesses, int(alone / chunk))
+        assert plan[6] == want and plan[7] == by_accesses, (plan, want)
+        assert seen and set(seen) == {min(8, want)}, (seen, want, alone)
 
 
 def test_a_verdict_of_one_thread_is_retaken_sooner_and_backs_off(cpu, rng, monkeypatch):

@@ -35,6 +35,15 @@ SPLIT_TRIALS = 3                # in between: time this many launches each way, 
 # slowest thread, and on a shared host every thread more is one more chance of a descheduled core (benchmarks/kernels.py
 # --suite on the H100 host's Xeon, 12 threads: 256x512x10, 0.5M accesses, split 12 ways ran 25-360 us per round against 115-157 us alone)
 SPLIT_WORK_PER_THREAD = 1 << 17
+# ... or one thread per this much of the launch's time alone (its trial's fastest run on one thread), where that
+# allows more: counted accesses miss the arithmetic between them. The Winograd transforms (a tile's 16 loads and
+# 16 stores around ~64 scalar adds) count 0.26-0.38M accesses at 14x14, which gave them 2 of the 16 cores. On the
+# 16-core Xeon (cpu-xeon-avx512-16c), in one process, interleaved, the accesses' rule against this one: 256
+# channels at 14x14 input 0.094 -> 0.038 ms, output 0.056 -> 0.039 (split 16 ways 0.021 / 0.017); 128 at 28x28
+# 0.074 -> 0.045 and 0.088 -> 0.044; resnet50's launches in order 12.40 -> 11.80 ms, densenet121's 20.68 -> 20.29.
+# 2.5, 5, 10 and 20 us ran alike in the models (11.84-11.93 and 19.88-20.02 ms in another round); 20 us keeps
+# the 256x512x10 matmul above (115 us alone) at 5 threads
+SPLIT_MIN_CHUNK_S = 20e-6
 # the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
 # workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
 # splits whose workers had gone to sleep during the alone run: on the H100 host's Xeon, 12 futex wake-ups
@@ -284,12 +293,13 @@ class CPUProgram(Program):
     def _plan(self, vals: Sequence[int]) -> list:
         """[threads: _ONE, _SPLIT or _TRIAL, take the streaming variant, trial times alone, trial
         times split, launches until the verdict is retried, the wait after the next verdict of one thread,
-        the most threads a split takes] for these values. Streaming where the bytes touched
+        the most threads a split takes, that most by the counted accesses alone] for these values (a trial
+        raises the most by its time alone, SPLIT_MIN_CHUNK_S). Streaming where the bytes touched
         overflow the last-level cache."""
         n = config.cpu_threads()     # also rejects a bad MOROK_CPU_THREADS at the first launch
         info = self.launch
         if info is None:
-            return [_SPLIT, False, [], [], 0, RETRIAL_FIRST, 1 << 30]
+            return [_SPLIT, False, [], [], 0, RETRIAL_FIRST, 1 << 30, 1 << 30]
         values = dict(zip(info.var_names, vals))
         gs, _, bounds, _ = info.prepare(values)
         work = memory_accesses(info, values)
@@ -312,7 +322,7 @@ class CPUProgram(Program):
             touched = sum((hi - lo + 1) * info.params[s].dtype.itemsize for s, (lo, hi) in spans.items())
             stream = touched > STREAM_MIN_BYTES
         cap = 1 << 30 if mode is not _TRIAL else max(2, work // SPLIT_WORK_PER_THREAD)
-        return [mode, stream, [], [], 0, RETRIAL_FIRST, cap]
+        return [mode, stream, [], [], 0, RETRIAL_FIRST, cap, cap]
 
     def _trial(self, plan: list, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
         """Run alone or split in TRIAL_ORDER, timing each; after SPLIT_TRIALS of both keep the faster by
@@ -328,6 +338,7 @@ class CPUProgram(Program):
         else:
             fn(*(self._args(buffers, 0) if self._nhidden else buffers), *vals, 0, extent)
             alone.append(time.perf_counter() - t0)
+            plan[6] = max(plan[7], int(min(alone) / SPLIT_MIN_CHUNK_S))
         if len(split) >= SPLIT_TRIALS and len(alone) >= SPLIT_TRIALS:
             plan[0] = _SPLIT if min(split) < 0.9 * min(alone) else _ONE
             if plan[0] is _SPLIT:
