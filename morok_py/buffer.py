@@ -205,7 +205,9 @@ class Buffer:
             if self._ptr is None:
                 return
             ptr, self._ptr = self._ptr, None
-            forget, self._forget = self._forget, None
+            forget = self._forget
+            if forget is not None:
+                self._forget = None
             if self._exports:
                 self._free_pending, self._held_ptr = True, ptr
                 ptr = None
@@ -310,9 +312,37 @@ class Buffer:
         api = known[1] if known is not None and known[0]() is tp else D.exchange_api(tp)
         if api is not None and getattr(obj, "requires_grad", False) is not True:
             # (a tensor that requires grad goes through __dlpack__, which refuses it as its producer decides)
-            buf = Buffer._from_exchange(obj, api)
-            if buf is not None:
-                return buf
+            imported = D.Imported.exchange(obj, api)
+            try:
+                place = imported.device
+                opened = _OPENED.get(place)
+                if opened is None:
+                    opened = _open_for_import(*place)
+                dev, after = opened
+                if after is not None:
+                    # the exchange is unsynchronized: this device's stream waits for the producer's current one
+                    raw = api.raw_stream     # (ExchangeAPI.current_stream, its shortcut inline)
+                    try:
+                        stream = raw(place[1]) if raw is not None else None
+                    except Exception:
+                        stream = None
+                    after(stream if type(stream) is int and stream >= 0 else api.current_stream(*place))
+                elif place[0] != D.CPU:     # no way to order this device after the producer: the handshake does
+                    imported.release()
+                    imported = None
+                if imported is not None:
+                    ptr = imported.ptr
+                    if ptr % 16:
+                        return Buffer._imported_view(dev, imported)     # (refused there, with the reason)
+                    buf = object.__new__(Buffer)        # Buffer._view, inline
+                    buf.device, buf.size, buf.dtype, buf.nbytes = dev, imported.count, imported.dtype, \
+                        imported.count * imported.dtype.itemsize
+                    buf._lock, buf._owner, buf._ptr = _VIEW_LOCK, imported, ptr
+                    return buf
+            except BaseException:
+                if imported is not None:
+                    imported.release()
+                raise
         get_device = _registry_get_device or _load_get_device()
         try:
             kind, ordinal = obj.__dlpack_device__()
@@ -350,35 +380,6 @@ class Buffer:
                 raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "
                                     f"that __dlpack_device__ said")
             return Buffer._imported_view(dev, imported)
-        except BaseException:
-            imported.release()
-            raise
-
-    @staticmethod
-    def _from_exchange(obj: Any, api: Any) -> "Buffer | None":
-        """from_dlpack through the producer's C exchange API; None when the tensor's device has no way to
-        order its stream after the producer's (then the protocol's handshake does it)."""
-        imported = D.Imported.exchange(obj, api)
-        try:
-            place = imported.device
-            opened = _OPENED.get(place)
-            if opened is None:
-                opened = _open_for_import(*place)
-            dev, after = opened
-            if after is not None:
-                # the exchange is unsynchronized: this device's stream waits for the producer's current one
-                after(api.current_stream(*place))
-            elif place[0] != D.CPU:
-                imported.release()
-                return None
-            ptr = imported.ptr
-            if ptr % 16:
-                return Buffer._imported_view(dev, imported)     # (refused there, with the reason)
-            buf = object.__new__(Buffer)        # Buffer._view, inline
-            buf.device, buf.size, buf.dtype, buf.nbytes = dev, imported.count, imported.dtype, \
-                imported.count * imported.dtype.itemsize
-            buf._lock, buf._owner, buf._ptr = _VIEW_LOCK, imported, ptr
-            return buf
         except BaseException:
             imported.release()
             raise
