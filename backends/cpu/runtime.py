@@ -38,12 +38,13 @@ SPLIT_WORK_PER_THREAD = 1 << 17
 # ... or one thread per this much of the launch's time alone (its trial's fastest run on one thread), where that
 # allows more: counted accesses miss the arithmetic between them. The Winograd transforms (a tile's 16 loads and
 # 16 stores around ~64 scalar adds) count 0.26-0.38M accesses at 14x14, which gave them 2 of the 16 cores. On the
-# 16-core Xeon (cpu-xeon-avx512-16c), in one process, interleaved, the accesses' rule against this one: 256
-# channels at 14x14 input 0.094 -> 0.038 ms, output 0.056 -> 0.039 (split 16 ways 0.021 / 0.017); 128 at 28x28
-# 0.074 -> 0.045 and 0.088 -> 0.044; resnet50's launches in order 12.40 -> 11.80 ms, densenet121's 20.68 -> 20.29.
-# 2.5, 5, 10 and 20 us ran alike in the models (11.84-11.93 and 19.88-20.02 ms in another round); 20 us keeps
-# the 256x512x10 matmul above (115 us alone) at 5 threads
-SPLIT_MIN_CHUNK_S = 20e-6
+# 16-core Xeon (cpu-xeon-avx512-16c), in one process, interleaved: 256 channels at 14x14, input 0.094 -> 0.021 ms
+# and output 0.056 -> 0.017 split 16 ways. The models' launches in order (medians of 15 rounds, each form's trials
+# run under it), the accesses' rule alone / 20 / 5 / 2 us a thread: resnet50 12.40 / 11.80 / - / - ms in one
+# process and - / 14.04 / 13.54 / 12.72 in another, densenet121 20.68 / 20.29 / - / - and - / 19.55 / 18.87 /
+# 18.41, the MobileNet stack - / 0.954 / 0.932 / 0.913. With 2 us the 256x512x10 matmul above (115 us alone) splits
+# over every core again: the models' kernels, whose workers run back to back, gained from each thread more
+SPLIT_MIN_CHUNK_S = 2e-6
 # the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
 # workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
 # splits whose workers had gone to sleep during the alone run: on the H100 host's Xeon, 12 futex wake-ups
