@@ -84,8 +84,9 @@ def test_a_captured_plan_replays_every_launch_like_the_launches(cpu, rng, split_
     cap = plan._native
     assert isinstance(cap, cpu_runtime.CPUPlanCapture)
     # the dense step split over 3 threads' chunks, each naming the program's own scratch set for that chunk
-    chunks = min(3 * cpu_runtime.CHUNKS_PER_THREAD, plan.steps[0].gs[0])
     dense = plan.steps[0].program
+    chunks = min(3 * cpu_runtime.PACKED_CHUNKS_PER_THREAD, plan.steps[0].gs[0])
+    assert dense._nhidden and dense._chunks(3) == 3 * cpu_runtime.PACKED_CHUNKS_PER_THREAD
     words = list(cap._blocks[0])
     assert cap._rows[0][0] == chunks and len(dense._hidden_sets) >= chunks
     assert all(ptr in words for c in range(chunks) for ptr in dense._hidden_sets[c])
@@ -137,12 +138,12 @@ def test_patches_come_back_when_a_captured_replay_raises(cpu, rng, split_everyth
 def test_a_settings_change_rebuilds_the_capture(cpu, rng, split_everything, monkeypatch):
     M, Kd, N = 97, 50, 33
     plan, (x, w, b), (bx, h, y, s), cap = _captured(cpu, rng, M, Kd, N)
-    per = cpu_runtime.CHUNKS_PER_THREAD
-    assert cap._rows[1][0] == min(3 * per, plan.steps[1].gs[0])
+    prog = plan.steps[1].program
+    assert cap._rows[1][0] == min(prog._chunks(3), plan.steps[1].gs[0])
     monkeypatch.setenv("MOROK_CPU_THREADS", "2")
     y.copyin(np.full(M * N, np.nan, np.float32))
     plan.run(M=M, MN=M * N, wait=True)
-    assert plan._native is cap and cap._rows[1][0] == min(2 * per, plan.steps[1].gs[0])
+    assert plan._native is cap and cap._rows[1][0] == min(prog._chunks(2), plan.steps[1].gs[0])
     np.testing.assert_allclose(y.numpy()[:M * N].reshape(M, N), _want(x, w, b, M)[1], rtol=1e-4, atol=1e-3)
 
 

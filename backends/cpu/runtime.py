@@ -92,11 +92,18 @@ STREAM_MIN_BYTES = last_level_cache_bytes()
 
 _ONE, _SPLIT, _TRIAL = "one thread", "split", "trial"
 # a split launch on the native pool is cut into threads * CHUNKS_PER_THREAD chunks, which the threads claim as they
-# finish one. More than one lets the others take over from a thread its CPU was taken from: resnet50's launches on the
-# 2-vCPU AVX2 EPYC with a busy loop on its second CPU took 113 ms at 4 against 121 at 1 (75 / 76 ms without it), in
-# one process, interleaved. Not measured on the 16-core Xeon, where 64 chunks would also mean 64 scratch sets for a
-# packed matmul: 1 until it is
-CHUNKS_PER_THREAD = 1
+# finish one. More than one lets the others take over from a thread that joined late or whose CPU was taken: on the
+# 2-vCPU AVX2 EPYC with a busy loop on its second CPU resnet50's launches took 113 ms at 4 against 121 at 1 (75 / 76
+# ms without it). On the 16-core Xeon (cpu-xeon-avx512-16c), the executor's captured replays, each form captured
+# in one process and replayed interleaved (chunks per thread for other programs, for packed ones): resnet50
+# 13.96 (1, 1) / 13.73 (2, 1) / 13.98 (4, 1) / 13.49 ms (4, 4), densenet121 15.63 / 15.07 / 14.89 / 14.41, the
+# MobileNet stack 0.808 / 0.765 / 0.781 / 0.743; on another instance resnet50 11.83 (1) / 10.53 (4 for both)
+CHUNKS_PER_THREAD = 4
+# ... and a program with a hidden scratch (a packed register tile) this many: each chunk packs its panel into a
+# scratch set of its own, K x tile width (resnet50: 545 MB of address space per set over its 14 packed programs,
+# up to 1.2 MB of it touched per program), so 4 a thread would make 64 sets on the Xeon for at most the 3% of
+# resnet50 above
+PACKED_CHUNKS_PER_THREAD = 1
 
 
 def memory_accesses(info, values) -> int:
@@ -347,6 +354,10 @@ class CPUProgram(Program):
             else:
                 plan[4], plan[5] = plan[5], min(2 * plan[5], RETRIAL_EVERY)
 
+    def _chunks(self, threads: int) -> int:
+        """The chunks a split of this program over `threads` threads of the native pool is cut into."""
+        return threads * (PACKED_CHUNKS_PER_THREAD if self._nhidden else CHUNKS_PER_THREAD)
+
     @staticmethod
     def _chunk_step(extent: int, chunks: int, stream: bool) -> int:
         """Items per chunk of a launch over `extent` cut into at most `chunks` (a streaming variant's chunks start
@@ -366,7 +377,7 @@ class CPUProgram(Program):
 
     def _parallel(self, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
         native = self._native_pool(settings)
-        step = self._chunk_step(extent, threads * (CHUNKS_PER_THREAD if native is not None else 1),
+        step = self._chunk_step(extent, self._chunks(threads) if native is not None else threads,
                                 fn is self._stream_fn)
         if native is not None:
             key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
@@ -454,7 +465,7 @@ class CPUPlanCapture:
                     threads = min(settings[0], plan[6], extent)
                 if plan[1] and prog._stream_addr and all(buffers[s] % STREAM_ALIGN == 0 for s in prog._stream_slots):
                     address = prog._stream_addr
-            step = prog._chunk_step(extent, threads * CHUNKS_PER_THREAD if threads > 1 else 1,
+            step = prog._chunk_step(extent, prog._chunks(threads) if threads > 1 else 1,
                                     address == prog._stream_addr)
             if prog._nhidden:
                 scratch[id(prog)] = prog
