@@ -29,7 +29,13 @@ PARALLEL_SURE_WORK = 32 << 20   # from here: split over the worker threads witho
 # The native pool (pool.py) hands work over in 1-10 us (2-vCPU CI machine: 8.9 us for a 2-way split of a
 # 4096-element add against 85 us through the executor), what one core needs for ~32K accesses
 NATIVE_MIN_WORK = 1 << 15
-NATIVE_SURE_WORK = 1 << 22
+# from here a launch splits without a trial. A trial times the kernel alone right after its own last run; in a
+# model its input was just written by a launch split over every core, which one thread then reads from the others'
+# caches. 4M accesses left densenet121's and resnet50's mid-size launches to trials that kept some on one thread:
+# on the 16-core Xeon (cpu-xeon-avx512-16c) their launches in order took 17.63 / 12.29 ms against 16.38 / 12.04
+# from 512K (the same with no trials at all: 16.41 / 12.01), in one process, each form's trials run under it; on
+# the 2-vCPU AVX2 EPYC 46.10 / 77.34 against 45.22 / 77.35
+NATIVE_SURE_WORK = 1 << 19
 SPLIT_TRIALS = 3                # in between: time this many launches each way, then keep the faster
 # in between, a split takes at most one thread per this many accesses (at least two): a split waits for its
 # slowest thread, and on a shared host every thread more is one more chance of a descheduled core (benchmarks/kernels.py
