@@ -83,13 +83,15 @@ def test_a_captured_plan_replays_every_launch_like_the_launches(cpu, rng, split_
             np.testing.assert_allclose(s.numpy()[0], ws, rtol=1e-4)
     cap = plan._native
     assert isinstance(cap, cpu_runtime.CPUPlanCapture)
-    # the dense step split over 3 threads' chunks, each naming the program's own scratch set for that chunk
+    # the dense step split over 3 threads' chunks, its block's table naming the program's own scratch set for
+    # each of those threads (the chunks a thread claims run on its set)
     dense = plan.steps[0].program
-    chunks = min(3 * cpu_runtime.PACKED_CHUNKS_PER_THREAD, plan.steps[0].gs[0])
-    assert dense._nhidden and dense._chunks(3) == 3 * cpu_runtime.PACKED_CHUNKS_PER_THREAD
+    chunks = min(3 * cpu_runtime.CHUNKS_PER_THREAD, plan.steps[0].gs[0])
+    threads = min(3, chunks)
     words = list(cap._blocks[0])
-    assert cap._rows[0][0] == chunks and len(dense._hidden_sets) >= chunks
-    assert all(ptr in words for c in range(chunks) for ptr in dense._hidden_sets[c])
+    assert dense._nhidden and cap._rows[0][0] == chunks and len(dense._hidden_sets) >= threads
+    table = words[words[1]:]
+    assert table == [ptr for t in range(threads) for ptr in dense._hidden_sets[t]]
     assert cap._locks == [dense._hidden_lock]
     assert cap._rows[2][0] == 1          # one item: one chunk on the calling thread
 

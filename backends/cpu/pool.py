@@ -26,8 +26,11 @@ the launching thread's own CPU, which then ran every chunk itself: on the 2-vCPU
 benchmarks/onnx_models.py replayed in 1.05-1.16 ms after a 0.2 s pause against 0.55 ms back to back, and
 0.61 ms pinned (the interleaved onnxruntime comparison pauses between blocks, so it measured the slow case).
 
-A trampoline per kernel arity (P pointer arguments, V int32 values with start and end) reads chunk c's
-arguments from row c of the block: `void tramp(i64 *block, i64 c)`, block = [kernel, row words, rows...].
+A trampoline per kernel arity (B buffer pointers, H scratch pointers, V int32 values with start and end) reads
+chunk c's arguments from row c of the block and the scratch of the thread that claimed it from a table of one set
+per thread: `void tramp(i64 *block, i64 c, i64 slot)`, block = [kernel, table offset, rows..., table...], slot 0
+the launching thread and 1.. the workers in the order they joined the launch. So a split's chunks may outnumber
+its threads without a scratch set each.
 One launch at a time uses the pool (a lock); Linux on x86-64 and AArch64 only (the futex call's number).
 Elsewhere, or with MOROK_CPU_POOL=python, the runtime keeps the Python executor.
 """
@@ -65,7 +68,7 @@ def _pool_ir(futex: int, pause: str, declare: str) -> str:
 declare i64 @syscall(i64, ...)
 declare i32 @sched_yield()
 
-define internal void @drain() {{
+define internal void @drain(i64 %slot) {{
 entry:
   %fn = load ptr, ptr @jfn
   %arg = load ptr, ptr @jarg
@@ -76,7 +79,7 @@ loop:
   %more = icmp ult i64 %i, %n
   br i1 %more, label %run, label %done
 run:
-  call void %fn(ptr %arg, i64 %i)
+  call void %fn(ptr %arg, i64 %i, i64 %slot)
   br label %loop
 done:
   ret void
@@ -131,7 +134,8 @@ join:
   %ok = extractvalue {{ i64, i1 }} %pair, 1
   br i1 %ok, label %done, label %work
 done:
-  call void @drain()
+  %slot = and i64 %t1, 4294967295
+  call void @drain(i64 %slot)
   %old = atomicrmw add ptr @fin, i64 1 release
   br label %wait
 full:
@@ -155,7 +159,7 @@ entry:
   store atomic i64 %tk, ptr @ticket release, align 8
   %old = atomicrmw add ptr @gen, i32 1 seq_cst
   %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @gen, i64 129, i64 %workers)
-  call void @drain()
+  call void @drain(i64 0)
   br label %close
 close:
   %t = load atomic i64, ptr @ticket acquire, align 8
@@ -213,7 +217,7 @@ chunks:
   %cm = icmp ult i64 %c, %n
   br i1 %cm, label %chunk, label %next
 chunk:
-  call void %fn(ptr %arg, i64 %c)
+  call void %fn(ptr %arg, i64 %c, i64 0)
   %c1 = add i64 %c, 1
   br label %chunks
 split:
@@ -233,25 +237,38 @@ define i32 @morok_pool_generation() {{
 """
 
 
-def _trampoline_ir(nptr: int, nval: int) -> str:
-    """`void morok_tramp(i64 *block, i64 c)`: calls block[0] with row c's nptr pointers and nval int32s."""
-    row = nptr + nval
+def _trampoline_ir(nbuf: int, nhidden: int, nval: int) -> str:
+    """`void morok_tramp(i64 *block, i64 c, i64 slot)`: calls block[0] with row c's nbuf pointers, then the
+    nhidden scratch pointers of the thread that runs the chunk (its `slot`: 0 the launching thread, 1.. the
+    workers in the order they joined) from the table at word block[1], then row c's nval int32s. Rows start
+    at word 2, nbuf + nval words each; the table holds nhidden words per slot."""
+    row = nbuf + nval
     loads, args = [], []
-    for i in range(row):
-        loads.append(f"  %a{i}p = getelementptr i64, ptr %row, i64 {i}")
-        if i < nptr:
-            loads.append(f"  %a{i} = load ptr, ptr %a{i}p, align 8")
-            args.append(f"ptr %a{i}")
-        else:
-            loads.append(f"  %w{i} = load i64, ptr %a{i}p, align 8")
-            loads.append(f"  %a{i} = trunc i64 %w{i} to i32")
-            args.append(f"i32 %a{i}")
+    for i in range(nbuf):
+        loads.append(f"  %b{i}p = getelementptr i64, ptr %row, i64 {i}")
+        loads.append(f"  %b{i} = load ptr, ptr %b{i}p, align 8")
+        args.append(f"ptr %b{i}")
+    if nhidden:
+        loads.append("  %tp = getelementptr i64, ptr %block, i64 1")
+        loads.append("  %toff = load i64, ptr %tp, align 8")
+        loads.append(f"  %soff = mul i64 %slot, {nhidden}")
+        loads.append("  %tstart = add i64 %toff, %soff")
+        loads.append("  %table = getelementptr i64, ptr %block, i64 %tstart")
+    for h in range(nhidden):
+        loads.append(f"  %h{h}p = getelementptr i64, ptr %table, i64 {h}")
+        loads.append(f"  %h{h} = load ptr, ptr %h{h}p, align 8")
+        args.append(f"ptr %h{h}")
+    for i in range(nbuf, row):
+        loads.append(f"  %v{i}p = getelementptr i64, ptr %row, i64 {i}")
+        loads.append(f"  %w{i} = load i64, ptr %v{i}p, align 8")
+        loads.append(f"  %v{i} = trunc i64 %w{i} to i32")
+        args.append(f"i32 %v{i}")
     body = "\n".join(loads)
     return f"""
-define void @morok_tramp(ptr %block, i64 %c) {{
+define void @morok_tramp(ptr %block, i64 %c, i64 %slot) {{
   %fn = load ptr, ptr %block, align 8
   %off = mul i64 %c, {row}
-  %start = add i64 %off, 1
+  %start = add i64 %off, 2
   %row = getelementptr i64, ptr %block, i64 %start
 {body}
   call void %fn({", ".join(args)})
@@ -290,7 +307,7 @@ class NativePool:
         if self._setaffinity is not None:
             self._setaffinity.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         self.pinned: list[int] = []          # the CPU of each pinned worker, in creation order
-        self._trampolines: dict[tuple[int, int], tuple[object, int]] = {}
+        self._trampolines: dict[tuple[int, int, int], tuple[object, int]] = {}
         self.workers = 0
         self.lock = threading.Lock()
         self._pid = os.getpid()
@@ -316,15 +333,16 @@ class NativePool:
         engine.finalize_object()
         return engine
 
-    def trampoline(self, nptr: int, nval: int) -> int:
-        """The address of the trampoline for kernels of nptr pointers and nval int32 values (compiled once)."""
-        key = (nptr, nval)
+    def trampoline(self, nbuf: int, nhidden: int, nval: int) -> int:
+        """The address of the trampoline for kernels of nbuf buffer pointers, nhidden scratch pointers (one set
+        per thread, `_trampoline_ir`) and nval int32 values (compiled once)."""
+        key = (nbuf, nhidden, nval)
         got = self._trampolines.get(key)
         if got is None:
             with self.lock:
                 got = self._trampolines.get(key)
                 if got is None:
-                    engine = self._jit(_trampoline_ir(nptr, nval))
+                    engine = self._jit(_trampoline_ir(nbuf, nhidden, nval))
                     got = self._trampolines[key] = (engine, engine.get_function_address("morok_tramp"))
         return got[1]
 

@@ -98,18 +98,14 @@ STREAM_MIN_BYTES = last_level_cache_bytes()
 
 _ONE, _SPLIT, _TRIAL = "one thread", "split", "trial"
 # a split launch on the native pool is cut into threads * CHUNKS_PER_THREAD chunks, which the threads claim as they
-# finish one. More than one lets the others take over from a thread that joined late or whose CPU was taken: on the
-# 2-vCPU AVX2 EPYC with a busy loop on its second CPU resnet50's launches took 113 ms at 4 against 121 at 1 (75 / 76
-# ms without it). On the 16-core Xeon (cpu-xeon-avx512-16c), the executor's captured replays, each form captured
-# in one process and replayed interleaved (chunks per thread for other programs, for packed ones): resnet50
-# 13.96 (1, 1) / 13.73 (2, 1) / 13.98 (4, 1) / 13.49 ms (4, 4), densenet121 15.63 / 15.07 / 14.89 / 14.41, the
-# MobileNet stack 0.808 / 0.765 / 0.781 / 0.743; on another instance resnet50 11.83 (1) / 10.53 (4 for both)
+# finish one (a packed program's chunks share their thread's scratch set). More than one lets the others take over
+# from a thread that joined late or whose CPU was taken: on the 2-vCPU AVX2 EPYC with a busy loop on its second CPU
+# resnet50's launches took 113 ms at 4 against 121 at 1 (75 / 76 ms without it). On the 16-core Xeon
+# (cpu-xeon-avx512-16c), the executor's captured replays, each form captured in one process and replayed
+# interleaved (chunks per thread for programs without scratch, for packed ones, whose chunks then had a scratch set
+# each): resnet50 13.96 (1, 1) / 13.73 (2, 1) / 13.98 (4, 1) / 13.49 ms (4, 4), densenet121 15.63 / 15.07 / 14.89 /
+# 14.41, the MobileNet stack 0.808 / 0.765 / 0.781 / 0.743; on another instance resnet50 11.83 (1) / 10.53 (4)
 CHUNKS_PER_THREAD = 4
-# ... and a program with a hidden scratch (a packed register tile) this many: each chunk packs its panel into a
-# scratch set of its own, K x tile width (resnet50: 545 MB of address space per set over its 14 packed programs,
-# up to 1.2 MB of it touched per program), so 4 a thread would make 64 sets on the Xeon for at most the 3% of
-# resnet50 above
-PACKED_CHUNKS_PER_THREAD = 1
 
 
 def memory_accesses(info, values) -> int:
@@ -192,9 +188,10 @@ class CPUProgram(Program):
         self._nvars = nvars
         self._nbuf = compiled.buf_count
         self._plans: dict[tuple, list] = {}
-        # hidden buffers (a packed matmul's panel scratch) follow the caller's: one set per chunk of a
-        # split launch (each thread its own), one launch at a time. Allocated when a launch first needs
-        # them, not zero-filled (the kernel writes a panel before reading it): loading the program (a
+        # hidden buffers (a packed matmul's panel scratch) follow the caller's: one set per thread of a split
+        # launch on the native pool (the chunks a thread claims run on its set one after another; pool.py's
+        # trampolines), per chunk on the Python executor, one launch at a time. Allocated when a launch first
+        # needs them, not zero-filled (the kernel writes a panel before reading it): loading the program (a
         # disk-cache hit) stays a few ms whatever their size
         self._nhidden = nhidden
         self._hidden_sets: list[list[int]] = []
@@ -232,14 +229,15 @@ class CPUProgram(Program):
             self._pool_kind = kind
             self._pool = native_pool(llvm()) if kind == "native" else None
             if self._pool is not None:
-                self._trampoline = self._pool.trampoline(self._nbuf + self._nhidden, self._nvars + 2)
+                self._trampoline = self._pool.trampoline(self._nbuf, self._nhidden, self._nvars + 2)
             self._pool_checked = True
         if self._pool is not None:
             self._pool.set_spin(spin)
         return self._pool
 
     def _args(self, buffers: Sequence[int], chunk: int) -> Sequence[int]:
-        """The buffers of one chunk of a launch: the caller's, then the chunk's own hidden buffers."""
+        """The caller's buffers, then hidden set `chunk` (a chunk's on the Python executor, a thread's on the
+        native pool)."""
         if not self._nhidden:
             return buffers
         while len(self._hidden_sets) <= chunk:
@@ -360,9 +358,10 @@ class CPUProgram(Program):
             else:
                 plan[4], plan[5] = plan[5], min(2 * plan[5], RETRIAL_EVERY)
 
-    def _chunks(self, threads: int) -> int:
-        """The chunks a split of this program over `threads` threads of the native pool is cut into."""
-        return threads * (PACKED_CHUNKS_PER_THREAD if self._nhidden else CHUNKS_PER_THREAD)
+    @staticmethod
+    def _chunks(threads: int) -> int:
+        """The chunks a split over `threads` threads of the native pool is cut into."""
+        return threads * CHUNKS_PER_THREAD
 
     @staticmethod
     def _chunk_step(extent: int, chunks: int, stream: bool) -> int:
@@ -371,14 +370,19 @@ class CPUProgram(Program):
         step = max(1, -(-extent // max(1, min(chunks, extent))))
         return -(-step // STREAM_ALIGN) * STREAM_ALIGN if stream else step
 
-    def _block_words(self, address: int, buffers, vals, extent: int, step: int) -> list[int]:
-        """A native launch's argument block: the kernel's address, then per chunk its buffers (with the chunk's
-        hidden ones), values and (start, end)."""
-        words = [address]
-        for c, s in enumerate(range(0, extent, step)):
-            words += self._args(buffers, c)
+    def _block_words(self, address: int, buffers, vals, extent: int, step: int, threads: int) -> list[int]:
+        """A native launch's argument block (pool.py's trampolines): the kernel's address, the table's offset,
+        per chunk its buffers, values and (start, end), then the table: the hidden buffers of each of `threads`
+        threads (the chunks a thread claims run one after another on its set)."""
+        rows = len(range(0, extent, step))
+        words = [address, 2 + rows * (self._nbuf + len(vals) + 2)]
+        for s in range(0, extent, step):
+            words += buffers
             words += vals
             words += (s, min(s + step, extent))
+        if self._nhidden:
+            for t in range(threads):
+                words += self._args((), t)
         return words
 
     def _parallel(self, fn, buffers, vals, extent: int, threads: int, settings=None) -> None:
@@ -386,10 +390,11 @@ class CPUProgram(Program):
         step = self._chunk_step(extent, self._chunks(threads) if native is not None else threads,
                                 fn is self._stream_fn)
         if native is not None:
-            key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step)
+            key = (fn is self._stream_fn, tuple(buffers), tuple(vals), extent, step, threads)
             cached = self._blocks.get(key)    # (block, chunks), never changed once built: concurrent
             if cached is None:                # launches of this program each keep the block they took
-                words = self._block_words(self._stream_addr if key[0] else self.address, buffers, vals, extent, step)
+                words = self._block_words(self._stream_addr if key[0] else self.address, buffers, vals, extent, step,
+                                          threads)
                 if len(self._blocks) >= BLOCKS_KEPT:
                     self._blocks.clear()
                 cached = self._blocks[key] = ((ctypes.c_int64 * len(words))(*words), len(range(0, extent, step)))
@@ -421,7 +426,7 @@ class CPUPlanCapture:
     spends no Python between launches: a split launch costs ~9 us of it on the 2-vCPU CI machine, against ~3 for
     the kernel call alone (resnet50's 88 launches, densenet121's 253).
 
-    Its blocks name the programs' own hidden buffers (a packed matmul's panels, one set per chunk, as a launch by
+    Its blocks name the programs' own hidden buffers (a packed matmul's panels, one set per thread, as a launch by
     launch replay uses them), whose locks a replay holds: a direct launch of such a program on another thread
     waits for it. It follows the plan's bound pointers as they were when captured; `run(wait, patches)` writes
     other memory into given arguments for one replay (a plan's `run(bind=...)`) and puts them back. The CPU
@@ -475,14 +480,14 @@ class CPUPlanCapture:
                                     address == prog._stream_addr)
             if prog._nhidden:
                 scratch[id(prog)] = prog
-            with prog._hidden_lock:     # the program's own chunk scratch (its lock held at replays)
-                words = prog._block_words(address, buffers, vals, extent, step)
+            workers = max(0, min(threads, len(range(0, extent, step))) - 1)
+            with prog._hidden_lock:     # the program's own per-thread scratch (its lock held at replays)
+                words = prog._block_words(address, buffers, vals, extent, step, workers + 1)
             block = (ctypes.c_int64 * len(words))(*words)
             self._blocks.append(block)
             self._stream.append(frozenset(prog._stream_slots) if address == prog._stream_addr else frozenset())
             chunks = len(range(0, extent, step))
-            self._rows.append((chunks, len(buffers) + prog._nhidden + len(vals) + 2, 1))
-            workers = max(0, min(threads, chunks) - 1)
+            self._rows.append((chunks, len(buffers) + len(vals) + 2, 2))
             most = max(most, workers + 1)
             quads += [prog._trampoline, ctypes.addressof(block), chunks, workers]
         # the hidden-buffer locks of the programs whose scratch the blocks name, taken in one order at every replay:
