@@ -104,7 +104,8 @@ _ONE, _SPLIT, _TRIAL = "one thread", "split", "trial"
 # (cpu-xeon-avx512-16c), the executor's captured replays, each form captured in one process and replayed
 # interleaved (chunks per thread for programs without scratch, for packed ones, whose chunks then had a scratch set
 # each): resnet50 13.96 (1, 1) / 13.73 (2, 1) / 13.98 (4, 1) / 13.49 ms (4, 4), densenet121 15.63 / 15.07 / 14.89 /
-# 14.41, the MobileNet stack 0.808 / 0.765 / 0.781 / 0.743; on another instance resnet50 11.83 (1) / 10.53 (4)
+# 14.41, the MobileNet stack 0.808 / 0.765 / 0.781 / 0.743; on another instance resnet50 11.83 (1) / 10.53 (4); with
+# a scratch set per thread, 1 against 4: resnet50 12.08 / 11.66, densenet121 15.81 / 15.10, MobileNet 0.893 / 0.858
 CHUNKS_PER_THREAD = 4
 
 
