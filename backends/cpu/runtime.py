@@ -45,11 +45,10 @@ SPLIT_WORK_PER_THREAD = 1 << 17
 # allows more: counted accesses miss the arithmetic between them. The Winograd transforms (a tile's 16 loads and
 # 16 stores around ~64 scalar adds) count 0.26-0.38M accesses at 14x14, which gave them 2 of the 16 cores. On the
 # 16-core Xeon (cpu-xeon-avx512-16c), in one process, interleaved: 256 channels at 14x14, input 0.094 -> 0.021 ms
-# and output 0.056 -> 0.017 split 16 ways. The models' launches in order (medians of 15 rounds, each form's trials
-# run under it), the accesses' rule alone / 20 / 5 / 2 us a thread: resnet50 12.40 / 11.80 / - / - ms in one
-# process and - / 14.04 / 13.54 / 12.72 in another, densenet121 20.68 / 20.29 / - / - and - / 19.55 / 18.87 /
-# 18.41, the MobileNet stack - / 0.954 / 0.932 / 0.913. With 2 us the 256x512x10 matmul above (115 us alone) splits
-# over every core again: the models' kernels, whose workers run back to back, gained from each thread more
+# and output 0.056 -> 0.017 split 16 ways. The models' launches in order (medians of 15 rounds in one process,
+# each form's trials run under it), 20 / 5 / 2 us a thread: resnet50 14.04 / 13.54 / 12.72 ms, densenet121 19.55 /
+# 18.87 / 18.41, the MobileNet stack 0.954 / 0.932 / 0.913. With 2 us the 256x512x10 matmul above (115 us alone)
+# splits over every core again: the models' kernels, whose workers run back to back, gained from each thread more
 SPLIT_MIN_CHUNK_S = 2e-6
 # the order of the trial launches (A alone, S split): two splits in a row, so that one split runs with the
 # workers still spinning from the last, as back-to-back launches find them. Alternating A S A S only timed
