@@ -793,7 +793,9 @@ def _compiled_text(compiler: "Compiler", spec: "ProgramSpec", compiled: "Compile
 
 
 def clear_memory_caches() -> None:
+    from .kernels import clear_conv_steps
     with _lock:
         _method_cache.clear()
         _programs.clear()
         _key_locks.clear()
+    clear_conv_steps()

@@ -158,3 +158,32 @@ def test_the_default_schedule_of_a_half_conv2d_in_the_interpreter(rng, pair):
     writes = LI.run(spec.linear, spec.launch, [x.ravel(), w.ravel(), out], {"N": N})
     assert (writes[2] == 1).all()
     _close(out.astype(np.float64).reshape(ref.shape), ref.astype(np.float16).astype(np.float64), 1e-3)
+
+
+def test_a_convolutions_kernels_are_built_once_per_process_and_each_caller_gets_its_own_list():
+    """conv2d_kernels builds a (geometry, plan, dtype, epilogue, batch)'s kernels once: a repeated layer gets the
+    same ASTs (UOps are immutable), in a list of its own; another epilogue or plan builds anew, and
+    cache.clear_memory_caches() forgets them."""
+    from morok_py import cache
+    from morok_py.codegen.strategies.conv import ConvGeometry, ConvPlan
+    geo = ConvGeometry(1, 24, 10, 10, 24, 3, 3, pads=(1, 1, 1, 1))
+    plan = ConvPlan("winograd", winograd=2, cpu_form=True)
+    cache.clear_memory_caches()
+    built = []
+    real = K._conv2d_kernels
+    try:
+        K._conv2d_kernels = lambda *a: built.append(a) or real(*a)
+        a = K.conv2d_kernels(geo, plan)
+        b = K.conv2d_kernels(geo, plan)
+        assert len(built) == 1 and a == b and a is not b
+        assert [s.ast for s in a] == [s.ast for s in b] and all(x.ast is y.ast for x, y in zip(a, b))
+        a.clear()
+        assert K.conv2d_kernels(geo, plan) == b and len(built) == 1
+        relu = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("relu"))
+        assert len(built) == 2 and relu[-1].ast is not b[-1].ast
+        K.conv2d_kernels(geo, ConvPlan("im2col_gemm"))
+        assert len(built) == 3
+        cache.clear_memory_caches()
+        assert K.conv2d_kernels(geo, plan) == b and len(built) == 4
+    finally:
+        K._conv2d_kernels = real
