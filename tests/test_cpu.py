@@ -539,6 +539,17 @@ def test_between_the_thresholds_the_faster_of_alone_and_split_is_measured(cpu, r
     assert len(plan[2]) == len(plan[3]) == cpu_runtime.SPLIT_TRIALS
 
 
+def _add_logging_splits(cpu, rng, monkeypatch, name: str, n: int):
+    """An add program over n random floats whose split launches log their thread counts: (program, the log,
+    the inputs, their buffers and the output's)."""
+    prog = cpu.compile(K.add(), name=name)
+    seen: list[int] = []
+    real = prog._parallel
+    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads, *rest: (seen.append(threads), real(fn, b, v, e, threads, *rest)))
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    return prog, seen, (a, b), (cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32))
+
+
 def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, rng, monkeypatch):
     """Between the thresholds a split takes at most one thread per SPLIT_WORK_PER_THREAD accesses (at
     least two), however many MOROK_CPU_THREADS allows; past the upper threshold it takes them all. (The
@@ -546,12 +557,7 @@ def test_a_split_between_the_thresholds_takes_one_thread_per_share_of_work(cpu, 
     monkeypatch.setenv("MOROK_CPU_THREADS", "8")
     monkeypatch.setattr(cpu_runtime, "SPLIT_MIN_CHUNK_S", 1e9)
     n = 100_003                 # 300K accesses
-    prog = cpu.compile(K.add(), name="cap_add")
-    seen = []
-    real = prog._parallel
-    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads, *rest: (seen.append(threads), real(fn, b, v, e, threads, *rest)))
-    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    prog, seen, (a, b), (da, db, out) = _add_logging_splits(cpu, rng, monkeypatch, "cap_add", n)
     for lo, hi, want in ((1, 1 << 62, max(2, 3 * n // cpu_runtime.SPLIT_WORK_PER_THREAD)), (1, 2, 8)):
         split_at(monkeypatch, lo, hi)
         prog._plans.clear()
@@ -569,12 +575,7 @@ def test_a_trial_raises_the_split_by_the_launch_time_alone(cpu, rng, monkeypatch
     monkeypatch.setenv("MOROK_CPU_THREADS", "8")
     split_at(monkeypatch, 1, 1 << 62)
     n = 100_003
-    prog = cpu.compile(K.add(), name="cap_time_add")
-    seen = []
-    real = prog._parallel
-    monkeypatch.setattr(prog, "_parallel", lambda fn, b, v, e, threads, *rest: (seen.append(threads), real(fn, b, v, e, threads, *rest)))
-    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    da, db, out = cpu.buf(a), cpu.buf(b), cpu.empty(n, dtypes.float32)
+    prog, seen, (a, b), (da, db, out) = _add_logging_splits(cpu, rng, monkeypatch, "cap_time_add", n)
     by_accesses = max(2, 3 * n // cpu_runtime.SPLIT_WORK_PER_THREAD)
     for chunk in (1e-6, 1e9):
         monkeypatch.setattr(cpu_runtime, "SPLIT_MIN_CHUNK_S", chunk)
@@ -610,7 +611,7 @@ def test_a_native_split_cuts_chunks_per_thread_and_packed_chunks_share_their_thr
     prog(da, db, out, n=n)
     np.testing.assert_array_equal(out.numpy(), a + b)
     assert rows == [12]
-    M, Kd, N = 200, 300, 150             # a packed register tile on every x86-64 level
+    M, Kd, N = 200, 300, 256             # B rows 1 KB apart: a packed register tile on every x86-64 level and core count
     mm = cpu.compile(K.matmul(M, N, Kd), name="chunks_mm")
     assert mm._nhidden
     extent = mm.launch.launch_dims({})[0][0]
