@@ -301,7 +301,8 @@ class Buffer:
         through either side are seen by the other. The tensor must be contiguous, writable, on a
         morok_py device (CPU, CUDA:n, ROCM:n), of a dtype the IR knows and 16-byte aligned (vector
         loads assume it). The producer keeps the memory alive until the buffer is freed or collected;
-        on a GPU the producer's pending work is ordered before this device's stream.
+        on a GPU the producer's pending work is ordered before this device's stream: before its next use
+        (a launch, copy, synchronize, export...), not during the import (launch.StreamMarks).
 
         A producer whose type carries DLPack's C exchange API (`__dlpack_c_exchange_api__`, PyTorch
         2.10+) hands its tensor over in one C call, unsynchronized, and names its current stream, which
@@ -320,13 +321,21 @@ class Buffer:
                     opened = _open_for_import(*place)
                 dev, after = opened
                 if after is not None:
-                    # the exchange is unsynchronized: this device's stream waits for the producer's current one
-                    raw = api.raw_stream     # (ExchangeAPI.current_stream, its shortcut inline)
-                    try:
-                        stream = raw(place[1]) if raw is not None else None
-                    except Exception:
-                        stream = None
-                    after(stream if type(stream) is int and stream >= 0 else api.current_stream(*place))
+                    # the exchange is unsynchronized: this device's stream waits for the producer's current
+                    # one, lazily (remembered, ordered at its next use) for PyTorch, whose streams are never
+                    # destroyed; at once for a producer whose stream might be gone by then
+                    raw = api.raw_stream     # (ExchangeAPI.current_stream, its shortcut inline; PyTorch's alone)
+                    if raw is not None:
+                        try:
+                            stream = raw(place[1])
+                        except Exception:
+                            stream = None
+                        after(stream if type(stream) is int and stream >= 0 else api.current_stream(*place))
+                    else:
+                        after(api.current_stream(*place))
+                        order = getattr(dev, "order_imports", None)
+                        if order is not None:
+                            order()
                 elif place[0] != D.CPU:     # no way to order this device after the producer: the handshake does
                     imported.release()
                     imported = None
@@ -375,6 +384,7 @@ class Buffer:
         imported = D.Imported(capsule)
         try:
             if after is not None:       # the device's stream waits for the one the producer ordered
+                # (lazily: the legacy default stream, or PyTorch's current one; neither goes away)
                 after(produced_on)
             if imported.device != (kind, ordinal):
                 raise D.DLPackError(f"the capsule's device {imported.device} is not the {(kind, ordinal)} "

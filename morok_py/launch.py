@@ -7,6 +7,7 @@ Backends subclass these two classes; a program or device built on the bare contr
 with `execute`, plans and the caches, it only lacks the friendly calls."""
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any, Iterable
 
@@ -198,10 +199,63 @@ class StreamMarks:
     first puts a fresh token in `_queued`, then on success copies it to `_idle`: `_queued is _idle` then
     means nothing was queued since a check that saw everything before it done. Lock-free: work queued while
     a check runs leaves `_queued` None (or another check's token), never the token that check confirms.
-    A backend supplies `_stream_query()` (True: everything queued is done) and its synchronize."""
+    A backend supplies `_stream_query()` (True: everything queued is done) and its synchronize.
+
+    DLPack imports are ordered lazily: `dlpack_imported` only remembers the producer's stream (`_pending`,
+    each handle once), and whatever next uses this device's stream or the memory through it orders the
+    stream after every remembered one first (`order_imports`: the backend's `_order_after` queries each
+    and makes our stream wait on an event where it is busy). Every such path tests `_pending` (one
+    attribute, false when nothing is pending): the launches and graph replays, reading the device's
+    `stream` (the copies, captures, user code queuing on it), `synchronized`, `stream_idle` and the
+    exports' `dlpack_sync`. The remembered handles and the ordering share a lock, and a handle leaves
+    `_pending` only after our stream waits on it, so a use that sees it empty is already ordered."""
 
     _queued: object = None
     _idle: object = _NEVER
+    # producer stream handles of DLPack imports not yet ordered before this stream (a list once the first
+    # import came; `_imports_lock` guards appending and ordering)
+    _pending: "list | tuple" = ()
+    _imports_lock: "threading.Lock | None" = None
+    _STATE_LOCK = threading.Lock()      # makes a device's pending-imports list and lock, once
+
+    def _imports_state(self) -> "threading.Lock":
+        """The lock and list of pending imports, made once per device (a device built without __init__ too)."""
+        with StreamMarks._STATE_LOCK:
+            d = self.__dict__
+            if d.get("_imports_lock") is None:
+                d["_pending"] = []
+                d["_imports_lock"] = threading.Lock()
+            return d["_imports_lock"]
+
+    def import_pending(self, stream: Any) -> None:
+        """Remember that this device's stream must wait for `stream` (a producer's raw stream handle, as the
+        backend's `_order_after` takes it) before its next use; nothing is asked of the driver now."""
+        lock = self._imports_lock or self._imports_state()
+        with lock:
+            pending = self._pending
+            if stream not in pending:
+                pending.append(stream)
+
+    def order_imports(self) -> None:
+        """Order this device's stream after every pending import's producer stream, then forget them (the
+        callers test `_pending` first; this is cheap when nothing is pending either way)."""
+        if not self._pending:
+            return
+        with self._imports_lock or self._imports_state():
+            pending = self._pending
+            n = len(pending)
+            if not n:
+                return          # another thread ordered them while this one waited
+            try:
+                self._order_after(pending[:n])
+            finally:
+                del pending[:n]     # only now: a use that finds the list empty is ordered already
+
+    def _order_after(self, streams: list) -> None:
+        """Make this device's stream wait for the work queued so far on each producer stream (the
+        backend's driver calls; a busy one marks our stream used). Runs under the imports lock: it must
+        not read `stream` or call anything that orders imports."""
+        raise NotImplementedError
 
     def stream_used(self) -> None:
         """Work was queued on the stream (the runtime calls this; so must code that queues on it itself)."""
@@ -210,6 +264,8 @@ class StreamMarks:
     def stream_idle(self) -> bool:
         """Whether everything queued on the stream is done: known without a driver call when nothing was
         queued since the last check that found it idle, else one query (`_stream_query`)."""
+        if self._pending:
+            self.order_imports()
         if self._queued is self._idle:
             return True
         token = self._queued = object()
@@ -219,7 +275,10 @@ class StreamMarks:
         return False
 
     def synchronized(self, wait) -> None:
-        """Run `wait()` (a call that returns once the stream is idle) and remember the stream idle."""
+        """Run `wait()` (a call that returns once the stream is idle) and remember the stream idle (pending
+        imports are ordered first, so the wait covers their producers' work)."""
+        if self._pending:
+            self.order_imports()
         token = self._queued = object()
         wait()
         self._idle = token

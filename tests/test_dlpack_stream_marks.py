@@ -148,9 +148,9 @@ def test_an_import_that_waits_marks_our_stream(fake):
     dev, drv, stream = fake
     dev.dlpack_sync(stream)                  # known idle
     drv.busy = True
-    dev.dlpack_imported(777)                 # the producer's stream is busy: our stream waits on it
-    assert drv.waits == 1
-    dev.dlpack_sync(stream)
+    dev.dlpack_imported(777)                 # remembered only: no driver call at the import
+    assert (drv.queries, drv.waits) == (1, 0)
+    dev.dlpack_sync(stream)                  # the producer's stream is busy: ours waits on it, the consumer on ours
     assert drv.queries == 3 and drv.waits == 2
 
 
@@ -311,3 +311,251 @@ def test_an_export_after_each_way_of_queuing_orders_the_consumer(gpu, torch, rng
         np.testing.assert_array_equal(got, 2 * x)
     if path == "captured plan":
         assert plan.captured
+
+
+# ---- lazy import ordering: remembered at the import, ordered at the next use ------------------------
+
+def _fake_cuda_program(dev):
+    from morok_py.backends.cuda.runtime import CUDAProgram
+    prog = object.__new__(CUDAProgram)
+    launched = []
+    prog.device, prog._fn, prog._smem, prog._stream = dev, "fn", 0, dev._stream
+    prog._launch = lambda *args: launched.append(args) or (0,)
+    prog._nbufs, prog._nvars, prog._hidden_ptrs = 1, 0, []
+    prog._slots = (np.zeros(1, np.uint64))
+    prog._lb, prog._lv, prog.kernel_params, prog._tls = [16], [], 0, dev._tls
+    return prog, launched
+
+
+def test_an_import_calls_no_driver_and_remembers_each_producer_once(fake):
+    dev, drv, stream = fake
+    drv.busy = True
+    for producer in (777, 888, 777, 777, 888):
+        dev.dlpack_imported(producer)
+    assert (drv.queries, drv.records, drv.waits) == (0, 0, 0)
+    assert dev._pending == [777, 888]
+    dev.stream                                  # reading the stream (what the copies do) orders them
+    assert (drv.queries, drv.records, drv.waits) == (2, 2, 2)
+    assert dev._pending == [] and dev._queued is None
+    dev.stream
+    dev.order_imports()
+    assert (drv.queries, drv.records, drv.waits) == (2, 2, 2)      # ordered once
+
+
+def test_an_idle_producer_costs_one_query_at_the_next_use_and_no_wait(fake):
+    dev, drv, stream = fake
+    dev.dlpack_sync(stream)                     # known idle
+    dev.dlpack_imported(777)
+    dev.dlpack_sync(stream)
+    assert (drv.queries, drv.records, drv.waits) == (2, 0, 0)       # the producer's query; ours known idle
+    assert dev._pending == [] and dev._queued is dev._idle
+
+
+def test_cuda_default_stream_names_are_one_producer_and_per_thread_is_ordered_at_once():
+    dev, drv = fake_cuda()
+    for producer in (None, 0, 1, None):
+        dev.dlpack_imported(producer)
+    assert dev._pending == [1] and drv.queries == 0         # the legacy default stream, once
+    drv.busy = True
+    dev.dlpack_imported(2)          # the per-thread default stream means this thread's: ordered now
+    assert (drv.queries, drv.waits) == (1, 1) and dev._pending == [1]
+
+
+def test_a_rocm_import_from_the_default_stream_pends_nothing(monkeypatch):
+    dev, drv = fake_rocm(monkeypatch)
+    dev.dlpack_imported(None)
+    dev.dlpack_imported(0)
+    assert not dev._pending and drv.queries == 0
+
+
+def test_a_rocm_export_to_the_default_stream_orders_pending_imports(monkeypatch):
+    """ROCm's consumer on HIP's default stream is on our stream: it must wait for the producers."""
+    dev, drv = fake_rocm(monkeypatch)
+    drv.busy = True
+    dev.dlpack_imported(777)
+    dev.dlpack_sync(None)
+    assert (drv.queries, drv.records, drv.waits) == (1, 1, 1) and not dev._pending
+
+
+USES = ["stream", "stream_idle", "dlpack_sync", "synchronized", "execute", "prepared launch"]
+
+
+@pytest.mark.parametrize("use", USES)
+def test_every_use_of_the_cuda_stream_orders_pending_imports_first(use):
+    """The producer's stream is busy: our stream must wait on it before the launch is queued."""
+    dev, drv = fake_cuda()
+    calls = []
+    drv.record = lambda event, stream: calls.append(("record", stream)) or (0,)
+    drv.wait = lambda stream, event, flags: calls.append(("wait", stream)) or (0,)
+    q, _r, _w, *rest = dev._dlpack_api
+    dev._dlpack_api = (q, drv.record, drv.wait, *rest)
+    drv.busy = True
+    dev.dlpack_imported(777)
+    prog, launched = _fake_cuda_program(dev)
+    prog._launch = lambda *args: calls.append(("launch",)) or (0,)
+    if use == "stream":
+        dev.stream
+    elif use == "stream_idle":
+        dev.stream_idle()
+    elif use == "dlpack_sync":
+        dev.dlpack_sync(1)
+    elif use == "synchronized":
+        dev.synchronized(lambda: calls.append(("sync",)))
+    elif use == "execute":
+        prog.execute([16], [], (1, 1, 1), (32, 1, 1))
+    else:
+        prog.prepare([16], [], (1, 1, 1), (32, 1, 1))()
+    assert [c[0] for c in calls[:2]] == ["record", "wait"]
+    assert int(calls[0][1]) == 777 and calls[1][1] == "our stream"     # on the producer's; ours waits
+    assert not dev._pending
+    if use in ("execute", "prepared launch", "synchronized"):
+        assert calls[2][0] in ("launch", "sync")     # after the wait
+
+
+def test_a_rocm_launch_orders_pending_imports_first(monkeypatch):
+    from morok_py.backends.rocm.runtime import HIPProgram
+    dev, drv = fake_rocm(monkeypatch)
+    calls = []
+    dev._hip.hipStreamWaitEvent = lambda stream, event, flags: calls.append(("wait", stream)) or (0,)
+    dev._hip.hipModuleLaunchKernel = lambda *args: calls.append(("launch", args[8])) or (0,)
+    prog = object.__new__(HIPProgram)
+    prog.device, prog._hip, prog._fn, prog.extra = dev, dev._hip, "fn", None
+    prog._last_bufs, prog._last_vals, prog._nbufs, prog._nvars = [16], [], 1, 0
+    drv.busy = True
+    dev.dlpack_imported(777)
+    prog.execute([16], [], (1, 1, 1), (64, 1, 1))
+    assert calls == [("wait", None), ("launch", None)] and not dev._pending
+
+
+def test_an_import_during_the_ordering_is_not_lost(fake):
+    """A producer stream imported again while its ordering runs (between the event's record and the
+    list's clearing) may have new work after that record: it must stay pending, and a use meanwhile must
+    wait for the ordering instead of finding the list empty."""
+    dev, drv, stream = fake
+    drv.busy = True
+    dev.dlpack_imported(777)
+    seen = {}
+
+    def during():
+        drv.during_query = None
+        assert dev._pending == [777]            # still listed while it is being ordered
+        t = threading.Thread(target=dev.dlpack_imported, args=(777,))
+        t.start()
+        t.join(0.2)
+        seen["blocked"] = t.is_alive()          # the import waits for the ordering's lock
+        seen["thread"] = t
+    drv.during_query = during
+    dev.order_imports()
+    seen["thread"].join()
+    assert seen["blocked"] and dev._pending == [777]      # remembered again, ordered at the next use
+    dev.stream
+    assert drv.queries == 2 and not dev._pending
+
+
+def test_an_ordering_that_fails_raises_and_forgets_the_producer(fake):
+    dev, drv, stream = fake
+    drv.busy = True
+    dev.dlpack_imported(777)
+
+    def fail():
+        raise RuntimeError("driver error")
+    drv.during_query = fail
+    with pytest.raises(RuntimeError, match="driver error"):
+        dev.stream_idle()
+    drv.during_query = None
+    assert not dev._pending
+
+
+# ---- CUDA: a torch tensor written late on a side stream, imported, then used at once ---------------
+
+def _late_tensor(torch, side, src):
+    """A copy of `src` that a side stream writes after ~0.1 s of sleep: still pending when imported."""
+    z = torch.full_like(src, -3.0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)
+        z.copy_(src)
+    return z
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("protocol", ["exchange", "__dlpack__"])
+@pytest.mark.parametrize("use", ["kernel", "numpy", "torch on another stream", "copyin", "synchronize",
+                                 "plan", "captured plan"])
+def test_a_pending_producer_is_ordered_before_the_next_use(gpu, torch, rng, monkeypatch, protocol, use):
+    from morok_py import ExecutionPlan
+    if protocol == "__dlpack__":
+        monkeypatch.setattr(D, "exchange_api", lambda tp: None)
+    elif not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip("this PyTorch has no DLPack C exchange API")
+    n = 1 << 20
+    x = rng.standard_normal(n).astype(np.float32)
+    src = torch.from_numpy(x).cuda()
+    side, other = torch.cuda.Stream(), torch.cuda.Stream()
+    add = gpu.compile(K.add(), name="dlpack_lazy_add")
+    out = gpu.buffer(n, dtypes.float32)
+    plan = None
+    if use in ("plan", "captured plan"):
+        # a plan bound to an imported buffer, run (and captured) before the late write below
+        held = torch.zeros(n, device="cuda")
+        hb = Buffer.from_dlpack(held)
+        plan = ExecutionPlan(gpu, capture=use == "captured plan")
+        plan.add(add, hb, hb, out, n=n)
+        for _ in range(3):
+            plan.run()
+        gpu.synchronize()
+        assert plan.captured == (use == "captured plan")
+        held.fill_(-3.0)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            held.copy_(src)
+        z = held
+    else:
+        z = _late_tensor(torch, side, src)
+    with torch.cuda.stream(side):
+        b = Buffer.from_dlpack(z)
+    assert not side.query()                     # the producer's write is still pending
+    if use == "kernel":
+        add(b, b, out, n=n)
+        np.testing.assert_array_equal(out.numpy(), 2 * x)
+    elif use == "numpy":
+        np.testing.assert_array_equal(b.numpy(), x)
+    elif use == "torch on another stream":
+        with torch.cuda.stream(other):
+            got = (torch.from_dlpack(b) * 1).cpu().numpy()
+        np.testing.assert_array_equal(got, x)
+    elif use == "copyin":
+        y = rng.standard_normal(n).astype(np.float32)
+        b.copyin(y)                             # after the producer's write, not before it
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(z.cpu().numpy(), y)
+    elif use == "synchronize":
+        gpu.synchronize()                       # waits for the producer too: its write is done
+        assert side.query()
+        np.testing.assert_array_equal(b.numpy(), x)
+    else:
+        plan.run()
+        np.testing.assert_array_equal(out.numpy(), 2 * x)
+    assert not gpu._pending
+    torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_many_imports_from_one_stream_pend_once_and_a_launch_orders_them(gpu, torch, rng):
+    n = 1 << 18
+    side = torch.cuda.Stream()
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(4)]
+    gpu.synchronize()
+    bufs = []
+    for x in xs:
+        z = _late_tensor(torch, side, torch.from_numpy(x).cuda())
+        with torch.cuda.stream(side):
+            bufs.append((z, Buffer.from_dlpack(z)))
+    assert list(gpu._pending) == [side.cuda_stream]       # four imports, one producer stream
+    add = gpu.compile(K.add(), name="dlpack_lazy_add")
+    outs = [gpu.buffer(n, dtypes.float32) for _ in xs]
+    for (_, b), o in zip(bufs, outs):
+        add(b, b, o, n=n)
+    for x, o in zip(xs, outs):
+        np.testing.assert_array_equal(o.numpy(), 2 * x)

@@ -4,7 +4,8 @@ Two compiler pairs, both to CUBIN for the device's compute capability (or `MOROK
 CUDA C -> NVRTC ("nvrtc", the default) and NVPTX LLVM IR -> llvmlite -> nvJitLink ("llvm-nvptx").
 Each device has one stream that every launch and copy goes through; `synchronize()` waits for it.
 Whatever queues work on that stream marks it (`stream_used`), so a DLPack export can tell, without a
-driver call, that nothing of ours is pending (`stream_idle`).
+driver call, that nothing of ours is pending (`stream_idle`). A DLPack import only remembers the
+producer's stream; the next use of ours orders our stream after it (launch.StreamMarks, `order_imports`).
 
 Without a driver, `create_device` raises DeviceUnavailableError, unless `MOROK_CUDA_ARCH` is set:
 then it returns a compile-only device (real renderers and compilers; allocating or loading raises
@@ -91,6 +92,19 @@ class CUDADevice(StreamMarks, Device):
                          arch=device_arch)
 
     # -- context, stream ----------------------------------------------------------------------
+    @property
+    def stream(self):
+        """This device's stream (a CUstream). Reading it orders pending DLPack imports first, so whatever
+        queues work on it after reading it (the allocator's copies, graph replays and captures, user code)
+        runs after the imported tensors' producers. The hot paths hold `_stream` and test `_pending`."""
+        if self._pending:
+            self.order_imports()
+        return self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._stream = value
+
     def make_current(self) -> None:
         """Make this GPU's primary context current on the calling thread (cheap when it already is)."""
         if getattr(self._tls, "device", None) is not self:
@@ -103,13 +117,14 @@ class CUDADevice(StreamMarks, Device):
         from cuda.bindings import driver as cu
         from .runtime import check
         self.make_current()
-        self.synchronized(lambda: check(cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize"))
+        # (synchronized orders pending imports first: the wait covers their producers' work too)
+        self.synchronized(lambda: check(cu.cuStreamSynchronize(self._stream), "cuStreamSynchronize"))
 
     def _stream_query(self) -> bool:
         """One cuStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         query, _record, _wait, ok = (self._dlpack_api or self._dlpack_setup())[:4]
         self.make_current()
-        return query(self.stream)[0] == ok
+        return query(self.stream)[0] == ok      # (stream: pending imports ordered first)
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
@@ -119,27 +134,46 @@ class CUDADevice(StreamMarks, Device):
         return 1
 
     def dlpack_imported(self, producer: int | None = None) -> None:
-        """This device's stream waits for the producer's: the legacy default stream, where a producer
-        asked with `dlpack_stream` ordered its work, or the raw stream handle `producer` its library
-        named (its DLPack exchange API or dlpack.producer_stream; 0 is the legacy default stream),
-        unless that stream is idle. The query is one driver call, about 1.5 us on the H200 host, whether
-        through cuda-bindings or ctypes (both timed there): the floor of an import's ordering."""
-        query, record, wait, ok, legacy, check, events, streams = self._dlpack_api or self._dlpack_setup()
-        self.make_current()
-        src = legacy if producer is None or producer in (0, 1) else streams.get(producer)
-        if src is None:
-            from cuda.bindings import driver as cu
-            src = cu.CUstream(producer)
-            if len(streams) < 64:
-                streams[producer] = src
-        if query(src)[0] == ok:
+        """This device's stream must wait for the producer's before its next use: the legacy default
+        stream, where a producer asked with `dlpack_stream` ordered its work, or the raw stream handle
+        `producer` its library named (its DLPack exchange API or dlpack.producer_stream; None and 0 are
+        the legacy default stream). Lazy: the handle is remembered, once, and whatever next uses this
+        device's stream orders it then (`order_imports` -> `_order_after`: a query, and an event our
+        stream waits on if the producer's is busy; about 1.5 us a query on the H200 host, no longer paid
+        per import). The per-thread default stream (2) names the calling thread's: ordered now.
+        The handle must stay valid until that next use: the legacy stream and PyTorch's (pooled, never
+        destroyed) do; buffer.py orders at once for a producer it cannot vouch for."""
+        if producer is None or producer == 0:
+            producer = 1
+        elif producer == 2:
+            with self._imports_lock or self._imports_state():
+                self._order_after((2,))
             return
-        check(record(events[0], src), "cuEventRecord")
-        check(wait(self.stream, events[0], 0), "cuStreamWaitEvent")
-        self._queued = None     # our stream now waits on the producer's work
+        with self._imports_lock or self._imports_state():      # (StreamMarks.import_pending, inline)
+            pending = self._pending
+            if producer not in pending:
+                pending.append(producer)
+
+    def _order_after(self, streams) -> None:
+        """StreamMarks' ordering: for each producer stream, one cuStreamQuery; a busy one gets an event
+        recorded on it that our stream waits on (which marks our stream used)."""
+        query, record, wait, ok, _legacy, check, events, handles = self._dlpack_api or self._dlpack_setup()
+        self.make_current()
+        for producer in streams:
+            src = handles.get(producer)
+            if src is None:
+                from cuda.bindings import driver as cu
+                src = cu.CUstream(producer)
+                if len(handles) < 64:
+                    handles[producer] = src
+            if query(src)[0] == ok:
+                continue
+            check(record(events[0], src), "cuEventRecord")
+            check(wait(self._stream, events[0], 0), "cuStreamWaitEvent")
+            self._queued = None     # our stream now waits on the producer's work
 
     # (cuStreamQuery, cuEventRecord, cuStreamWaitEvent, CUDA_SUCCESS, the legacy stream, check, (import
-    # event, export event), consumer streams by handle): looked up once, not imported per DLPack call
+    # event, export event), producer and consumer streams by handle): looked up once, not imported per DLPack call
     _dlpack_api: "tuple | None" = None
 
     def _dlpack_setup(self) -> tuple:
@@ -163,6 +197,8 @@ class CUDADevice(StreamMarks, Device):
             from morok_py.dlpack import DLPackError
             raise DLPackError("stream=0 is ambiguous for CUDA (the DLPack protocol refuses it); pass 1 for the "
                               "legacy default stream, 2 for the per-thread one, or a stream handle")
+        if self._pending:
+            self.order_imports()    # an imported tensor's producer: our stream waits for it, the consumer for us
         if self._queued is self._idle:
             return          # nothing was queued here since the stream was last seen idle: nothing to order
         if self.stream_idle():
@@ -172,7 +208,7 @@ class CUDADevice(StreamMarks, Device):
         if target is None:
             from cuda.bindings import driver as cu
             target = cu.CUstream(stream)
-        check(record(events[1], self.stream), "cuEventRecord")
+        check(record(events[1], self._stream), "cuEventRecord")
         check(wait(target, events[1], 0), "cuStreamWaitEvent")
 
     def mem_info(self) -> tuple[int, int]:

@@ -170,6 +170,8 @@ class CUDAProgram(Program):
         dev = self.device
         if getattr(self._tls, "device", None) is not dev:
             dev.make_current()
+        if dev._pending:
+            dev.order_imports()     # DLPack imports' producers first (StreamMarks)
         if 0 in global_size:
             return None          # nothing to do: CUDA refuses empty grids
         (err,) = self._launch(self._fn, global_size[0], global_size[1], global_size[2],
@@ -200,6 +202,8 @@ class CUDAProgram(Program):
         kernel, dev = self._launch, self.device
 
         def launch():
+            if dev._pending:
+                dev.order_imports()     # DLPack imports' producers first (StreamMarks)
             result = kernel(*args)
             dev._queued = None      # (CUDADevice.stream_used, inline)
             return result
@@ -238,6 +242,7 @@ class CUDAProgram(Program):
             return self.execute(buffers, vals, global_size, local_size)
         self._patch(buffers, vals)
         self.device.make_current()
+        self.device.order_imports()
         if 0 in global_size:
             return 0.0
         stream = self._stream
@@ -282,7 +287,7 @@ class CUDAGraph:
     def __call__(self, wait: bool = False) -> float | None:
         dev = self.device
         dev.make_current()
-        stream = dev.stream
+        stream = dev.stream     # (reading it orders pending DLPack imports first)
         if wait:
             check(cu.cuEventRecord(self._start, stream), "cuEventRecord")
         (err,) = cu.cuGraphLaunch(self.graph_exec, stream)
@@ -308,16 +313,24 @@ class CUDAGraph:
 def capture_plan(device: "CUDADevice", plan) -> CUDAGraph:
     """Record the plan's launches (already bound and checked by the plan) into a CUDA graph."""
     device.make_current()
-    stream = device.stream
-    check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
-    mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-    check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
-    try:
-        for st in plan.steps:
-            st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
-    except BaseException:
-        cu.cuStreamEndCapture(stream)   # leave the stream usable; the launch error is what matters
-        raise
-    graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+    stream = device._stream
+    # Pending DLPack imports are ordered before the capture, and none can be remembered during it (an
+    # import waits for the lock): a launch inside the capture never orders one (an event recorded outside
+    # a capture cannot be waited on inside it).
+    with device._imports_lock or device._imports_state():
+        pending = device._pending
+        if pending:
+            device._order_after(pending[:])
+            del pending[:]
+        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
+        try:
+            for st in plan.steps:
+                st.program.execute(st.ptrs, st.ordered, st.gs, st.ls)
+        except BaseException:
+            cu.cuStreamEndCapture(stream)   # leave the stream usable; the launch error is what matters
+            raise
+        graph = check(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
     graph_exec = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     return CUDAGraph(device, graph, graph_exec, len(plan.steps))

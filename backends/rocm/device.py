@@ -89,6 +89,19 @@ class ROCMDevice(StreamMarks, Device):
     def _load(self, compiled: CompiledSpec) -> HIPProgram:
         return HIPProgram(self, compiled)
 
+    @property
+    def stream(self):
+        """This device's stream (None: HIP's default stream). Reading it orders pending DLPack imports
+        first, so whatever queues work on it after reading it (the allocator's copies, user code) runs
+        after the imported tensors' producers (launch.StreamMarks)."""
+        if self._pending:
+            self.order_imports()
+        return self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._stream = value
+
     def make_current(self) -> None:
         if getattr(_current, "ordinal", None) != self.ordinal:
             check(self._hip.hipSetDevice(self.ordinal), "hipSetDevice")
@@ -96,13 +109,14 @@ class ROCMDevice(StreamMarks, Device):
 
     def synchronize(self) -> None:
         self.make_current()
+        # (synchronized orders pending imports first: the wait covers their producers' work too)
         self.synchronized(lambda: check(self._hip.hipDeviceSynchronize(), "hipDeviceSynchronize"))
 
     def _stream_query(self) -> bool:
         """One hipStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         self.make_current()
         hip = self._hip
-        return hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess
+        return hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess    # (imports ordered first)
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:
@@ -111,41 +125,63 @@ class ROCMDevice(StreamMarks, Device):
         return 0
 
     def dlpack_imported(self, producer: int | None = None) -> None:
-        """This device's stream waits for the producer's: nothing to do for HIP's default stream (None or 0,
-        the one this device uses), another raw stream handle (a producer's current stream, named by its
-        exchange API or dlpack.producer_stream) through an event, unless that stream is idle."""
+        """This device's stream must wait for the producer's before its next use: nothing to wait for on
+        HIP's default stream (None or 0, the one this device uses), another raw stream handle (a
+        producer's current stream, named by its exchange API or dlpack.producer_stream) is remembered,
+        once, and ordered by whatever next uses this device's stream (`order_imports` -> `_order_after`:
+        a query, and an event our stream waits on if it is busy). The per-thread default stream (2)
+        names the calling thread's: ordered now. The handle must stay valid until that next use."""
         if not producer:
             # the producer's pending work is on our stream now: a later export orders after it
             self._queued = None
             return
+        if producer == 2:
+            with self._imports_lock or self._imports_state():
+                self._order_after((2,))
+            return
+        with self._imports_lock or self._imports_state():      # (StreamMarks.import_pending, inline)
+            pending = self._pending
+            if producer not in pending:
+                pending.append(producer)
+
+    def _order_after(self, streams) -> None:
+        """StreamMarks' ordering: for each producer stream, one hipStreamQuery; a busy one gets an event
+        recorded on it that our stream waits on (which marks our stream used)."""
         self.make_current()
         hip = self._hip
-        if hip.hipStreamQuery(producer)[0] == hip.hipError_t.hipSuccess:
-            return
-        event = getattr(self, "_dlpack_import_event", None)
-        if event is None:
-            event = self._dlpack_import_event = check(hip.hipEventCreate(), "hipEventCreate")
-        check(hip.hipEventRecord(event, producer), "hipEventRecord")
-        check(hip.hipStreamWaitEvent(self.stream, event, 0), "hipStreamWaitEvent")
-        self._queued = None     # our stream now waits on the producer's work
+        for producer in streams:
+            if hip.hipStreamQuery(producer)[0] == hip.hipError_t.hipSuccess:
+                continue
+            event = getattr(self, "_dlpack_import_event", None)
+            if event is None:
+                event = self._dlpack_import_event = check(hip.hipEventCreate(), "hipEventCreate")
+            check(hip.hipEventRecord(event, producer), "hipEventRecord")
+            check(hip.hipStreamWaitEvent(self._stream, event, 0), "hipStreamWaitEvent")
+            self._queued = None     # our stream now waits on the producer's work
 
     def dlpack_sync(self, stream: int | None) -> None:
         """Order the consumer's `stream` after the work queued on this device (the DLPack rule). Our
         work is on the default stream: None or 0 is that stream itself, -1 asks for no
         synchronization, 1 and 2 are CUDA's and refused; another stream waits on an event."""
         from morok_py.dlpack import DLPackError
-        if stream is None or stream in (0, -1):
+        if stream is None or stream == 0:
+            if self._pending:
+                self.order_imports()    # the consumer uses our stream: it waits for imported tensors' producers
+            return
+        if stream == -1:
             return
         if stream in (1, 2):
             raise DLPackError(f"stream={stream} is CUDA's default-stream code; ROCm takes None or 0 for the "
                               f"default stream, or a stream handle")
+        if self._pending:
+            self.order_imports()    # an imported tensor's producer: our stream waits for it, the consumer for us
         if self._queued is self._idle or self.stream_idle():
             return          # nothing queued here is pending: nothing to order
         hip = self._hip
         event = getattr(self, "_dlpack_event", None)
         if event is None:
             event = self._dlpack_event = check(hip.hipEventCreate(), "hipEventCreate")
-        check(hip.hipEventRecord(event, self.stream), "hipEventRecord")
+        check(hip.hipEventRecord(event, self._stream), "hipEventRecord")
         check(hip.hipStreamWaitEvent(stream, event, 0), "hipStreamWaitEvent")
 
     def mem_info(self) -> tuple[int, int]:

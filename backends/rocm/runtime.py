@@ -239,9 +239,11 @@ class HIPProgram(Program):
             self._last_vals = vs
         dev = self.device
         dev.make_current()
+        if dev._pending:
+            dev.order_imports()     # DLPack imports' producers first (StreamMarks)
         if not global_size[0] or not global_size[1] or not global_size[2]:
             return 0.0 if wait else None     # an empty grid: HIP refuses it, and there is nothing to do
-        hip, stream = self._hip, dev.stream
+        hip, stream = self._hip, dev._stream
         if wait:
             start, end = self._events_pair()
             check(hip.hipEventRecord(start, stream), "hipEventRecord")
