@@ -594,16 +594,17 @@ def im2col(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tupl
 
 def _im2col_rows(C: int, H: int, W: int, KH: int, KW: int, OH: int, OW: int, stride: tuple[int, int],
                  dilation: tuple[int, int], lo: tuple[int, int], dt: DType) -> UOp:
-    """`im2col` of one image with the padding's column checks peeled: (channel, kernel row) is the GLOBAL
-    range; for each kernel column kw the output columns whose tap lies inside the row (`_tap_span`) run
+    """`im2col` of one image with the padding's column checks peeled: (channel, kernel row), cut into blocks of
+    output rows where those units are few (`im2col_row_blocks`), is the GLOBAL range; for each kernel column kw the output columns whose tap lies inside the row (`_tap_span`) run
     as a loop with only the row checked (one select per row, loop-invariant), the few columns either
     side of it masked. The masked form clamped every element's column, so LLVM gathered scalars: resnet50's
     7x7 stride-2 stem columns (3 x 224^2 -> 147 x 112^2) took 2.6-2.7 ms alone on the 2-vCPU AVX2 EPYC,
     one or two threads."""
     (sh, sw), (dh, dw), (pt, pl) = stride, dilation, lo
     ax = _Axes()
-    t = ax(C * KH)
-    c, kh = t // KH, t % KH
+    blocks = im2col_row_blocks(C * KH, OH)
+    t = ax(C * KH * blocks)
+    c, kh, ob = t // (KH * blocks), (t // blocks) % KH, t % blocks
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     row_masked = _needs_mask(H, OH, KH, sh, dh, pt)
     stores = []
@@ -612,10 +613,30 @@ def _im2col_rows(C: int, H: int, W: int, KH: int, KW: int, OH: int, OW: int, str
         for a, b, col_masked in ((0, first - 1, True), (first, last, False), (last + 1, OW - 1, True)):
             if a > b:
                 continue
-            oh, ow = ax(OH, AxisType.LOOP), (ax(b - a + 1, AxisType.LOOP) + a if b > a else UOp.const(a, dtypes.index))
+            oh = ax(OH // blocks, AxisType.LOOP) + ob * (OH // blocks) if blocks > 1 else ax(OH, AxisType.LOOP)
+            ow = ax(b - a + 1, AxisType.LOOP) + a if b > a else UOp.const(a, dtypes.index)
             v = _tap(x, c * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, (row_masked, col_masked))
             stores.append(col.store(((c * KH + kh) * KW + kw) * (OH * OW) + oh * OW + ow, v))
     return UOp.sink(*stores)
+
+
+# the fewest units the peeled im2col's thread split (channel, kernel row[, block of output rows]) takes: resnet50's
+# 7x7 stem over 3 channels is 21 (channel, kernel row) units, which 16 workers took 2 and 1 at a time
+IM2COL_MIN_UNITS = 48
+IM2COL_MIN_BLOCK_ROWS = 4   # output rows a block keeps at least
+
+
+def im2col_row_blocks(units: int, OH: int) -> int:
+    """Blocks of output rows each (channel, kernel row) unit of the peeled im2col is cut into: the fewest that
+    divide OH and bring the units to IM2COL_MIN_UNITS, of at least IM2COL_MIN_BLOCK_ROWS rows each (else the
+    most such blocks; 1: uncut)."""
+    best = 1
+    for b in range(2, OH // IM2COL_MIN_BLOCK_ROWS + 1):
+        if units * best >= IM2COL_MIN_UNITS:
+            break
+        if OH % b == 0:
+            best = b
+    return best
 
 
 def _tap_span(n_in: int, n_out: int, stride: int, offset: int) -> tuple[int, int]:

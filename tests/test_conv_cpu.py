@@ -443,11 +443,15 @@ def test_winograd_refuses_what_it_cannot_tile():
 @pytest.mark.parametrize("N,peel", [(1, False), (2, False), (1, True), (2, True)])
 def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N, peel):
     """One image's columns take (channel, kernel row) as the outermost range, so a 3-channel 7x7 stem has 21
-    units for the workers, not 3; a batch keeps the images outermost. Every column matches numpy (odd
+    units for the workers, not 3 (peeled, cut into blocks of output rows: 63); a batch keeps the images outermost. Every column matches numpy (odd
     sizes, stride 2, padding). `peel` (the CPU plans' form: one image's padded columns peeled, unmasked
     inside) gives the same columns, also dilated, with asymmetric pads and where no column is inside."""
     rng = np.random.default_rng(3)
     cases = [(3, 23, 19, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))]
+    if peel and N == 1:
+        assert K.im2col_row_blocks(21, 12) == 3 and K.im2col_row_blocks(21, 112) == 4     # 63 and 84 units
+        assert K.im2col_row_blocks(48, 112) == 1 and K.im2col_row_blocks(21, 7) == 1    # enough / too few rows
+        assert K.im2col_row_blocks(5, 13) == 1 and K.im2col_row_blocks(5, 16) == 4      # (prime rows; 4 rows a block)
     if peel:
         cases += [(4, 13, 12, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)), (2, 9, 17, 5, 5, (2, 3), (1, 2), (0, 4, 1, 1)),
                   (3, 5, 3, 3, 5, (1, 1), (1, 1), (1, 3, 1, 3))]
@@ -460,7 +464,7 @@ def test_im2col_of_one_image_splits_over_channels_and_kernel_rows(cpu_level, N, 
         x = random_array(rng, (N, C, H, W), np.float32)
         bufs = [cpu_level.buf(x), cpu_level.buf(np.full(N * C * KH * KW * OH * OW, np.nan, np.float32))]
         gs, ls = prog.launch.launch_dims({})
-        assert gs[0] == (C * KH if N == 1 else N)
+        assert gs[0] == (N if N > 1 else C * KH * (K.im2col_row_blocks(C * KH, OH) if peel else 1))
         prog.execute([b.ptr for b in bufs], [], gs, ls, wait=True)
         xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
         want = np.stack([xp[:, :, kh * dh:kh * dh + sh * OH:sh, kw * dw:kw * dw + sw * OW:sw]
