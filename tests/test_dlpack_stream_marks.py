@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from morok_py import Buffer, dtypes, kernels as K
+from morok_py import dlpack as D
 from morok_py.dlpack import DLPackError
 from test_dlpack import gpu, torch  # noqa: F401 -- fixtures shared with the DLPack tests
 
@@ -548,8 +549,11 @@ def test_many_imports_from_one_stream_pend_once_and_a_launch_orders_them(gpu, to
     xs = [rng.standard_normal(n).astype(np.float32) for _ in range(4)]
     gpu.synchronize()
     bufs = []
-    for x in xs:
-        z = _late_tensor(torch, side, torch.from_numpy(x).cuda())
+    # (the sources stay alive: torch's allocator would reuse one freed on the default stream while the
+    # side stream's pending copy still reads it)
+    srcs = [torch.from_numpy(x).cuda() for x in xs]
+    for x, src in zip(xs, srcs):
+        z = _late_tensor(torch, side, src)
         with torch.cuda.stream(side):
             bufs.append((z, Buffer.from_dlpack(z)))
     assert list(gpu._pending) == [side.cuda_stream]       # four imports, one producer stream
