@@ -1222,47 +1222,19 @@ def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int]
 
 def pool2d(kind: str, N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
            dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
-           count_include_pad: bool = False, dtype=dtypes.float32, peel: bool = False) -> UOp:
+           count_include_pad: bool = False, dtype=dtypes.float32) -> UOp:
     """Max or average pooling ("max", "avg") over KH x KW windows, the taps unrolled like
     `depthwise_conv2d` (rows along ow, vectorized); padding is ignored by max and, unless
-    `count_include_pad`, by the average's count. `peel` (the CPU): the columns whose taps all lie inside
-    the row run as a loop of their own without the column check, the border columns masked beside it.
-    N None is the variable `N`. Params: x, out."""
+    `count_include_pad`, by the average's count. N None is the variable `N`. Params: x, out."""
     dt = as_dtype(dtype)
     if kind not in ("max", "avg"):
         raise UnknownNameError(f"unknown pooling {kind!r}; known: max, avg")
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
+    q, oh, ow = ax(_batch(N) * C if N is None else N * C), ax(OH), ax(OW)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
-    spans = [_tap_span(W, OW, sw, kw * dw - pl) for kw in range(KW)]
-    first, last = max(a for a, _ in spans), min(b for _, b in spans)
-    if peel and masked[1] and first <= last:
-        # the columns whose every tap lies inside the row run unmasked (loads along the row, no clamped index for
-        # LLVM to gather), the few either side masked; (n, c) the GLOBAL range, rows and columns loops
-        q = ax(_batch(N) * C if N is None else N * C)
-        stores = []
-        for a, b, col_masked in ((0, first - 1, True), (first, last, False), (last + 1, OW - 1, True)):
-            a, b = max(a, 0), min(b, OW - 1)
-            if a > b:
-                continue
-            oh = ax(OH, AxisType.LOOP)
-            ow = ax(b - a + 1, AxisType.LOOP) + a if b > a else UOp.const(a, dtypes.index)
-            acc = _pool_taps(kind, x, q, oh, ow, H, W, KH, KW, stride, dilation, (pt, pl),
-                             (masked[0], col_masked), count_include_pad, dt)
-            stores.append(out.store(q * (OH * OW) + oh * OW + ow, acc))
-        return UOp.sink(*stores)
-    q, oh, ow = ax(_batch(N) * C if N is None else N * C), ax(OH), ax(OW)
-    acc = _pool_taps(kind, x, q, oh, ow, H, W, KH, KW, stride, dilation, (pt, pl), masked, count_include_pad, dt)
-    return UOp.sink(out.store(q * (OH * OW) + oh * OW + ow, acc))
-
-
-def _pool_taps(kind: str, x: UOp, q: UOp, oh: UOp, ow: UOp, H: int, W: int, KH: int, KW: int,
-               stride: tuple[int, int], dilation: tuple[int, int], lo: tuple[int, int], masked: tuple[bool, bool],
-               count_include_pad: bool, dt: DType) -> UOp:
-    """The pooled value at (q, oh, ow): the KH x KW taps, those outside the image ignored where `masked`."""
-    (sh, sw), (dh, dw), (pt, pl) = stride, dilation, lo
     acc, cnt = None, None
     for kh in range(KH):
         for kw in range(KW):
@@ -1288,7 +1260,7 @@ def _pool_taps(kind: str, x: UOp, q: UOp, oh: UOp, ow: UOp, H: int, W: int, KH: 
             acc = acc * UOp.const(1.0 / (KH * KW), dt)
         else:
             acc = acc / cnt
-    return acc
+    return UOp.sink(out.store(q * (OH * OW) + oh * OW + ow, acc))
 
 
 def global_pool(kind: str, rows: int | None, cols: int, dtype=dtypes.float32) -> UOp:

@@ -113,24 +113,15 @@ def _pool_ref(kind, x, k, s, d, pads, include_pad):
     return np.sum(wins, axis=0) / cnt
 
 
-@pytest.mark.parametrize("peel", [False, True], ids=["masked", "peeled"])
 @pytest.mark.parametrize("kind", ["max", "avg"])
-@pytest.mark.parametrize("k,s,d,pads,include_pad,W", [((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False, 13),
-                                                       ((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False, 45),
-                                                       ((2, 3), (1, 2), (2, 1), (0, 1, 1, 0), True, 13),
-                                                       ((3, 5), (1, 1), (1, 2), (1, 3, 0, 4), True, 37),
-                                                       ((3, 3), (1, 1), (1, 1), (0, 0, 0, 0), False, 13),
-                                                       ((3, 5), (2, 1), (1, 1), (1, 4, 1, 4), False, 3)])
-def test_pooling_matches_numpy_at_every_level(cpu_level, rng, kind, k, s, d, pads, include_pad, W, peel):
-    """Every window against numpy, masked and peeled (`peel`: the inner columns unmasked, the borders masked;
-    the last case has no inner column, so it keeps the masked form)."""
-    N, C, H = 2, 3, 11
+@pytest.mark.parametrize("k,s,d,pads,include_pad", [((3, 3), (2, 2), (1, 1), (1, 1, 1, 1), False),
+                                                     ((2, 3), (1, 2), (2, 1), (0, 1, 1, 0), True),
+                                                     ((3, 3), (1, 1), (1, 1), (0, 0, 0, 0), False)])
+def test_pooling_matches_numpy_at_every_level(cpu_level, rng, kind, k, s, d, pads, include_pad):
+    N, C, H, W = 2, 3, 11, 13
     x = random_array(rng, (N, C, H, W), np.float32)
     want = _pool_ref(kind, x, k, s, d, pads, include_pad)
-    ast = K.pool2d(kind, N, C, H, W, k[0], k[1], s, d, pads, include_pad, peel=peel)
-    if peel and W > 3:
-        # the inner columns and each padded side's border columns: a store each
-        assert len(ast.src) == 1 + (pads[1] > 0) + (pads[3] > 0)
+    ast = K.pool2d(kind, N, C, H, W, k[0], k[1], s, d, pads, include_pad)
     out = cpu_level.empty(want.size, dtypes.float32)
     cpu_level.compile(ast, f"pool_{kind}")(cpu_level.buf(x), out)
     np.testing.assert_allclose(out.numpy().reshape(want.shape), want, rtol=1e-5, atol=1e-5)

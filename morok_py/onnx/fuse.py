@@ -666,12 +666,6 @@ def _affine(ctx, ins, a):
     return [out]
 
 
-# the CPU's pooling windows: border columns peeled off, the inner ones unmasked and vectorized along the row
-# (kernels.pool2d's `peel`); resnet50's 3x3 stride-2 max pool over 64 x 112 x 112 on the 2-vCPU AVX2 EPYC, alone,
-# medians of 300 interleaved launches: 0.366 against 0.388 ms masked
-POOL_PEEL = True
-
-
 def _pool2d(ctx, ins, a):
     x = _dense(ctx, ins[0])
     kind = a["kind"].decode() if isinstance(a["kind"], bytes) else a["kind"]
@@ -681,7 +675,7 @@ def _pool2d(ctx, ins, a):
     out = ctx.k.empty([geo.N, geo.C, geo.OH, geo.OW], x.dtype)
     sym = ctx.k.symbolic_outer          # a dynamic batch: the variable N, one program for every batch size
     ast = K.pool2d(kind, None if sym else geo.N, geo.C, geo.H, geo.W, kh, kw, geo.stride, geo.dilation, geo.pads,
-                   bool(a.get("count_include_pad", 0)), peel=POOL_PEEL and not _caps(ctx).has_local)
+                   bool(a.get("count_include_pad", 0)))
     ctx.k.launch(ctx.n(), ast, [x.buf, out.buf], **({"N": geo.N} if sym else {}))
     return [out]
 
