@@ -218,6 +218,21 @@ class StreamMarks:
     _imports_lock: "threading.Lock | None" = None
     _STATE_LOCK = threading.Lock()      # makes a device's pending-imports list and lock, once
 
+    _stream: Any = None
+
+    @property
+    def stream(self):
+        """This device's stream (the backend's handle). Reading it orders pending DLPack imports first, so
+        whatever queues work on it after reading it (the allocator's copies, graph replays and captures, user
+        code) runs after the imported tensors' producers. The hot paths hold `_stream` and test `_pending`."""
+        if self._pending:
+            self.order_imports()
+        return self._stream
+
+    @stream.setter
+    def stream(self, value) -> None:
+        self._stream = value
+
     def _imports_state(self) -> "threading.Lock":
         """The lock and list of pending imports, made once per device (a device built without __init__ too)."""
         with StreamMarks._STATE_LOCK:
@@ -227,11 +242,19 @@ class StreamMarks:
                 d["_imports_lock"] = threading.Lock()
             return d["_imports_lock"]
 
+    # DLPack's handle for the calling thread's default stream: which stream it names depends on the thread, so an
+    # import from it is ordered at once
+    PER_THREAD_STREAM = 2
+
     def import_pending(self, stream: Any) -> None:
         """Remember that this device's stream must wait for `stream` (a producer's raw stream handle, as the
-        backend's `_order_after` takes it) before its next use; nothing is asked of the driver now."""
+        backend's `_order_after` takes it) before its next use; nothing is asked of the driver now (the
+        per-thread default stream, PER_THREAD_STREAM, is ordered now)."""
         lock = self._imports_lock or self._imports_state()
         with lock:
+            if stream == self.PER_THREAD_STREAM:
+                self._order_after((stream,))
+                return
             pending = self._pending
             if stream not in pending:
                 pending.append(stream)

@@ -92,19 +92,6 @@ class CUDADevice(StreamMarks, Device):
                          arch=device_arch)
 
     # -- context, stream ----------------------------------------------------------------------
-    @property
-    def stream(self):
-        """This device's stream (a CUstream). Reading it orders pending DLPack imports first, so whatever
-        queues work on it after reading it (the allocator's copies, graph replays and captures, user code)
-        runs after the imported tensors' producers. The hot paths hold `_stream` and test `_pending`."""
-        if self._pending:
-            self.order_imports()
-        return self._stream
-
-    @stream.setter
-    def stream(self, value) -> None:
-        self._stream = value
-
     def make_current(self) -> None:
         """Make this GPU's primary context current on the calling thread (cheap when it already is)."""
         if getattr(self._tls, "device", None) is not self:
@@ -145,14 +132,7 @@ class CUDADevice(StreamMarks, Device):
         destroyed) do; buffer.py orders at once for a producer it cannot vouch for."""
         if producer is None or producer == 0:
             producer = 1
-        elif producer == 2:
-            with self._imports_lock or self._imports_state():
-                self._order_after((2,))
-            return
-        with self._imports_lock or self._imports_state():      # (StreamMarks.import_pending, inline)
-            pending = self._pending
-            if producer not in pending:
-                pending.append(producer)
+        self.import_pending(producer)
 
     def _order_after(self, streams) -> None:
         """StreamMarks' ordering: for each producer stream, one cuStreamQuery; a busy one gets an event

@@ -89,19 +89,6 @@ class ROCMDevice(StreamMarks, Device):
     def _load(self, compiled: CompiledSpec) -> HIPProgram:
         return HIPProgram(self, compiled)
 
-    @property
-    def stream(self):
-        """This device's stream (None: HIP's default stream). Reading it orders pending DLPack imports
-        first, so whatever queues work on it after reading it (the allocator's copies, user code) runs
-        after the imported tensors' producers (launch.StreamMarks)."""
-        if self._pending:
-            self.order_imports()
-        return self._stream
-
-    @stream.setter
-    def stream(self, value) -> None:
-        self._stream = value
-
     def make_current(self) -> None:
         if getattr(_current, "ordinal", None) != self.ordinal:
             check(self._hip.hipSetDevice(self.ordinal), "hipSetDevice")
@@ -135,14 +122,7 @@ class ROCMDevice(StreamMarks, Device):
             # the producer's pending work is on our stream now: a later export orders after it
             self._queued = None
             return
-        if producer == 2:
-            with self._imports_lock or self._imports_state():
-                self._order_after((2,))
-            return
-        with self._imports_lock or self._imports_state():      # (StreamMarks.import_pending, inline)
-            pending = self._pending
-            if producer not in pending:
-                pending.append(producer)
+        self.import_pending(producer)
 
     def _order_after(self, streams) -> None:
         """StreamMarks' ordering: for each producer stream, one hipStreamQuery; a busy one gets an event
