@@ -7,9 +7,10 @@ Backends subclass these two classes; a program or device built on the bare contr
 with `execute`, plans and the caches, it only lacks the friendly calls."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from . import config
 from . import device as contracts
@@ -265,10 +266,21 @@ class StreamMarks:
         if not self._pending:
             return
         with self._imports_lock or self._imports_state():
-            pending = self._pending
-            n = len(pending)
-            if not n:
-                return          # another thread ordered them while this one waited
+            self._order_pending()   # (none left if another thread ordered them while this one waited)
+
+    @contextlib.contextmanager
+    def imports_held(self) -> Iterator[None]:
+        """Order every pending import, then hold the imports' lock for the block: no import is remembered
+        until it ends (a CUDA graph capture, whose launches cannot wait on an event recorded outside it)."""
+        with self._imports_lock or self._imports_state():
+            self._order_pending()
+            yield
+
+    def _order_pending(self) -> None:
+        """`_order_after` the pending imports, then forget them (the imports' lock held)."""
+        pending = self._pending
+        n = len(pending)
+        if n:
             try:
                 self._order_after(pending[:n])
             finally:

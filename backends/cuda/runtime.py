@@ -317,11 +317,7 @@ def capture_plan(device: "CUDADevice", plan) -> CUDAGraph:
     # Pending DLPack imports are ordered before the capture, and none can be remembered during it (an
     # import waits for the lock): a launch inside the capture never orders one (an event recorded outside
     # a capture cannot be waited on inside it).
-    with device._imports_lock or device._imports_state():
-        pending = device._pending
-        if pending:
-            device._order_after(pending[:])
-            del pending[:]
+    with device.imports_held():
         check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(cu.cuStreamBeginCapture(stream, mode), "cuStreamBeginCapture")
