@@ -84,6 +84,15 @@ CASES = [
     Case("conv_dense3x3_128_28", 128, 28, 128, 3),
     Case("conv_dense3x3s2_128_56", 128, 56, 128, 3, 2),
     Case("conv_grouped3x3_128g32_28", 128, 28, 128, 3, 1, 32),
+    # resnet50's layers at batch 1 (benchmarks/onnx_models.py's light model): the contractions its replay spends
+    # the most time in beside onnxruntime's
+    Case("conv_resnet50_3x3s2_128_56_b1", 128, 56, 128, 3, 2, batch=1),
+    Case("conv_resnet50_3x3s2_256_28_b1", 256, 28, 256, 3, 2, batch=1),
+    Case("conv_resnet50_3x3_512_7_b1", 512, 7, 512, 3, batch=1),
+    Case("conv_resnet50_pointwise_512to128_28_b1", 512, 28, 128, 1, batch=1),
+    Case("conv_resnet50_pointwise_1024to256_14_b1", 1024, 14, 256, 1, batch=1),
+    Case("conv_resnet50_pointwise_256to1024_14_b1", 256, 14, 1024, 1, batch=1),
+    Case("conv_resnet50_pointwise_2048to512_7_b1", 2048, 7, 512, 1, batch=1),
 ]
 QUICK = ("conv_depthwise3x3s1_96_28", "conv_pointwise_24to72_56", "conv_stem3x3s2_3to16_112", "conv_grouped3x3_128g32_28")
 

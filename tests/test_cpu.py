@@ -1128,6 +1128,17 @@ def test_wide_matrices_split_into_units_that_divide_among_threads():
     assert _partitions(127, 32) == 1                                   # no divisor: no clamped row tail
 
 
+def test_narrow_partitions_count_a_panel_copy_only_where_the_panel_is_packed():
+    """resnet50's 128-row contractions at 28x28 (21 row tiles of 6x64 and 12 column tiles on 16 workers): a
+    partition that copies its panel first costs PACK_SHARE row tiles more, so one partition a column tile (12
+    units: 4 workers idle); read in place, 4 partitions (48 units, 3 each) leave no worker idle."""
+    from morok_py.codegen.opt import PACK_SHARE, UNPACKED_SHARE, _partitions
+    assert UNPACKED_SHARE < PACK_SHARE
+    assert _partitions(21, 12, 16) == _partitions(21, 12, 16, packed=True) == 1
+    assert _partitions(21, 12, 16, packed=False) == 4
+    assert _partitions(42, 3, 16, packed=False) == _partitions(42, 3, 16) == 5     # 14x14: 15 units either way
+
+
 @pytest.mark.parametrize("tile", [(8, 32), (6, 64)], ids=["8x32", "6x64"])
 @pytest.mark.parametrize("threads", ["3", "12"])
 def test_row_partitions_of_a_wide_packed_matmul_match_numpy(cpu, rng, monkeypatch, threads, tile):

@@ -60,6 +60,35 @@ def test_split_launches_on_native_workers_equal_one_thread(cpu, rng, monkeypatch
     np.testing.assert_array_equal(one, many)
 
 
+@pytest.mark.parametrize("home", [True, False], ids=["home_blocks", "shared_counter"])
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_every_chunk_runs_exactly_once_with_home_blocks_or_one_counter(cpu, rng, monkeypatch, split_everything,
+                                                                        threads, home):
+    """Each thread of a launch takes its own block of chunks first, then what is left of the others' (or every
+    thread takes from one shared counter): an in-place add, launched 40 times, equals numpy's 40 sequential adds
+    exactly, so no chunk ran twice or never, also with more threads than cores (home blocks of workers that did not
+    join are taken by the others)."""
+    monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
+    n = 100_003
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    from morok_py.ir import UOp
+    acc, db = cpu.buf(a), cpu.buf(b)
+    x, y, i = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32), UOp.range(K.size(None, "n"), 0)
+    add = cpu.compile(UOp.sink(x.store(i, x.load(i) + y.load(i))), name="pool_add_inplace")    # x[i] += y[i]
+    pool = add._native_pool()
+    assert pool is not None, native_pool_error()
+    pool.set_home(home)
+    try:
+        assert pool.home is home
+        want = a.copy()
+        for _ in range(40):
+            add(acc, db, n=n)
+            want += b
+        np.testing.assert_array_equal(acc.numpy(), want)
+    finally:
+        pool.set_home(True)
+
+
 def test_a_launch_with_fewer_threads_than_workers_waits_only_for_the_ones_it_asks_for(cpu, rng, monkeypatch,
                                                                                      split_everything):
     """After 8-way launches made 7 workers, 2- and 3-way launches (a small kernel's split is capped by its

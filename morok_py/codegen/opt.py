@@ -391,7 +391,8 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     E = None if None in extents else math.prod(extents)
     batched = bool(others) and E is not None and threads > 0 and n_static is not None and m_static is not None
     if _const(full) is not None and _const(Cj) is not None:
-        P = UOp.const(_partitions(_const(full), _const(Cj), -(-threads // E) if batched else threads), dtypes.index)
+        P = UOp.const(_partitions(_const(full), _const(Cj), -(-threads // E) if batched else threads,
+                                  packed=plan is not None and n_static is not None), dtypes.index)
     else:
         P = (UOp.const(SPLIT_UNITS, dtypes.index) // Cj.maximum(1)).minimum(full // 4).maximum(1)
     Q = full // P
@@ -580,16 +581,16 @@ def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp,
     return out
 
 
-def _partitions(full: int | None, col_tiles: int | None, threads: int = 0) -> int:
+def _partitions(full: int | None, col_tiles: int | None, threads: int = 0, packed: bool = True) -> int:
     """Row partitions per column tile: a divisor of the full row tiles (so that no row is clamped)
     that brings the outer range near SPLIT_UNITS, keeping at least 4 row tiles per partition; with the
-    workers known, a narrow matrix's count balances them (_narrow_partitions), and so does a wide
-    matrix's (_balanced_partitions)."""
+    workers known, a narrow matrix's count balances them (_narrow_partitions; `packed`: each partition
+    copies its column panel first), and so does a wide matrix's (_balanced_partitions)."""
     if full is None or col_tiles is None or full < 2:
         return 1
     want = max(1, SPLIT_UNITS // max(col_tiles, 1))
     if threads > 0 and want > 3:
-        return _narrow_partitions(full, col_tiles, threads)
+        return _narrow_partitions(full, col_tiles, threads, PACK_SHARE if packed else UNPACKED_SHARE)
     best = max(d for d in range(1, min(want, full) + 1) if full % d == 0 and (full // d >= 4 or d == 1))
     if 2 * best < want and full // 4 > best:
         # too few divisors (51 row tiles of the AVX-512 256x512x10 matmul: 3 partitions, 3 of 12 threads
@@ -600,17 +601,17 @@ def _partitions(full: int | None, col_tiles: int | None, threads: int = 0) -> in
     return best
 
 
-def _narrow_partitions(full: int, col_tiles: int, threads: int) -> int:
+def _narrow_partitions(full: int, col_tiles: int, threads: int, share: float = 0.0) -> int:
     """Row partitions of a narrow matrix (few column tiles) for `threads` workers: the count whose busiest
     worker does the least, its units (the runtime cuts the outer range into `threads` contiguous chunks)
-    times each unit's row tiles (leftover rows dealt round-robin) and panel copy (PACK_SHARE), the fewest
-    partitions among equals. Aiming at SPLIT_UNITS units instead left a round barely started: resnet50's
+    times each unit's row tiles (leftover rows dealt round-robin) and its `share` of fixed work (a packed panel's
+    copy PACK_SHARE, else UNPACKED_SHARE), the fewest partitions among equals. Aiming at SPLIT_UNITS units instead left a round barely started: resnet50's
     7x7 layers (512 rows, 49 pixels) took 34 units, 3 for the busiest of 16 workers where 2.1 is even,
     and the 14x14 ones 30 (2 per worker, 15 partitions' panels copied twice). On the 2-vCPU EPYC those
     contractions ran 5-15% faster with the fewer, larger units too (conv_gemm alone, best of 60 launches)."""
     def cost(P: int) -> float:
         units = col_tiles * P
-        return -(-units // min(threads, units)) * (-(-full // P) + PACK_SHARE)
+        return -(-units // min(threads, units)) * (-(-full // P) + share)
     return min(range(1, full + 1), key=lambda P: (cost(P), P))
 
 
@@ -620,6 +621,12 @@ WIDE_PARTITION_ROWS = 24    # row tiles a partition keeps at least when a wide m
                             # repacks its column panel)
 PACK_SHARE = 2.0            # a partition's panel copy, in row tiles of work: the cost factor 1 + PACK_SHARE / tiles
                             # (AVX2, 2 threads, 1024^3: 5 partitions of 34 row tiles ran 3-10% slower than one)
+UNPACKED_SHARE = 0.5        # a narrow matrix's partition that reads B in place: its panel, pulled into the core's
+                            # caches again, in row tiles of work. Counted as a copy (PACK_SHARE), resnet50's 128-row
+                            # contractions at 28x28 (12 column tiles of 6x64) took 12 units for 16 workers; 48 units
+                            # ran alone on the 16-core Xeon (benchmarks/cpu_tiles.py --tag partitions,
+                            # cpu-xeon-avx512-16c/cpu_tiles-partitions.json) 128x1152x784 0.245 against 0.298 ms
+                            # and 128x512x784 0.101 against 0.120
 
 
 def split_balance(units: int, threads: int = 0) -> float:
