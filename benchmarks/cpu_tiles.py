@@ -6,7 +6,9 @@ lane width), checked against numpy, then timed in `--rounds` rounds; every round
 numpy `--reps` times (median), so drift of the machine over the run lands on all of them alike. Reported:
 the median over rounds of each variant's round median and its ratio to numpy's, and the same for the best
 round (on a shared host other tenants slow whole rounds: round medians of one kernel moved 2x). A tile "RxC" is packed
-(B's column panels copied, where the shape allows), "RxCu" the same tile unpacked.
+(B's column panels copied, where the shape allows), "RxCu" the same tile unpacked. `--set MODULE.NAME=VALUE` (;-separated)
+adds the host's default schedule compiled with those constants of morok_py's modules set (a heuristic's rule
+against its alternative, in the same rounds), labelled by the setting.
 
     OPENBLAS_NUM_THREADS=12 taskset -c 4-15 python benchmarks/cpu_tiles.py --tag 12threads
 
@@ -15,6 +17,9 @@ writes benchmarks/results/<machine kind>/cpu_tiles[-TAG].json (--json PATH: ther
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import importlib
 import json
 import os
 import statistics
@@ -32,6 +37,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
 
 
+@contextlib.contextmanager
+def _constants(setting: str):
+    """MODULE.NAME=VALUE (MODULE under morok_py, VALUE a Python literal) set for the block, then restored."""
+    key, value = setting.split("=", 1)
+    mod_name, name = key.rsplit(".", 1)
+    mod = importlib.import_module("morok_py." + mod_name)
+    if not hasattr(mod, name):
+        raise SystemExit(f"--set {setting}: morok_py.{mod_name} has no {name}")
+    old = getattr(mod, name)
+    setattr(mod, name, ast.literal_eval(value))
+    try:
+        yield
+    finally:
+        setattr(mod, name, old)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1024x1024x1024,256x784x512,1000x751x333")
@@ -40,6 +61,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tag", default="", help="appended to the result's name (e.g. the thread count)")
+    ap.add_argument("--set", default="", help="';'-separated MODULE.NAME=VALUE (e.g. codegen.opt.UNPACKED_SHARE=2.0): "
+                                              "the default schedule compiled with those constants set, as one more variant")
     a = ap.parse_args()
     dev = Device["CPU"]
     r, c = dev.renderer, dev.compiler
@@ -58,7 +81,9 @@ def main() -> None:
         bufs[1].copyin(w.reshape(-1))
         res = dev.buffer(M * N, dtypes.float32)
         variants = [("default", None)]
-        for t in a.tiles.split(","):
+        for setting in filter(None, a.set.split(";")):
+            variants.append((setting, setting))
+        for t in filter(None, a.tiles.split(",")):
             tr, tc = (int(v) for v in t.split("x"))
             if tc % lanes == 0:
                 variants.append((t, Schedule("threads", register_tile=(tr, tc), tile_lanes=lanes, pack=True)))
@@ -66,8 +91,12 @@ def main() -> None:
         progs = []
         for label, sched in variants:
             try:
-                with using(sched):
-                    spec = r.render(K.matmul(M, N, Kd), f"mm_{label}_{shape}")
+                if isinstance(sched, str):
+                    with _constants(sched):
+                        spec = r.render(K.matmul(M, N, Kd), f"mm_set{len(progs)}_{shape}")
+                else:
+                    with using(sched):
+                        spec = r.render(K.matmul(M, N, Kd), f"mm_{label}_{shape}")
                 prog = dev.runtime(c.compile(spec))
                 prog(*bufs, res)
                 err = float(np.max(np.abs(res.numpy().reshape(M, N) - want)) / np.max(np.abs(want)))
