@@ -15,10 +15,10 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
   thread owns block 0 and worker k block k + 1, modulo the launch's threads), then from the others' blocks in
   turn. A thread so takes the same share of every launch's outer range: the pixels a layer's unit wrote are
   the pixels the next layer's unit on that core reads, still in the core's own cache. One shared counter
-  (`set_home(False)`) dealt chunks in arrival order; on the 16-core Xeon (cpu-xeon-avx512-16c), captured
-  replays of the same plans interleaved in one process, home blocks against one counter: resnet50 9.53
-  against 9.99 ms, densenet121 14.89 against 15.14, the MobileNet stack of benchmarks/onnx_models.py 0.641
-  against 0.751 (medians of 15 rounds of 7);
+  (`set_home(False)`) dealt chunks in arrival order. benchmarks/cpu_pool.py on the 16-core Xeon
+  (cpu-xeon-avx512-16c/cpu_pool.json; the same captured plans, interleaved), home blocks against one counter:
+  resnet50 10.48 against 11.15 ms, densenet121 15.36 against 15.51, the MobileNet stack 0.646 against 0.762,
+  the MLP 0.137 against 0.147;
 - once every chunk is claimed the launching thread closes the ticket (no worker joins after that) and waits
   (spinning, then yielding) for the workers that joined to finish theirs. A worker still asleep or
   descheduled when the work ran out is not waited for: the launch is never slower than its own thread

@@ -623,10 +623,11 @@ PACK_SHARE = 2.0            # a partition's panel copy, in row tiles of work: th
                             # (AVX2, 2 threads, 1024^3: 5 partitions of 34 row tiles ran 3-10% slower than one)
 UNPACKED_SHARE = 0.5        # a narrow matrix's partition that reads B in place: its panel, pulled into the core's
                             # caches again, in row tiles of work. Counted as a copy (PACK_SHARE), resnet50's 128-row
-                            # contractions at 28x28 (12 column tiles of 6x64) took 12 units for 16 workers; 48 units
-                            # ran alone on the 16-core Xeon (benchmarks/cpu_tiles.py --tag partitions,
-                            # cpu-xeon-avx512-16c/cpu_tiles-partitions.json) 128x1152x784 0.245 against 0.298 ms
-                            # and 128x512x784 0.101 against 0.120
+                            # contractions at 28x28 (12 column tiles of 6x64) took 12 units for 16 workers, now 48:
+                            # benchmarks/cpu_tiles.py --tag partitions on the 16-core Xeon (cpu_tiles-partitions.json,
+                            # against UNPACKED_SHARE = 2.0 in the same rounds) 128x784x1152 0.261 against 0.413 ms
+                            # (best rounds 0.218 / 0.253), 128x784x512 0.106 against 0.117; its shapes whose kernels
+                            # are the same either way read 0.150 / 0.114, 0.132 / 0.123 and 0.287 / 0.258 (the noise)
 
 
 def split_balance(units: int, threads: int = 0) -> float:
