@@ -195,7 +195,7 @@ def main() -> None:
                      "-" if kernels_s is None else f"{rec['kernels_ratio']:.2f}x",
                      f"{rec['gflops']:.0f}", plan.replace("ConvPlan(", "").rstrip(")"), "ok" if ok else f"DIFF {err:.1e}"])
         del ours, theirs
-    H.table(rows, ["case (batch 8, NCHW float32)", "morok_py", "its kernels", "onnxruntime", "ratio", "kernels' ratio", "GFLOP/s", "plan", "check"],
+    H.table(rows, ["case (NCHW float32, batch 8 or _b1: 1)", "morok_py", "its kernels", "onnxruntime", "ratio", "kernels' ratio", "GFLOP/s", "plan", "check"],
             title=f"CPU convolutions, interleaved ({rounds} rounds of {repeats}; ratio = onnxruntime / morok_py, higher is better)")
     doc_extra = {"threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0))
                  if hasattr(os, "sched_getaffinity") else os.cpu_count(), "onnxruntime": ort.__version__,
