@@ -523,7 +523,8 @@ class CPUPlanCapture:
                 held += 1
             # one strided write per patch (argument j of every chunk's row). Written chunk by chunk in Python, the
             # MLP of benchmarks/onnx_models.py, whose input and output are bound, replayed in 0.20 ms against 0.15
-            # now on the 16-core Xeon (cpu-xeon-avx512-16c/onnx_models.json: 0c506ca, listed in the file, and 99c4442)
+            # now on the 16-core Xeon (cpu-xeon-avx512-16c/onnx_models.json: 0c506ca, listed in the file, and 99c4442; two
+            # instances of that machine, 0.17 ms at 62f91a0 on a third)
             for i, j, ptr in patches:
                 chunks, row, first = self._rows[i]
                 column = self._words[i][first + j:first + j + chunks * row:row]
