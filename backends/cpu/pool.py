@@ -61,7 +61,6 @@ _FUTEX = {"x86_64": _X86, "amd64": _X86, "aarch64": _ARM, "arm64": _ARM}
 
 
 def _pool_ir(futex: int, pause: str, declare: str) -> str:
-    QUEUES = globals()["QUEUES"]     # noqa: N806 -- named in the IR text below
     return f"""
 {declare}
 @gen = internal global i32 0, align 64
@@ -74,7 +73,7 @@ def _pool_ir(futex: int, pause: str, declare: str) -> str:
 @jarg = internal global ptr null
 @jn = internal global i64 0
 @spin = global i64 {POOL_SPIN}
-@home = global i64 1                         ; 1: threads take their own block of chunks first (HOME_CHUNKS)
+@home = global i64 1                         ; 1: threads take their own block of chunks first (NativePool.set_home)
 @jt = internal global i64 0                  ; the launch's threads where it runs home blocks, else 0
 @qnext = internal global [{QUEUES} x [8 x i64]] zeroinitializer, align 64   ; chunks claimed of each home block
 
