@@ -111,7 +111,7 @@ class CUDADevice(StreamMarks, Device):
         """One cuStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         query, _record, _wait, ok = (self._dlpack_api or self._dlpack_setup())[:4]
         self.make_current()
-        return query(self.stream)[0] == ok      # (stream: pending imports ordered first)
+        return query(self._stream)[0] == ok     # (stream_idle, its caller, ordered pending imports first)
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:

@@ -103,7 +103,7 @@ class ROCMDevice(StreamMarks, Device):
         """One hipStreamQuery (StreamMarks.stream_idle asks only when its marks cannot tell)."""
         self.make_current()
         hip = self._hip
-        return hip.hipStreamQuery(self.stream)[0] == hip.hipError_t.hipSuccess    # (imports ordered first)
+        return hip.hipStreamQuery(self._stream)[0] == hip.hipError_t.hipSuccess   # (stream_idle ordered imports)
 
     # -- DLPack: the consumer's stream waits for ours ------------------------------------------
     def dlpack_stream(self) -> int:

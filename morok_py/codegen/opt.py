@@ -601,14 +601,14 @@ def _partitions(full: int | None, col_tiles: int | None, threads: int = 0, packe
     return best
 
 
-def _narrow_partitions(full: int, col_tiles: int, threads: int, share: float = 0.0) -> int:
+def _narrow_partitions(full: int, col_tiles: int, threads: int, share: float) -> int:
     """Row partitions of a narrow matrix (few column tiles) for `threads` workers: the count whose busiest
     worker does the least, its units (the runtime cuts the outer range into `threads` contiguous chunks)
-    times each unit's row tiles (leftover rows dealt round-robin) and its `share` of fixed work (a packed panel's
-    copy PACK_SHARE, else UNPACKED_SHARE), the fewest partitions among equals. Aiming at SPLIT_UNITS units instead left a round barely started: resnet50's
-    7x7 layers (512 rows, 49 pixels) took 34 units, 3 for the busiest of 16 workers where 2.1 is even,
-    and the 14x14 ones 30 (2 per worker, 15 partitions' panels copied twice). On the 2-vCPU EPYC those
-    contractions ran 5-15% faster with the fewer, larger units too (conv_gemm alone, best of 60 launches)."""
+    times each unit's row tiles (leftover rows dealt round-robin) and its `share` of fixed work (a packed
+    panel's copy PACK_SHARE, else UNPACKED_SHARE), the fewest partitions among equals. Aiming at SPLIT_UNITS
+    units instead left a round barely started: resnet50's 7x7 layers (512 rows, 49 pixels) took 34 units, 3
+    for the busiest of 16 workers where 2.1 is even, and the 14x14 ones 30 (2 per worker, 15 partitions' panels
+    copied twice). On the 2-vCPU EPYC those contractions ran 5-15% faster with the fewer, larger units too (conv_gemm alone, best of 60 launches)."""
     def cost(P: int) -> float:
         units = col_tiles * P
         return -(-units // min(threads, units)) * (-(-full // P) + share)
