@@ -1063,9 +1063,12 @@ def _sandwich(L: Sequence[Sequence[float]], X: list[list[UOp]], R: Sequence[Sequ
     return [[_combine(R[j], LX[i], dt) for j in range(len(R))] for i in range(len(L))]
 
 
-def winograd_tiles(geo_out: tuple[int, int], m: int) -> tuple[int, int]:
-    """(tile rows, tile columns) of an OH x OW output in m x m tiles (both must divide)."""
+def winograd_tiles(geo_out: tuple[int, int], m: int, partial: bool = False) -> tuple[int, int]:
+    """(tile rows, tile columns) of an OH x OW output in m x m tiles (both must divide; with `partial` the
+    last row and column of tiles may reach past the output, which the kernels mask)."""
     OH, OW = geo_out
+    if partial and OH >= m and OW >= m:
+        return -(-OH // m), -(-OW // m)
     if OH % m or OW % m:
         raise ArgumentError(f"a {OH}x{OW} output does not split into {m}x{m} Winograd tiles")
     return OH // m, OW // m
@@ -1112,12 +1115,14 @@ def winograd_input(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, in
     are the only GLOBAL range and each plane's tiles run as loops, those whose patch lies inside the input
     unmasked (`_winograd_tile_span`) and the border rows and columns of tiles as stores of their own with
     masked taps: the interior's loads are then plain strided loads that LLVM vectorizes, not clamped scalar
-    loads. Params: x, v."""
+    loads; an output side m does not divide gets a partial last tile (`winograd_tiles`), its taps past the
+    input masked. Params: x, v."""
     dt = as_dtype(dtype)
     BT, _, _ = _winograd(m)
     a = m + 2
     pt, pl, pb, pr = pads
-    TH, TW = winograd_tiles((H + pt + pb - 2, W + pl + pr - 2), m)
+    OH, OW = H + pt + pb - 2, W + pl + pr - 2
+    TH, TW = winograd_tiles((OH, OW), m, partial=peel)
     T = N * TH * TW
     ax = _Axes()
     x, out = UOp.param(0, dt), UOp.param(1, dt)
@@ -1130,7 +1135,8 @@ def winograd_input(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, in
             t = (n * TH + ty) * TW + tx
         return [out.store(((i * a + j) * C + c) * T + t + (i * a + j) * plane_pad if plane_pad else
                           ((i * a + j) * C + c) * T + t, v[i][j]) for i in range(a) for j in range(a)]
-    masks = (pt > 0 or pb > 0, pl > 0 or pr > 0)
+    # a partial last tile (peel: OH or OW not a multiple of m) reads past the input: masked like the padding
+    masks = (pt > 0 or pb > 0 or TH * m != OH, pl > 0 or pr > 0 or TW * m != OW)
     if not peel and channel_loop > 1:
         c_hi, c_lo = _channel_loop(ax, C, channel_loop)
         t = ax(T)
@@ -1173,18 +1179,23 @@ def _winograd_tile_span(n_in: int, tiles: int, m: int, a: int, lo: int) -> "tupl
 
 
 def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.float32,
-                    epilogue: Epilogue | None = None, plane_pad: int = 0, channel_loop: int = 1) -> UOp:
+                    epilogue: Epilogue | None = None, plane_pad: int = 0, channel_loop: int = 1,
+                    partial: bool = False) -> UOp:
     """out[n, co, ty * m + i, tx * m + j] = (A^T M A)[i, j], M the (m + 2) x (m + 2) products of output tile
     t = (n, ty, tx) and channel co (mm[s, co, t], plane s at s * (CO * T + plane_pad)), then `epilogue`.
     `channel_loop` > 1 (the GPU form, strategies/conv.py's WINOGRAD_GPU_CHANNEL_LOOP): each work-item runs that
-    many channels of its tile in a loop (one GLOBAL range of all where it does not divide CO). Params: mm, the
-    epilogue's operands, out."""
+    many channels of its tile in a loop (one GLOBAL range of all where it does not divide CO). `partial` (the
+    CPU form) where m does not divide an output side: the tiles of each (image, channel) plane run as loops,
+    the whole ones, then the last row and column of tiles storing only their rows and columns inside the
+    output. Params: mm, the epilogue's operands, out."""
     dt = as_dtype(dtype)
     _, _, AT = _winograd(m)
     a = m + 2
-    TH, TW = winograd_tiles((OH, OW), m)
+    TH, TW = winograd_tiles((OH, OW), m, partial=partial)
     T = N * TH * TW
     epi = epilogue or Epilogue()
+    if TH * m != OH or TW * m != OW:
+        return _winograd_output_partial(N, CO, OH, OW, m, dt, epi, plane_pad, TH, TW)
     ax = _Axes()
     n = ax(N)
     co_hi, co_lo = _channel_loop(ax, CO, channel_loop)
@@ -1201,6 +1212,47 @@ def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.floa
             at = ((n * CO + co) * OH + ty * m + i) * OW + tx * m + j
             v, nxt = epi.apply(y[i][j], 1, dt, co, at)
             stores.append((at, v))
+    out = UOp.param(nxt, dt)
+    return UOp.sink(*[out.store(at, v) for at, v in stores])
+
+
+def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DType, epi: Epilogue, plane_pad: int,
+                             TH: int, TW: int) -> UOp:
+    """`winograd_output` where the last row or column of tiles reaches past the output: the (image, channel)
+    planes the only GLOBAL range, each region of tiles (whole, last column, last row, corner) a loop nest of
+    its own whose stores are the outputs inside."""
+    _, _, AT = _winograd(m)
+    a = m + 2
+    T = N * TH * TW
+    ax = _Axes()
+    q = ax(N * CO)
+    n, co = (q // CO, q % CO) if N > 1 else (UOp.const(0, dtypes.index), q)
+    mm = UOp.param(0, dt)
+    full_h, full_w = OH // m, OW // m
+
+    def loop(count: int, at: int) -> UOp:
+        return ax(count, AxisType.LOOP) if count > 1 else UOp.const(at, dtypes.index)
+    regions = [(full_h, full_w, m, m)]
+    if full_w < TW:
+        regions.append((full_h, -1, m, OW - full_w * m))
+    if full_h < TH:
+        regions.append((-1, full_w, OH - full_h * m, m))
+    if full_h < TH and full_w < TW:
+        regions.append((-1, -1, OH - full_h * m, OW - full_w * m))
+    stores, nxt = [], 1
+    for rows, cols, hi, wi in regions:
+        if rows == 0 or cols == 0:
+            continue
+        ty = loop(rows, 0) if rows > 0 else UOp.const(full_h, dtypes.index)
+        tx = loop(cols, 0) if cols > 0 else UOp.const(full_w, dtypes.index)
+        t = (n * TH + ty) * TW + tx
+        M = [[mm.load(((i * a + j) * CO + co) * T + t + (i * a + j) * plane_pad) for j in range(a)] for i in range(a)]
+        y = _sandwich(AT, M, AT, dt)
+        for i in range(hi):
+            for j in range(wi):
+                at = ((n * CO + co) * OH + ty * m + i) * OW + tx * m + j
+                v, nxt = epi.apply(y[i][j], 1, dt, co, at)
+                stores.append((at, v))
     out = UOp.param(nxt, dt)
     return UOp.sink(*[out.store(at, v) for at, v in stores])
 
@@ -1444,7 +1496,8 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
         if N is None:
             raise ArgumentError(f"{plan}: the Winograd tiles of every image sit side by side; it takes a static batch")
         m, a2 = plan.winograd, (plan.winograd + 2) ** 2
-        T = g.N * (g.OH // m) * (g.OW // m)
+        TH, TW = winograd_tiles((g.OH, g.OW), m, partial=plan.cpu_form)
+        T = g.N * TH * TW
         # the CPU form: the input's interior tiles unmasked, the planes padded apart (winograd_plane_pad)
         pin, pout = (winograd_plane_pad(g.C * T), winograd_plane_pad(g.CO * T)) if plan.cpu_form else (0, 0)
         # the GPU form: one tile (one filter) per work-item, channels in a loop
@@ -1454,7 +1507,7 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                            ("x",), "col", a2 * (g.C * T + pin)),
                 KernelStep("gemm", conv_gemm(1, a2, g.CO, None, T, dtype, plane_pads=(pin, pout)), ("col", "wt"), "prod",
                            a2 * (g.CO * T + pout), (("K", g.C),)),
-                KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout, loop),
+                KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout, loop, plan.cpu_form),
                            ("prod", "epilogue"), "out", out_n)]
     if plan.family == "direct_masked":
         # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match

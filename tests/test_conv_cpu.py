@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from morok_py import dtypes, kernels as K
-from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan, candidate_plans, check_plan,
-                                              conv_plan, k_run)
+from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_PARTIAL_MIN_SIDE, CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan,
+                                              candidate_plans, check_plan, conv_plan, k_run)
 from morok_py.errors import ArgumentError
 
 from conftest import conv_ref, random_array
@@ -306,24 +306,35 @@ WINOGRAD_GEOMETRIES = [
     ConvGeometry(3, 3, 10, 6, 9, 3, 3),                                   # unpadded: 8x4 out
     ConvGeometry(1, 4, 4, 4, 5, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # no interior tile: all masked
     ConvGeometry(2, 6, 16, 12, 5, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),    # interior tiles and border rows/columns
+    # the CPU form's partial last tiles: outputs m does not divide
+    ConvGeometry(1, 9, 7, 7, 11, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),     # 7x7 out (resnet50's last stage)
+    ConvGeometry(2, 5, 11, 9, 6, 3, 3, (1, 1), (1, 1), (1, 0, 0, 1)),     # 9x7 out, asymmetric pads, a batch of 2
+    ConvGeometry(1, 3, 7, 13, 4, 3, 3),                                   # unpadded: 5x11 out
+    ConvGeometry(1, 4, 4, 5, 3, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # 4x5 out: one partial column of tiles
 ]
 
 
 @pytest.mark.parametrize("geo", WINOGRAD_GEOMETRIES, ids=_gid)
 def test_winograd_tiles_match_numpy_with_an_epilogue_at_every_level(cpu_level, rng, geo):
-    """F(2x2, 3x3) and F(4x4, 3x3) where the output sides divide: weights, input and output transforms
-    around (m + 2)^2 contractions, the epilogue in the output transform; F(4x4)'s rounding stays within
-    float32 noise of the direct sum. The CPU's candidates take the CPU form (interior tiles unmasked,
-    border tiles masked, planes padded apart); the plain form (the GPU's) matches too."""
+    """F(2x2, 3x3) and F(4x4, 3x3): weights, input and output transforms around (m + 2)^2 contractions, the
+    epilogue in the output transform; F(4x4)'s rounding stays within float32 noise of the direct sum. The
+    CPU's candidates take the CPU form (interior tiles unmasked, border tiles masked, planes padded apart,
+    a partial last row and column of tiles where m does not divide an output side); the plain form (the
+    GPU's) matches too where m divides both, and refuses the others."""
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
     w = random_array(rng, (geo.CO, geo.C, 3, 3), np.float32)
     b = random_array(rng, (geo.CO,), np.float32)
     r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
     want = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
     plans = [p for p in candidate_plans(geo, cpu_level.dev.renderer.caps) if p.family == "winograd"]
-    assert [p.winograd for p in plans] == [m for m in (4, 2) if geo.OH % m == 0 and geo.OW % m == 0]
+    assert [p.winograd for p in plans] == [m for m in (4, 2) if geo.OH >= m and geo.OW >= m]
     assert all(p.cpu_form for p in plans)
-    for plan in plans + [replace(p, cpu_form=False) for p in plans]:
+    whole = [replace(p, cpu_form=False) for p in plans if geo.OH % p.winograd == 0 and geo.OW % p.winograd == 0]
+    for p in plans:
+        if replace(p, cpu_form=False) not in whole:
+            with pytest.raises(ArgumentError, match="divides"):
+                K.conv2d_kernels(geo, replace(p, cpu_form=False))
+    for plan in plans + whole:
         steps = K.conv2d_kernels(geo, plan, epilogue=K.Epilogue.of("bias", "add", "relu"))
         assert [st.name for st in steps] == ["weights", "input", "gemm", "output"]
         got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, r))
@@ -383,7 +394,8 @@ def test_pixel_rows_layers_that_differ_only_in_input_channels_share_their_contra
 
 def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measured_faster():
     """On an AVX2-sized target (8 lanes, 6x16 tiles) resnet50's stride-1 3x3 layers take F(2x2, 3x3) with a
-    constant batch (not with a symbolic one, nor where the output sides are odd); its late layers of few
+    constant batch (not with a symbolic one), the 7x7 ones with a partial last row and column of tiles (not
+    below CPU_WINOGRAD_PARTIAL_MIN_SIDE), also with 128 output channels; late layers of few
     pixels, long reductions and few output channels take pixel rows, in runs from K_RUN_MIN_K; a short
     reduction or many output channels keep pixels as columns. A 16-lane (AVX-512) target takes the same
     Winograd layers (measured on the 16-core Xeon) but keeps pixels as columns (pixel rows lost there)."""
@@ -398,7 +410,14 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
         assert conv_plan(geo, avx512) == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)
         assert conv_plan(geo, avx512, static_batch=False).family == "im2col_gemm"
     assert conv_plan(ConvGeometry(1, 128, 28, 28, 32, 3, 3, pads=same), avx2).family == "im2col_gemm"
-    late = ConvGeometry(1, 512, 7, 7, 128, 3, 3, pads=same)
+    for caps in (avx2, avx512):
+        for co in (512, 128):
+            assert conv_plan(ConvGeometry(1, 512, 7, 7, co, 3, 3, pads=same), caps) == ConvPlan(
+                "winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)
+        odd = ConvGeometry(1, 64, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, 64, 3, 3,
+                           pads=same)
+        assert conv_plan(odd, caps).family == "im2col_gemm"
+    late = ConvGeometry(1, 512, 7, 7, 48, 3, 3, pads=same)
     seven = conv_plan(late, avx2)
     assert seven.pixel_rows and seven.k_run == 576 and "pixel_rows, k_run=576" in str(seven)
     assert not conv_plan(late, avx512).pixel_rows and any(p.pixel_rows for p in candidate_plans(late, avx512))

@@ -423,11 +423,21 @@ def winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool) -> in
 CPU_WINOGRAD_TILE = 2
 CPU_WINOGRAD_MIN_CO = 64
 CPU_WINOGRAD_MIN_PIXELS = 56 * 56
+# output sides the tile does not divide, each at least CPU_WINOGRAD_PARTIAL_MIN_SIDE: a partial last row and
+# column of tiles (kernels.winograd_tiles; 64 tiles' work for 49 outputs at 7x7). Batch 1, 7x7, kernels alone in
+# interleaved rounds against im2col_gemm (im2col + contraction; for 512 -> 128 on AVX2 the pixel rows it had):
+# 512 -> 512 (resnet50's) 2.47 against 2.86 ms on the 2-vCPU AVX2 EPYC, 0.37 against 0.49 on the 16-core Xeon;
+# 512 -> 128 0.51 against 1.15 and 0.14 against 0.22. resnet50's captured replay, both forms in one process,
+# medians of 11-31 rounds: 57.6 against 58.0 ms on the EPYC, 12.1 against 12.4 on the Xeon (its minima 11.2
+# against 11.1: within that host's noise)
+CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
 
 
 def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
     """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
-    if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE):
+    if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE, partial=True):
+        return 0
+    if not winograd_applies(geo, CPU_WINOGRAD_TILE) and min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE:
         return 0
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
@@ -527,10 +537,12 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
 WINOGRAD_TILES = (4, 2)
 
 
-def winograd_applies(geo: ConvGeometry, m: int) -> bool:
-    """A 3x3, stride-1, undilated, one-group convolution whose output sides m divides."""
+def winograd_applies(geo: ConvGeometry, m: int, partial: bool = False) -> bool:
+    """A 3x3, stride-1, undilated, one-group convolution whose output sides m divides; with `partial` (the
+    CPU form's kernels: the last row and column of tiles masked) any output at least m a side."""
+    fits = (geo.OH % m == 0 and geo.OW % m == 0) or (partial and geo.OH >= m and geo.OW >= m)
     return ((geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.groups == 1
-            and m in WINOGRAD_TILES and geo.OH % m == 0 and geo.OW % m == 0)
+            and m in WINOGRAD_TILES and fits)
 
 
 def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
@@ -552,9 +564,10 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
                             f"channels x taps x output channels per group), stride 1 and the width kept")
-    if plan.family == "winograd" and not winograd_applies(geo, plan.winograd):
+    if plan.family == "winograd" and not winograd_applies(geo, plan.winograd, partial=plan.cpu_form):
         raise ArgumentError(f"{plan}: Winograd F({plan.winograd}x{plan.winograd}, 3x3) takes a 3x3 kernel, stride "
-                            f"and dilation 1, one group and an output whose sides {plan.winograd} divides")
+                            f"and dilation 1, one group and an output whose sides {plan.winograd} divides (the CPU "
+                            f"form: at least {plan.winograd} a side)")
     if plan.pixel_rows and geo.groups != 1:
         raise ArgumentError(f"{plan}: pixel rows take one group")
     if plan.k_run and (geo.C * geo.KH * geo.KW) % plan.k_run:
