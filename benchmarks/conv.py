@@ -10,9 +10,12 @@ Cases (batch 32): ResNet 3x3 stages (pad 1), 3x3 stride 2, 1x1 projections, dept
 float16 and bfloat16 accumulate in float32 on both sides. cuDNN picks its algorithm by its heuristics
 (torch.backends.cudnn.benchmark off; --cudnn-benchmark times its algorithms first): in that mode its float16
 times differed up to 2x between processes on one H200 (32x512x7x7 3x3: 68 and 142 TFLOP/s), so compare
-ratios across runs. Ours is the sum of the plan's kernels' own `wait=True` times on the raw launch path (a
-pad kernel or direct_masked's weights reorder included where the plan has one: the reorder of 64x64x3x3 float16
-weights, 74 KB, took 7-9 us on an H100 timed alone); PyTorch's is timed with its CUDA events. On a GPU each
+ratios across runs. Ours is the sum of the plan's per-run kernels' own `wait=True` times on the raw launch path (a
+pad kernel included where the plan has one); the steps that read the weights alone (`KernelStep.weights_only`:
+direct_masked's weights reorder, Winograd's filter transform) run once before the timing, as the ONNX executor
+runs them once for a model's constant weights, and are timed apart: a record keeps their time (`weights_us`)
+and the ratio with them counted in every run (`ratio_with_weights`; the reorder of 64x64x3x3 float16 weights,
+74 KB, takes 6.5 us on an H200). PyTorch's is timed with its CUDA events. On a GPU each
 timed kernel of ours and each timed PyTorch call has an untimed copy queued ahead of it, so the device is busy
 when the start event is recorded and the time is the device's, not the host's launch call after that event
 (as benchmarks/kernels.py times).
@@ -63,7 +66,9 @@ class Sequence:
     def __init__(self, dev, steps, x, w, dt, schedule=None, tag=""):
         from morok_py import cache
         self.bufs = {"x": x, "w": w}
-        self.calls = []
+        self.calls = []             # the per-run kernels, timed
+        self.setup = []             # the weights-only steps: run once here (and by run_checked), timed apart
+        self.checked = []           # (step, program, buffers) of every step in order
         self.runs: list[list[float]] = []
         self.main = None
         for i, st in enumerate(steps):
@@ -81,17 +86,28 @@ class Sequence:
             mine = {k: vals[k] for k in info.var_names}
             gs, ls = info.launch_dims(mine)
             ptrs = [self.bufs[n].ptr for n in names]
-            self.calls.append((prog, ptrs, [mine[k] for k in info.var_names], gs, ls))
+            call = (prog, ptrs, [mine[k] for k in info.var_names], gs, ls)
+            (self.setup if st.weights_only and not main else self.calls).append(call)
+            self.checked.append((st, prog, [self.bufs[n] for n in names]))
             if main:
                 self.main = prog
         self.steps = steps
         self.queue_ahead = H.is_gpu(dev)
-        self.checked = [(st, [self.bufs[n] for n in [n for n in st.inputs if n != "epilogue"] + [st.output]])
-                        for st in steps]
+        for prog, ptrs, vals, gs, ls in self.setup:
+            prog.execute(ptrs, vals, gs, ls, wait=True)
 
     def run_checked(self) -> None:
-        for (prog, *_), (st, bufs) in zip(self.calls, self.checked):
+        """Every step in order through the checked call, the weights-only ones included."""
+        for st, prog, bufs in self.checked:
             prog(*bufs, **dict(st.vars))
+
+    def weights_s(self, repeats: int = 5) -> float:
+        """The weights-only steps' time, as if run every time (median of `repeats`; 0 without them)."""
+        import statistics
+        if not self.setup:
+            return 0.0
+        return statistics.median(sum(prog.execute(ptrs, vals, gs, ls, wait=True) for prog, ptrs, vals, gs, ls
+                                     in self.setup) for _ in range(repeats))
 
     def __call__(self) -> float:
         times = []
@@ -199,10 +215,12 @@ def main() -> None:
             # (queued ahead, untimed, as each kernel of ours is)
             t_peer = H.measure(lambda: (peer(), timer(peer))[1] if H.is_gpu(dev) else timer(peer), **reps)
             sched = dev.renderer.render(steps[main_step(steps)].ast, "schedule").linear.schedule
+            t_w = seq.weights_s()
             rec = res.add(name, int(flop), "FLOP/s", flop / t, "torch", flop / t_peer, higher_is_better=True,
                           dtype=dname, label=label, max_rel_err=err, target=TARGET, plan=str(plan),
                           kernels=[st.name for st in steps], schedule=str(sched) if sched else None,
-                          kernel_us=seq.kernel_us())
+                          kernel_us=seq.kernel_us(), weights_us=round(t_w * 1e6, 2),
+                          ratio_with_weights=t_peer / (t + t_w))
             rows.append([label, str(plan), f"{flop / t / 1e12:.1f}", f"{flop / t_peer / 1e12:.1f}",
                          f"{rec['ratio']:.2f}x", f"{err:.1e}"])
             H.note(" | ".join(rows[-1] + [str(sched)]))
