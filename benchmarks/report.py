@@ -40,7 +40,7 @@ peer before it is timed.
 | `half_bandwidth.py` | float16/bfloat16 elementwise and reductions as bytes/s, over float32's | torch |
 | `tensor_cores.py` | float16/bfloat16 contractions on tensor cores (`--sweep`: the pipeline forms; `--float8`: float8 ones) | torch.matmul (cuBLAS); torch._scaled_mm |
 | `decode.py` | small and skinny shapes: decoding-step contractions (32-64 rows), a batch-8 GEMV through the checked call, a bounded symbolic 1000^3 matmul, softmax and sums over 8 long rows | torch, CuPy |
-| `conv.py` | 2-D convolutions (implicit GEMM) | torch |
+| `conv.py` | 2-D convolutions, each through the plan the device picks: its per-run kernels (steps that read the weights alone run once, as the ONNX executor runs them; each record keeps their time, `weights_us`, and `ratio_with_weights`) | torch (cuDNN) |
 | `schedule_variants.py` | named schedules of one kernel side by side | torch |
 | `search_context.py` | a search's timings against the benchmark's, for one kernel | - |
 | `cpu_tiles.py` | CPU register tiles of a matmul | numpy (OpenBLAS) |
