@@ -65,6 +65,10 @@ def test_a_gpu_takes_grouped_direct_for_groups_and_im2col_flat_for_wide_layers()
     assert conv_plan(small, GPU, 2) == ConvPlan("im2col_rows")
     assert conv_plan(ConvGeometry(2, 16, 9, 9, 16, 3, 3, (1, 2)), GPU, 2) == ConvPlan("im2col_rows")   # non-square
     assert conv_plan(ConvGeometry(2, 64, 9, 9, 512, 1, 1), GPU) == ConvPlan("direct")     # 1x1, few pixels
+    # float32 1x1 whose tiles are few (98 x 4 groups of 64x64): flat columns, the reduction in 2 runs
+    assert conv_plan(ConvGeometry(32, 1024, 14, 14, 256, 1, 1), GPU) == ConvPlan("im2col_flat", split=2)
+    assert conv_plan(ConvGeometry(32, 1024, 14, 14, 256, 1, 1), GPU, 2) == ConvPlan("direct")
+    assert conv_plan(ConvGeometry(1, 1024, 14, 14, 256, 1, 1), GPU) == ConvPlan("direct")     # one image
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU) == ConvPlan("pointwise")
     assert conv_plan(ConvGeometry(2, 64, 32, 32, 64, 1, 1), GPU, 2) == ConvPlan("direct")
     # float32 1x1 over many pixels: the direct form from POINTWISE_MAX_CHANNEL_RATIO input channels per output one

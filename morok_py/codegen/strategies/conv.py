@@ -31,7 +31,8 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                product whose tiles fill by contiguous (16-byte, asynchronous) copies; the direct implicit
                GEMM gathers its taps element by element. `split` runs of the reduction (`flat_split`,
                where the output's tiles are few) go to float32 partials that `kernels.split_sum` adds.
-               The default for float32 3x3 (`gpu_plan`).
+               The default for float32 3x3 (`gpu_plan`), and with runs for float32 1x1 layers whose tiles
+               are few (FLAT_POINTWISE_MIN_ROWS).
   im2col_rows  (GPU) the same with the columns transposed, [N*OH*OW, C*KH*KW]: a pixel's taps contiguous,
                both operands of the contraction along k; the default for 16-bit 3x3 from
                IM2COL_FLAT_MIN_CO output channels.
@@ -345,6 +346,9 @@ def _contraction(family: str, caps: Capabilities, geo: "ConvGeometry | None" = N
 # direct_masked)
 IM2COL_FLAT_MIN_CO = 256
 POINTWISE_MIN_PIXELS = 1024
+# float32 1x1 layers whose tiles are few take flat columns with runs (gpu_plan) from this many output pixels in
+# all (measured at 6272: batch 32 at 14x14); fewer (a batch of one) keep the one-kernel implicit GEMM
+FLAT_POINTWISE_MIN_ROWS = 4096
 POINTWISE_MAX_CHANNEL_RATIO = 4
 # the most bytes of flat columns a default plan writes (float32 64 channels 3x3 at 56x56, batch 32: 231 MB);
 # past it the direct implicit GEMM, which needs no scratch
@@ -453,6 +457,13 @@ def gpu_plan(geo: ConvGeometry, itemsize: int = 4, static_batch: bool = True) ->
     if geo.groups > 1:
         return ConvPlan("grouped_direct")
     if geo.pointwise:
+        if itemsize >= 4 and flat_split(geo) > 1 and geo.N * geo.OH * geo.OW >= FLAT_POINTWISE_MIN_ROWS:
+            # float32 whose 64x64 tiles are few: the flat columns (a copy of the input) with the reduction in
+            # runs. 1024 -> 256 at 14x14, batch 32, on the H200 (nvrtc / llvm-nvptx, TFLOP/s; benchmarks/conv.py
+            # --variants): 26.7 / 26.8 against 24.8 / 24.7 for direct, cuDNN 28.4 / 28.3 (conv-nvrtc.json and
+            # conv-llvm-nvptx.json have the direct figures); at d88fefb 25.3 against 24.0 (conv-variants-nvrtc.json).
+            # The implicit GEMM's own reduction cut in 2 runs (a variant tried) read 23.7 / 23.5
+            return ConvPlan("im2col_flat", split=flat_split(geo))
         return ConvPlan("pointwise" if itemsize >= 4 and geo.OH * geo.OW >= POINTWISE_MIN_PIXELS
                         and geo.C < POINTWISE_MAX_CHANNEL_RATIO * geo.CO else "direct")
     cols = geo.N * geo.C * geo.KH * geo.KW * geo.OH * geo.OW * itemsize
