@@ -1189,8 +1189,7 @@ def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.floa
     the whole ones, then the last row and column of tiles storing only their rows and columns inside the
     output. Params: mm, the epilogue's operands, out."""
     dt = as_dtype(dtype)
-    _, _, AT = _winograd(m)
-    a = m + 2
+    _winograd(m)                # (an m without matrices is refused here)
     TH, TW = winograd_tiles((OH, OW), m, partial=partial)
     T = N * TH * TW
     epi = epilogue or Epilogue()
@@ -1202,18 +1201,29 @@ def winograd_output(N: int, CO: int, OH: int, OW: int, m: int, dtype=dtypes.floa
     ty, tx = ax(TH), ax(TW)
     co = _close_loop(ax, co_hi, co_lo)
     mm = UOp.param(0, dt)
+    stores, nxt = _winograd_tile_out(mm, m, CO, T, n, co, OH, OW, ty, tx, TH, TW, plane_pad, m, m, epi, dt)
+    out = UOp.param(nxt, dt)
+    return UOp.sink(*[out.store(at, v) for at, v in stores])
+
+
+def _winograd_tile_out(mm: UOp, m: int, CO: int, T: int, n: UOp, co: UOp, OH: int, OW: int, ty: UOp, tx: UOp,
+                       TH: int, TW: int, plane_pad: int, rows: int, cols: int, epi: Epilogue,
+                       dt: DType) -> tuple[list[tuple[UOp, UOp]], int]:
+    """The (index, value) stores of the first `rows` x `cols` outputs of output tile (n, ty, tx) and channel co,
+    the epilogue applied, and the epilogue's next parameter slot."""
+    _, _, AT = _winograd(m)
+    a = m + 2
     t = (n * TH + ty) * TW + tx
     M = [[mm.load(((i * a + j) * CO + co) * T + t + (i * a + j) * plane_pad if plane_pad else
                   ((i * a + j) * CO + co) * T + t) for j in range(a)] for i in range(a)]
     y = _sandwich(AT, M, AT, dt)
     stores, nxt = [], 1
-    for i in range(m):
-        for j in range(m):
+    for i in range(rows):
+        for j in range(cols):
             at = ((n * CO + co) * OH + ty * m + i) * OW + tx * m + j
             v, nxt = epi.apply(y[i][j], 1, dt, co, at)
             stores.append((at, v))
-    out = UOp.param(nxt, dt)
-    return UOp.sink(*[out.store(at, v) for at, v in stores])
+    return stores, nxt
 
 
 def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DType, epi: Epilogue, plane_pad: int,
@@ -1221,8 +1231,6 @@ def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DTyp
     """`winograd_output` where the last row or column of tiles reaches past the output: the (image, channel)
     planes the only GLOBAL range, each region of tiles (whole, last column, last row, corner) a loop nest of
     its own whose stores are the outputs inside."""
-    _, _, AT = _winograd(m)
-    a = m + 2
     T = N * TH * TW
     ax = _Axes()
     q = ax(N * CO)
@@ -1230,8 +1238,8 @@ def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DTyp
     mm = UOp.param(0, dt)
     full_h, full_w = OH // m, OW // m
 
-    def loop(count: int, at: int) -> UOp:
-        return ax(count, AxisType.LOOP) if count > 1 else UOp.const(at, dtypes.index)
+    def loop(count: int) -> UOp:
+        return ax(count, AxisType.LOOP) if count > 1 else UOp.const(0, dtypes.index)
     regions = [(full_h, full_w, m, m)]
     if full_w < TW:
         regions.append((full_h, -1, m, OW - full_w * m))
@@ -1243,16 +1251,10 @@ def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DTyp
     for rows, cols, hi, wi in regions:
         if rows == 0 or cols == 0:
             continue
-        ty = loop(rows, 0) if rows > 0 else UOp.const(full_h, dtypes.index)
-        tx = loop(cols, 0) if cols > 0 else UOp.const(full_w, dtypes.index)
-        t = (n * TH + ty) * TW + tx
-        M = [[mm.load(((i * a + j) * CO + co) * T + t + (i * a + j) * plane_pad) for j in range(a)] for i in range(a)]
-        y = _sandwich(AT, M, AT, dt)
-        for i in range(hi):
-            for j in range(wi):
-                at = ((n * CO + co) * OH + ty * m + i) * OW + tx * m + j
-                v, nxt = epi.apply(y[i][j], 1, dt, co, at)
-                stores.append((at, v))
+        ty = loop(rows) if rows > 0 else UOp.const(full_h, dtypes.index)
+        tx = loop(cols) if cols > 0 else UOp.const(full_w, dtypes.index)
+        region, nxt = _winograd_tile_out(mm, m, CO, T, n, co, OH, OW, ty, tx, TH, TW, plane_pad, hi, wi, epi, dt)
+        stores += region
     out = UOp.param(nxt, dt)
     return UOp.sink(*[out.store(at, v) for at, v in stores])
 
