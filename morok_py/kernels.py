@@ -363,7 +363,11 @@ def conv2d(N, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: int = 1
     else:
         c, kh, kw = k // (KH * KW), (k // KW) % KH, k % KW
     masked = (_needs_mask(H, OH, KH, stride, dilation, pt), _needs_mask(W, OW, KW, stride, dilation, pl))
-    if any(masked):
+    if (KH, KW) == (1, 1) and stride == 1 and not any(pads):
+        # a 1x1 layer reads pixel i % P of channel k: one division (the GPU's tile fills prove 8-element runs
+        # of it contiguous where 8 divides P, codegen/gpu_tile._lane_form, where (row, column) needs 8 | OW)
+        xv = x.load((n * C + k) * P + i % P)
+    elif any(masked):
         xv = _conv_tap(x, n * (C * H * W) + c * (H * W), H, W, (oh * stride - pt, kh * dilation),
                        (ow * stride - pl, kw * dilation), dt, masked)
     else:

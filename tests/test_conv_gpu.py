@@ -345,6 +345,44 @@ def test_the_fitted_tiles_in_the_interpreter(rng, pair, which):
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
 
+# an unpadded 1x1 implicit GEMM whose pixels per image are a multiple of 8: its rows (image, row, column) split by
+# // and % keep 8-element runs in one image, so both tiles fill by 16-byte copies (the pipelined forms); 144 and
+# 72 pixels an image put images apart inside one 64- or 128-row tile
+PIPELINED = [ConvGeometry(3, 72, 12, 12, 64, 1, 1), ConvGeometry(5, 40, 6, 12, 72, 1, 1)]
+
+
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize("geo", PIPELINED, ids=_gid)
+def test_a_pipelined_1x1_implicit_gemm_in_the_interpreter(rng, pair, arch, geo):
+    """The float16 direct plan of a 1x1 layer may take 16-byte (cp.async) fills where the pixels per image are a
+    multiple of 8: warpgroup tensor cores on sm_90a, mma.sync with a cp.async pipeline on sm_80 (the schedules a
+    search times; resnet50's 56x56 layer takes the warpgroup form by default); tiles whose rows span two images;
+    against numpy. 7 x 7 pixels an image keep the unstaged fills by default."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    from morok_py.codegen.scan import scan_kernel
+    from morok_py.codegen.schedule import candidate_schedules
+    r, _ = compile_only_pairs(arch)[pair]
+    mma = "wgmma_m64k16" if arch == "sm_90a" else "mma_m16n8k16"
+
+    def pipelined(g):
+        ast = r.render(K.conv2d_kernels(g, ConvPlan("direct"), dtypes.float16)[-1].ast, "p").ast
+        return [sc for sc in candidate_schedules(ast, r.caps, scan_kernel(ast)) if sc.tc_stages >= 2
+                and sc.tensor_core == mma]
+    def default(g):
+        return r.render(K.conv2d_kernels(g, ConvPlan("direct"), dtypes.float16)[-1].ast, "d").linear.schedule
+    big = default(ConvGeometry(32, 256, 56, 56, 64, 1, 1))
+    assert big.tc_stages >= 2 and big.tensor_core == mma
+    assert not default(ConvGeometry(32, 256, 7, 7, 64, 1, 1)).tc_stages
+    steps = K.conv2d_kernels(geo, ConvPlan("direct"), dtypes.float16)
+    sched = pipelined(geo)[0]
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
+    w = (random_array(rng, (geo.CO, geo.C, 1, 1), np.float32) / 4).astype(np.float16)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float16, geo.N, {"direct": sched}, arch=arch)
+    ref = conv_ref(x, w, None, geo)
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+
+
 # direct_masked: the zero padding read by masked tile fills. Input channels a multiple of 32 run tap-major (a
 # weights step first; a k tile holds one tap), others keep (c, kh, kw); odd sizes, a k tail, stride 2, dilation,
 # asymmetric pads

@@ -278,11 +278,69 @@ def _affine(node: UOp) -> dict | None:
 
 def _vector_aligned(idx: UOp, along: UOp, width: int) -> bool:
     """idx = along + (a multiple of `width` for every value of the other ranges): `width` elements from
-    an index whose `along` coordinate is a multiple of `width` are contiguous and width-aligned."""
+    an index whose `along` coordinate is a multiple of `width` are contiguous and width-aligned. `along` may
+    also enter through `along // D` and `along % D` with D a constant multiple of `width` (an implicit GEMM's
+    pixel row split into image, row and column: a run of `width` from a multiple of `width` stays in one
+    block of D), as `_lane_form` proves."""
     form = _affine(idx)
-    if form is None or form.get(along) != 1:
-        return False
-    return all(v % width == 0 for k, v in form.items() if k is not along)
+    if form is not None:
+        if form.get(along) != 1:
+            return False
+        return all(v % width == 0 for k, v in form.items() if k is not along)
+    return _lane_form(idx, along, width) == (1, True)
+
+
+def _lane_form(node: UOp, along: UOp, width: int) -> "tuple[int, bool] | None":
+    """With along = width * q + l (0 <= l < width): (c, m) where node = c * l + R and m tells whether R is a
+    multiple of `width` for every value of q and the other ranges; None where node depends on l otherwise."""
+    if along not in node.free_ranges:
+        return 0, _multiple_of(node, width)
+    op = node.op
+    if node is along:
+        return 1, True
+    if op in (Ops.IDIV, Ops.MOD):
+        x, d = node.src
+        a = None if along in d.free_ranges else _lane_form(x, along, width)
+        if a is None:
+            return None
+        by_width = d.op is Ops.CONST and int(d.arg) > 0 and int(d.arg) % width == 0
+        if a[0] == 0:           # the same for every l
+            return 0, op is Ops.MOD and a[1] and by_width
+        if a != (1, True) or not by_width:
+            return None
+        # x = width * q' + l: x // D is the same for every l, x % D = (width * q' % D) + l
+        return (0, False) if op is Ops.IDIV else (1, True)
+    if op in (Ops.ADD, Ops.SUB):
+        a, b = _lane_form(node.src[0], along, width), _lane_form(node.src[1], along, width)
+        if a is None or b is None:
+            return None
+        return (a[0] + b[0] if op is Ops.ADD else a[0] - b[0]), a[1] and b[1]
+    if op is Ops.MUL:
+        x, k = node.src
+        if along in k.free_ranges:
+            x, k = k, x
+        if along in k.free_ranges or k.op is not Ops.CONST:
+            return None
+        a = _lane_form(x, along, width)
+        if a is None:
+            return None
+        return a[0] * int(k.arg), a[1] or int(k.arg) % width == 0
+    return None
+
+
+def _multiple_of(node: UOp, width: int) -> bool:
+    """Whether integer `node` is a multiple of `width` for every value of its ranges (False: not proven)."""
+    op = node.op
+    if op is Ops.CONST:
+        return not isinstance(node.arg, float) and int(node.arg) % width == 0
+    if op in (Ops.ADD, Ops.SUB):
+        return _multiple_of(node.src[0], width) and _multiple_of(node.src[1], width)
+    if op is Ops.MUL:
+        return _multiple_of(node.src[0], width) or _multiple_of(node.src[1], width)
+    if op is Ops.MOD:
+        d = node.src[1]
+        return d.op is Ops.CONST and int(d.arg) % width == 0 and _multiple_of(node.src[0], width)
+    return False
 
 
 def _terms(node: UOp) -> dict | None:
