@@ -383,6 +383,20 @@ def test_a_pipelined_1x1_implicit_gemm_in_the_interpreter(rng, pair, arch, geo):
     np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
+@pytest.mark.parametrize("geo", [ConvGeometry(3, 20, 6, 6, 24, 1, 1), ConvGeometry(3, 40, 12, 12, 72, 1, 1)], ids=_gid)
+def test_a_float32_1x1_implicit_gemm_with_vector_fills_in_the_interpreter(rng, pair, geo):
+    """float32 1x1 layers whose images have a multiple of 4 pixels (36, 144): the shared-memory tiles fill
+    4-element runs of pixel i % P as one copy (the default schedule's cp.async fills), 64-row tiles spanning
+    images; against numpy."""
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, 1, 1), np.float32) / 4
+    steps = K.conv2d_kernels(geo, ConvPlan("direct"), dtypes.float32)
+    got = _interpret(steps, {"x": x, "w": w}, pair, np.float32, geo.N, arch="sm_80")
+    ref = conv_ref(x, w, None, geo)
+    np.testing.assert_allclose(got.astype(np.float64).reshape(ref.shape), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
 # direct_masked: the zero padding read by masked tile fills. Input channels a multiple of 32 run tap-major (a
 # weights step first; a k tile holds one tap), others keep (c, kh, kw); odd sizes, a k tail, stride 2, dilation,
 # asymmetric pads

@@ -867,3 +867,29 @@ def test_async_fill_is_the_default_where_the_target_has_async_copies():
     assert not kernel.schedule.async_fill and not _copies(kernel)
     # integer accumulators keep the register fill (an int32 product spilled under the register cap)
     assert not lower(K.matmul(dtype=dtypes.int32), ASYNC_CAPS, "mm")[0].schedule.async_fill
+
+
+def test_vector_runs_are_proven_through_floor_division_and_modulo_by_a_multiple_of_the_width():
+    """`_vector_aligned`: 8 elements from a row index i that is a multiple of 8 are contiguous and 8-aligned
+    where i enters through i // D and i % D with 8 | D and everything else is a multiple of 8 (an implicit
+    GEMM's (image, row, column) split of its pixel rows); a divisor or a stride 8 does not divide is refused,
+    and the brute-force check over every run agrees with each verdict."""
+    i, k = UOp.range(4 * 144, 0), UOp.range(16, 2, AxisType.REDUCE)
+    cases = {
+        "i % 144 + (i // 144) * 16 * 144 + k * 144": True,      # a 1x1 layer: pixel i % P, 8 | P
+        "((i // 56) % 56) * 56 + i % 56 + k * 3136": True,      # (row, column), 8 | OW
+        "((i // 12) % 12) * 12 + i % 12 + k * 144": False,      # 8 does not divide OW (contiguous, unproven)
+        "i % 12 + k * 16": False,                               # runs cross a block of 12
+        "(i // 16) * 4 + i % 16": False,                        # the block's offset not a multiple of 8
+        "i % 16 + k * 12": False,                               # k's stride not a multiple of 8
+        "(i % 16) * 2": False,                                  # not unit stride along i
+        "i + k * 64": True,                                     # affine
+    }
+    env = {"i": i, "k": k}
+    for text, want in cases.items():
+        idx = eval(text, {}, env)
+        assert gpu_tile._vector_aligned(idx, i, 8) is want, text
+        f = eval("lambda i, k: " + text)
+        runs_ok = all(all(f(s + l, kk) == f(s, kk) + l for l in range(8)) and f(s, kk) % 8 == 0
+                      for s in range(0, 4 * 144, 8) for kk in range(16))
+        assert runs_ok or not want, text
