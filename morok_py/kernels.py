@@ -1245,23 +1245,20 @@ def _winograd_output_partial(N: int, CO: int, OH: int, OW: int, m: int, dt: DTyp
     mm = UOp.param(0, dt)
     full_h, full_w = OH // m, OW // m
 
-    def loop(count: int) -> UOp:
-        return ax(count, AxisType.LOOP) if count > 1 else UOp.const(0, dtypes.index)
-    regions = [(full_h, full_w, m, m)]
-    if full_w < TW:
-        regions.append((full_h, -1, m, OW - full_w * m))
-    if full_h < TH:
-        regions.append((-1, full_w, OH - full_h * m, m))
-    if full_h < TH and full_w < TW:
-        regions.append((-1, -1, OH - full_h * m, OW - full_w * m))
+    def tiles(full: int, last: int) -> UOp:
+        """The whole tiles along a side (a loop of its own in each region) or the partial last one, `last`."""
+        if last >= 0:
+            return UOp.const(last, dtypes.index)
+        return ax(full, AxisType.LOOP) if full > 1 else UOp.const(0, dtypes.index)
+    # (the last tile's index or -1 for the whole ones, the outputs a tile has along that side)
+    rows = [(-1, m)] + ([(full_h, OH - full_h * m)] if full_h < TH else [])
+    cols = [(-1, m)] + ([(full_w, OW - full_w * m)] if full_w < TW else [])
     stores, nxt = [], 1
-    for rows, cols, hi, wi in regions:
-        if rows == 0 or cols == 0:
-            continue
-        ty = loop(rows) if rows > 0 else UOp.const(full_h, dtypes.index)
-        tx = loop(cols) if cols > 0 else UOp.const(full_w, dtypes.index)
-        region, nxt = _winograd_tile_out(mm, m, CO, T, n, co, OH, OW, ty, tx, TH, TW, plane_pad, hi, wi, epi, dt)
-        stores += region
+    for r, hi in rows:
+        for c, wi in cols:
+            ty, tx = tiles(full_h, r), tiles(full_w, c)
+            region, nxt = _winograd_tile_out(mm, m, CO, T, n, co, OH, OW, ty, tx, TH, TW, plane_pad, hi, wi, epi, dt)
+            stores += region
     out = UOp.param(nxt, dt)
     return UOp.sink(*[out.store(at, v) for at, v in stores])
 
