@@ -138,14 +138,18 @@ def split_at(monkeypatch, lo: int, hi: int) -> None:
         monkeypatch.setattr(cpu_runtime, name, v)
 
 
-def lane_tiles_on_threads(cpu, monkeypatch):
-    """(renderer, compiler) of the host pair for a register-tile test: every kernel split over 3 threads;
-    skipped where the pair prints no tile lanes."""
+def lane_tiles_on_threads(cpu, monkeypatch, threads: int = 3, render_threads: int = 0):
+    """(renderer, compiler) of the host pair for a register-tile test: every kernel split over `threads`
+    threads; `render_threads`: the workers the renderer's split balances (Capabilities.threads; 0: the
+    host's, as the device read them); skipped where the pair prints no tile lanes."""
     split_at(monkeypatch, 1, 1)
-    monkeypatch.setenv("MOROK_CPU_THREADS", "3")
+    monkeypatch.setenv("MOROK_CPU_THREADS", str(threads))
     renderer, compiler = cpu.pair()
     if not renderer.caps.tile_lanes:
         pytest.skip("this pair prints no tile lanes")
+    if render_threads:
+        import dataclasses
+        monkeypatch.setattr(renderer, "caps", dataclasses.replace(renderer.caps, threads=render_threads))
     return renderer, compiler
 
 
@@ -352,10 +356,13 @@ def test_register_tiles_leave_no_serial_tail(cpu, sizes):
 def test_a_batched_contraction_splits_its_images_and_tiles_over_the_threads_together(cpu, rng, monkeypatch, N, G,
                                                                                       COg, Kg, P, blocks):
     """conv_gemm over a batch (and groups): the store's other GLOBAL ranges join the register tile's units in
-    one thread-split range (opt.tile_with_lanes), so 8 images of 49 pixels are not 8 units for any number of
-    workers; every output written once (NaN-filled) and equal to numpy's, on several threads, with a remainder
-    of columns, tail rows, packed and unpacked panels."""
-    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch)
+    one thread-split range (opt.tile_with_lanes), so for twice as many workers as (image, group, block)
+    units, 8 images of 49 pixels are more than 8 units on every tile width (AVX-512's 6x64 tile makes one
+    column tile of them: for 2 or 3 workers whole images are the balanced split there); every output
+    written once (NaN-filled) and equal to numpy's, on that many threads, with a remainder of columns, tail
+    rows, packed and unpacked panels."""
+    T = 2 * N * G * blocks
+    renderer, compiler = lane_tiles_on_threads(cpu, monkeypatch, threads=T, render_threads=T)
     spec = renderer.render(K.conv_gemm(N, G, COg, Kg, P, pixel_blocks=blocks), f"batched_{N}_{G}_{P}")
     from morok_py.codegen.linear import Loop
     from morok_py.ir import AxisType
