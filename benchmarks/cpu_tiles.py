@@ -17,9 +17,6 @@ writes benchmarks/results/<machine kind>/cpu_tiles[-TAG].json (--json PATH: ther
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
-import importlib
 import json
 import os
 import statistics
@@ -35,22 +32,6 @@ from morok_py.codegen.schedule import Schedule, using  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as H  # noqa: E402
-
-
-@contextlib.contextmanager
-def _constants(setting: str):
-    """MODULE.NAME=VALUE (MODULE under morok_py, VALUE a Python literal) set for the block, then restored."""
-    key, value = setting.split("=", 1)
-    mod_name, name = key.rsplit(".", 1)
-    mod = importlib.import_module("morok_py." + mod_name)
-    if not hasattr(mod, name):
-        raise SystemExit(f"--set {setting}: morok_py.{mod_name} has no {name}")
-    old = getattr(mod, name)
-    setattr(mod, name, ast.literal_eval(value))
-    try:
-        yield
-    finally:
-        setattr(mod, name, old)
 
 
 def main() -> None:
@@ -92,7 +73,7 @@ def main() -> None:
         for label, sched in variants:
             try:
                 if isinstance(sched, str):
-                    with _constants(sched):
+                    with H.constants(sched):
                         spec = r.render(K.matmul(M, N, Kd), f"mm_set{len(progs)}_{shape}")
                 else:
                     with using(sched):

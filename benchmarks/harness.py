@@ -14,6 +14,7 @@ commit and the date inside; git keeps the history. The name is the script's, the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -67,6 +68,27 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to SECONDS for the 1-minute load average to drop below 0.5")
     return p
+
+
+@contextlib.contextmanager
+def constants(settings: str):
+    """';'-separated MODULE.NAME=VALUE (MODULE under morok_py, VALUE a Python literal) set for the block, then
+    restored: a heuristic's constant against its alternative in one process."""
+    import ast
+    olds = []
+    try:
+        for setting in filter(None, settings.split(";")):
+            key, value = setting.split("=", 1)
+            mod_name, name = key.strip().rsplit(".", 1)
+            mod = importlib.import_module("morok_py." + mod_name)
+            if not hasattr(mod, name):
+                raise SystemExit(f"{setting}: morok_py.{mod_name} has no {name}")
+            olds.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, ast.literal_eval(value.strip()))
+        yield
+    finally:
+        for mod, name, old in reversed(olds):
+            setattr(mod, name, old)
 
 
 def wait_quiet(seconds: float, below: float = 0.5) -> None:

@@ -45,6 +45,7 @@ peer before it is timed.
 | `search_context.py` | a search's timings against the benchmark's, for one kernel | - |
 | `cpu_tiles.py` | CPU register tiles of a matmul | numpy (OpenBLAS) |
 | `cpu_pool.py` | the CPU pool's dealing of a split launch's chunks (home blocks or one counter), on whole models | the other dealing |
+| `model_variants.py` | a whole model's replay under the default heuristics against other settings of their constants (`--set MODULE.NAME=VALUE`) | onnxruntime |
 | `onnx_models.py` | resnet50 and densenet121 through the ONNX executor: cold and warm first runs, replay | onnxruntime |
 
 Run one from a source checkout, `python benchmarks/kernels.py --device CUDA` (no install needed). Common flags:

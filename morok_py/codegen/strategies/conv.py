@@ -435,14 +435,27 @@ CPU_WINOGRAD_MIN_PIXELS = 56 * 56
 # medians of 11-31 rounds: 57.6 against 58.0 ms on the EPYC, 12.1 against 12.4 on the Xeon (its minima 11.2
 # against 11.1: within that host's noise)
 CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
+# targets of at least CPU_WINOGRAD_4X4_MIN_LANES register-tile lanes (AVX-512) take F(4x4, 3x3) instead where both
+# channel counts are at least CPU_WINOGRAD_MIN_CO and both output sides at least CPU_WINOGRAD_4X4_MIN_SIDE (a
+# partial last row and column of tiles where 4 does not divide a side: 14x14). Batch 1, each plan alone (the
+# executor's MOROK_BEAM search, best of its runs) on the 16-core Xeon: 128 -> 128 at 28x28 0.162 against 0.191 ms,
+# 256 -> 256 at 14x14 0.267 against 0.305, 64 -> 64 at 56x56 0.209 both; 512 -> 512 at 7x7 0.417 against 0.241
+# (F(2x2) kept). resnet50's captured replay, both in one process beside onnxruntime (benchmarks/model_variants.py,
+# benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json). AVX2's 8 lanes keep F(2x2) (the
+# measurements above)
+CPU_WINOGRAD_4X4_MIN_LANES = 16
+CPU_WINOGRAD_4X4_MIN_SIDE = 14
 
 
 def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
-    """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
+    """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rules above."""
     if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE, partial=True):
         return 0
     if not winograd_applies(geo, CPU_WINOGRAD_TILE) and min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE:
         return 0
+    if (caps.tile_lanes >= CPU_WINOGRAD_4X4_MIN_LANES and min(geo.C, geo.CO) >= CPU_WINOGRAD_MIN_CO
+            and min(geo.OH, geo.OW) >= CPU_WINOGRAD_4X4_MIN_SIDE and winograd_applies(geo, 4, partial=True)):
+        return 4
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
     return 0

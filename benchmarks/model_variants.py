@@ -1,0 +1,110 @@
+"""A whole model's captured replay under the default heuristics against the same model under other settings of
+morok_py's constants, beside onnxruntime's CPU provider, in one process: which rule a host should default to.
+
+    python benchmarks/model_variants.py --model resnet50 \\
+        --set 'codegen.strategies.conv.CPU_WINOGRAD_4X4_MIN_LANES=99' --tag winograd4x4 [--rounds 15]
+
+writes benchmarks/results/<machine kind>/model_variants[-TAG].json (--json PATH: there instead).
+
+The models are benchmarks/onnx_models.py's (the onnx wheel's light resnet50 and densenet121, the built
+MobileNet-style stack and MLP) with the same inputs. Each variant (`--set`, repeatable: ';'-separated
+MODULE.NAME=VALUE, MODULE under morok_py) builds its own executor with those constants set while its
+kernels are planned and compiled (the first run, which records the plan), then restored; its output is
+checked against the default's and onnxruntime's (rtol 1e-3, atol 1e-5). The replays then run in
+interleaved rounds: in each round a block of each runtime (the order reversed every other round) after
+this process's threads go quiet (harness.settle), 3 untimed runs and `--block` timed; a record keeps the
+median over rounds of its round medians, the ratio onnxruntime / it (higher is better), and every round.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness as H  # noqa: E402
+import onnx_models as OM  # noqa: E402
+
+RTOL, ATOL = 1e-3, 1e-5
+WARM = 3
+
+
+def load(name: str):
+    import onnx
+    if name in OM.LIGHT:
+        return onnx.load(str(OM.light(name)[0]))
+    builders = {"mobilenet_stack": OM.mobilenet_stack, "mlp": OM.mlp}
+    if name not in builders:
+        raise SystemExit(f"--model {name}: one of {', '.join(OM.LIGHT + tuple(builders))}")
+    return builders[name]()
+
+
+def block(fn, n: int) -> float:
+    H.settle()
+    for _ in range(WARM):
+        fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--set", action="append", default=[], help="a variant: ';'-separated MODULE.NAME=VALUE")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--block", type=int, default=10, help="timed runs in each block")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    if not a.set:
+        raise SystemExit("give at least one --set variant")
+    import onnxruntime as ort
+    from morok_py.onnx.executor import OnnxExecutor
+
+    model = load(a.model)
+    feeds = OM.feeds_for(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)
+    runs = {}
+    for label in ["default"] + a.set:
+        with H.constants("" if label == "default" else label):
+            ex = OnnxExecutor(model, "CPU")
+            got = ex.run(feeds)
+        for o, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(o), w, rtol=RTOL, atol=ATOL, err_msg=label)
+        runs[label] = (lambda e=ex: e.run(feeds))
+    runs["onnxruntime"] = lambda: sess.run(None, feeds)
+    order = list(runs)
+    rounds: dict[str, list[float]] = {k: [] for k in order}
+    for r in range(a.rounds):
+        for k in (order if r % 2 == 0 else order[::-1]):
+            rounds[k].append(block(runs[k], a.block))
+    med = {k: statistics.median(v) for k, v in rounds.items()}
+    peer = med["onnxruntime"]
+    results = []
+    for k in order[:-1]:
+        results.append({"name": f"model_variants_{a.model}", "label": k, "value": med[k], "unit": "s",
+                        "better": "lower", "peer": "onnxruntime", "peer_value": peer, "ratio": peer / med[k],
+                        "vs_default": med["default"] / med[k], "rounds_s": rounds[k]})
+        print(f"{a.model:12} {k:60} {med[k] * 1e3:8.3f} ms  {peer / med[k]:.3f}x onnxruntime  "
+              f"{med['default'] / med[k]:.3f}x default")
+    print(f"{a.model:12} {'onnxruntime':60} {peer * 1e3:8.3f} ms")
+    from morok_py import Device
+    doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds, "block": a.block,
+           "onnxruntime_rounds_s": rounds["onnxruntime"], "results": results}
+    if a.json:
+        Path(a.json).write_text(__import__("json").dumps(doc, indent=1, default=str) + "\n")
+    else:
+        H.write_result(H.result_name("model_variants", tag=a.tag), doc)
+
+
+if __name__ == "__main__":
+    main()
