@@ -10,10 +10,13 @@ The models are benchmarks/onnx_models.py's (the onnx wheel's light resnet50 and 
 MobileNet-style stack and MLP) with the same inputs. Each variant (`--set`, repeatable: ';'-separated
 MODULE.NAME=VALUE, MODULE under morok_py) builds its own executor with those constants set while its
 kernels are planned and compiled (the first run, which records the plan), then restored; its output is
-checked against the default's and onnxruntime's (rtol 1e-3, atol 1e-5). The replays then run in
-interleaved rounds: in each round a block of each runtime (the order reversed every other round) after
-this process's threads go quiet (harness.settle), 3 untimed runs and `--block` timed; a record keeps the
-median over rounds of its round medians, the ratio onnxruntime / it (higher is better), and every round.
+checked against onnxruntime's (rtol 1e-3, atol 1e-5). `--instances` executors are built per variant, the
+variants' order alternating (default, A, A, default, ...): two executors of the same plans in one process
+replayed up to 6% apart (their buffers lie elsewhere), so one of each would measure where each landed. The
+replays run in interleaved rounds: in each round a block of each executor and of onnxruntime (the order
+reversed every other round) after this process's threads go quiet (harness.settle), 3 untimed runs and
+`--block` timed; a variant's round is the mean of its executors' block medians, a record keeps the median
+over rounds, the ratio onnxruntime / it (higher is better), and every round.
 """
 from __future__ import annotations
 
@@ -61,6 +64,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], help="a variant: ';'-separated MODULE.NAME=VALUE")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block", type=int, default=10, help="timed runs in each block")
+    ap.add_argument("--instances", type=int, default=2,
+                    help="executors built per variant, in alternating order (one process's executors of the same "
+                         "plans replayed up to 6%% apart)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -73,20 +79,25 @@ def main() -> None:
     feeds = OM.feeds_for(model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
-    runs = {}
-    for label in ["default"] + a.set:
-        with H.constants("" if label == "default" else label):
-            ex = OnnxExecutor(model, "CPU")
-            got = ex.run(feeds)
-        for o, w in zip(got, want):
-            np.testing.assert_allclose(np.asarray(o), w, rtol=RTOL, atol=ATOL, err_msg=label)
-        runs[label] = (lambda e=ex: e.run(feeds))
-    runs["onnxruntime"] = lambda: sess.run(None, feeds)
-    order = list(runs)
+    labels = ["default"] + a.set
+    runs: list[tuple[str, object]] = []
+    for i in range(a.instances):
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            with H.constants("" if label == "default" else label):
+                ex = OnnxExecutor(model, "CPU")
+                got = ex.run(feeds)
+            for o, w in zip(got, want):
+                np.testing.assert_allclose(np.asarray(o), w, rtol=RTOL, atol=ATOL, err_msg=label)
+            runs.append((label, lambda e=ex: e.run(feeds)))
+    runs.append(("onnxruntime", lambda: sess.run(None, feeds)))
+    order = labels + ["onnxruntime"]
     rounds: dict[str, list[float]] = {k: [] for k in order}
     for r in range(a.rounds):
-        for k in (order if r % 2 == 0 else order[::-1]):
-            rounds[k].append(block(runs[k], a.block))
+        times: dict[str, list[float]] = {k: [] for k in order}
+        for label, fn in (runs if r % 2 == 0 else runs[::-1]):
+            times[label].append(block(fn, a.block))
+        for k in order:
+            rounds[k].append(statistics.fmean(times[k]))
     med = {k: statistics.median(v) for k, v in rounds.items()}
     peer = med["onnxruntime"]
     results = []
@@ -99,6 +110,7 @@ def main() -> None:
     print(f"{a.model:12} {'onnxruntime':60} {peer * 1e3:8.3f} ms")
     from morok_py import Device
     doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds, "block": a.block,
+           "instances": a.instances,
            "onnxruntime_rounds_s": rounds["onnxruntime"], "results": results}
     if a.json:
         Path(a.json).write_text(__import__("json").dumps(doc, indent=1, default=str) + "\n")
