@@ -440,7 +440,8 @@ CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
 # partial last row and column of tiles where 4 does not divide a side: 14x14). Batch 1, each plan alone (the
 # executor's MOROK_BEAM search, best of its runs) on the 16-core Xeon: 128 -> 128 at 28x28 0.162 against 0.191 ms,
 # 256 -> 256 at 14x14 0.267 against 0.305, 64 -> 64 at 56x56 0.209 both; 512 -> 512 at 7x7 0.417 against 0.241
-# (F(2x2) kept). resnet50's captured replay, both in one process beside onnxruntime (benchmarks/model_variants.py,
+# (F(2x2) kept). resnet50's captured replay, three executors of each rule in one process beside onnxruntime: 10.9
+# against 11.6 ms (onnxruntime 9.1; benchmarks/model_variants.py,
 # benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json). AVX2's 8 lanes keep F(2x2) (the
 # measurements above)
 CPU_WINOGRAD_4X4_MIN_LANES = 16
