@@ -14,7 +14,6 @@ from morok_py import (AxisType, CompileError, DeviceError, DeviceSpec, Ops, OutO
                       kernels as K)
 from morok_py.backends.cpu import runtime as cpu_runtime
 from morok_py.backends.cpu.allocator import ALIGN, HostAllocator
-from conftest import random_array
 from morok_py.backends.cpu.compiler import CPUCompiler, host_cpu
 from morok_py.backends.cpu.device import create_device
 from morok_py.backends.cpu.features import load_mismatch
@@ -79,21 +78,6 @@ def test_allocations_are_64_byte_aligned():
     alloc = HostAllocator()
     handles = [alloc.alloc(n) for n in (1, 3, 100, 4097)]
     assert ALIGN == 64 and all(h % 64 == 0 for h in handles)
-
-
-def test_large_blocks_start_on_huge_page_boundaries_and_hold_their_data(cpu, rng):
-    """Blocks from HUGE_MIN_BYTES up start on a 2 MiB boundary (advised as transparent huge pages); smaller
-    ones stay 64-byte aligned; both read back what was written, a size that is no multiple of 2 MiB included."""
-    from morok_py.backends.cpu.allocator import HUGE_ALIGN, HUGE_MIN_BYTES
-    alloc = HostAllocator()
-    big = [alloc.alloc(n) for n in (HUGE_MIN_BYTES, HUGE_MIN_BYTES + 4100, 3 * HUGE_MIN_BYTES + 64)]
-    assert HUGE_ALIGN == 2 << 20 and all(h % HUGE_ALIGN == 0 for h in big)
-    small = alloc.alloc(HUGE_MIN_BYTES - 64)
-    assert small % ALIGN == 0
-    x = random_array(rng, ((HUGE_MIN_BYTES + 4100) // 4,), np.float32)
-    buf = cpu.buf(x)
-    assert buf.ptr % HUGE_ALIGN == 0
-    np.testing.assert_array_equal(buf.numpy(), x)
 
 
 def test_freed_blocks_are_reused_by_size():

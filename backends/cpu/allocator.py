@@ -1,5 +1,4 @@
-"""Host memory: blocks from posix_memalign, 64-byte aligned (large ones on 2 MiB boundaries, advised as
-transparent huge pages), cached by size when freed."""
+"""Host memory: 64-byte aligned blocks from posix_memalign, cached by size when freed."""
 from __future__ import annotations
 
 import ctypes
@@ -13,16 +12,8 @@ _libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_
 _libc.posix_memalign.restype = ctypes.c_int
 _libc.free.argtypes = [ctypes.c_void_p]
 _libc.free.restype = None
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_libc.madvise.restype = ctypes.c_int
 
 ALIGN = 64
-# blocks of at least HUGE_MIN_BYTES start on a HUGE_ALIGN boundary and are advised MADV_HUGEPAGE, so that a model's
-# arena and weights take 2 MiB pages wherever the kernel's transparent huge pages allow it (`madvise` mode
-# included): fewer TLB misses for kernels that walk megabytes of weights and activations
-HUGE_MIN_BYTES = 2 << 20
-HUGE_ALIGN = 2 << 20
-_MADV_HUGEPAGE = 14
 
 
 class HostAllocator(Allocator):
@@ -33,15 +24,11 @@ class HostAllocator(Allocator):
 
     def _alloc(self, nbytes: int) -> int:
         out = ctypes.c_void_p()
-        huge = nbytes >= HUGE_MIN_BYTES
-        rc = _libc.posix_memalign(ctypes.byref(out), HUGE_ALIGN if huge else ALIGN, nbytes)
+        rc = _libc.posix_memalign(ctypes.byref(out), ALIGN, nbytes)
         if rc == errno.ENOMEM or (rc == 0 and not out.value):
             raise MemoryError(f"posix_memalign({nbytes}) returned ENOMEM")
         if rc != 0:
             raise OSError(rc, f"posix_memalign({nbytes}) failed")
-        if huge:
-            # advice only: where transparent huge pages are off (EINVAL) the block keeps small pages
-            _libc.madvise(out.value, nbytes - nbytes % HUGE_ALIGN, _MADV_HUGEPAGE)
         return int(out.value)
 
     def _free(self, handle: int, nbytes: int) -> None:
