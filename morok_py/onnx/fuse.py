@@ -617,9 +617,9 @@ def _choose_plan(ctx, geo, epi, x, w, extra, out):
 
     # timed on random inputs, not on this node's: during the first run its input is still to be computed (the
     # launches wait in a queue), so the buffer holds whatever was there, denormals and NaNs included, which run
-    # many times slower on Intel cores. The searched times MOROK_DEBUG=1 prints (python -m morok_py.onnx.run on the
-    # light resnet50, MOROK_BEAM=1, the 16-core Xeon): its 1x1 256 -> 128 layer at 56x56 4.8 ms on the node's
-    # buffer, 0.27 on random inputs (0.23 in the model, launch by launch)
+    # many times slower on Intel cores. The searched times (those MOROK_DEBUG=1 prints) of the light resnet50's
+    # convolutions on the 16-core Xeon: its 1x1 256 -> 128 layer at 56x56 4.8 ms on the node's buffer, 0.27 on
+    # random inputs (0.23 in the model, launch by launch)
     rng = np.random.default_rng(0)
     tx = _timing_copy(x, rng)
     textra = [v if v.const else _timing_copy(v, rng) for v in extra]
