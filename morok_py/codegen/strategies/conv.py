@@ -435,28 +435,21 @@ CPU_WINOGRAD_MIN_PIXELS = 56 * 56
 # medians of 11-31 rounds: 57.6 against 58.0 ms on the EPYC, 12.1 against 12.4 on the Xeon (its minima 11.2
 # against 11.1: within that host's noise)
 CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
-# targets of at least CPU_WINOGRAD_4X4_MIN_LANES register-tile lanes (AVX-512) take F(4x4, 3x3) instead where both
-# channel counts are at least CPU_WINOGRAD_MIN_CO and both output sides at least CPU_WINOGRAD_4X4_MIN_SIDE (a
-# partial last row and column of tiles where 4 does not divide a side: 14x14). Batch 1, each plan alone (the
-# executor's MOROK_BEAM search, best of its runs) on the 16-core Xeon: 128 -> 128 at 28x28 0.162 against 0.191 ms,
-# 256 -> 256 at 14x14 0.267 against 0.305, 64 -> 64 at 56x56 0.209 both; 512 -> 512 at 7x7 0.417 against 0.241
-# (F(2x2) kept). resnet50's captured replay, three executors of each rule in one process beside onnxruntime: 10.9
-# against 11.6 ms (onnxruntime 9.1; benchmarks/model_variants.py,
-# benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json). AVX2's 8 lanes keep F(2x2) (the
-# measurements above)
-CPU_WINOGRAD_4X4_MIN_LANES = 16
-CPU_WINOGRAD_4X4_MIN_SIDE = 14
+# AVX-512 keeps F(2x2) too. F(4x4, 3x3) for resnet50's 3x3 layers from 14x14 up (64 channels or more; 14x14 with a
+# partial last row and column of tiles), resnet50's captured replay on the 16-core Xeon, three executors of each rule
+# in one process beside onnxruntime (benchmarks/model_variants.py; the last run, at cd424e9 with a constant
+# CPU_WINOGRAD_4X4_MIN_CHANNELS added and that rule its default, is benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json): 10.9 against 11.6 ms
+# for F(2x2) on one instance, then 15.5 against 15.2 and 13.4 (13.2 with F(4x4) only from 256 channels) against 12.1
+# on another. The plan search, timed on random inputs, had F(4x4) ahead only for 256
+# channels at 14x14 (0.247 against 0.325 ms) and behind at 64 x 56x56 and 128 x 28x28 (0.361 / 0.304, 0.437 / 0.287)
 
 
 def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
-    """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rules above."""
+    """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
     if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE, partial=True):
         return 0
     if not winograd_applies(geo, CPU_WINOGRAD_TILE) and min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE:
         return 0
-    if (caps.tile_lanes >= CPU_WINOGRAD_4X4_MIN_LANES and min(geo.C, geo.CO) >= CPU_WINOGRAD_MIN_CO
-            and min(geo.OH, geo.OW) >= CPU_WINOGRAD_4X4_MIN_SIDE and winograd_applies(geo, 4, partial=True)):
-        return 4
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
     return 0
