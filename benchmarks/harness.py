@@ -14,6 +14,7 @@ commit and the date inside; git keeps the history. The name is the script's, the
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime as _dt
 import importlib
@@ -74,7 +75,6 @@ def parser(description: str) -> argparse.ArgumentParser:
 def constants(settings: str):
     """';'-separated MODULE.NAME=VALUE (MODULE under morok_py, VALUE a Python literal) set for the block, then
     restored: a heuristic's constant against its alternative in one process."""
-    import ast
     olds = []
     try:
         for setting in filter(None, settings.split(";")):

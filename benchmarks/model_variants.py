@@ -6,8 +6,8 @@ morok_py's constants, beside onnxruntime's CPU provider, in one process: which r
 
 writes benchmarks/results/<machine kind>/model_variants[-TAG].json (--json PATH: there instead).
 
-The models are benchmarks/onnx_models.py's (the onnx wheel's light resnet50 and densenet121, the built
-MobileNet-style stack and MLP) with the same inputs. Each variant (`--set`, repeatable: ';'-separated
+The models and their inputs are benchmarks/onnx_models.py's (`load_model`: the onnx wheel's light resnet50 and
+densenet121, the built MobileNet-style stack and MLP). Each variant (`--set`, repeatable: ';'-separated
 MODULE.NAME=VALUE, MODULE under morok_py) builds its own executor with those constants set while its
 kernels are planned and compiled (the first run, which records the plan), then restored; its output is
 checked against onnxruntime's (rtol 1e-3, atol 1e-5). `--instances` executors are built per variant, the
@@ -21,6 +21,7 @@ over rounds, the ratio onnxruntime / it (higher is better), and every round.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -34,16 +35,6 @@ import onnx_models as OM  # noqa: E402
 
 RTOL, ATOL = 1e-3, 1e-5
 WARM = 3
-
-
-def load(name: str):
-    import onnx
-    if name in OM.LIGHT:
-        return onnx.load(str(OM.light(name)[0]))
-    builders = {"mobilenet_stack": OM.mobilenet_stack, "mlp": OM.mlp}
-    if name not in builders:
-        raise SystemExit(f"--model {name}: one of {', '.join(OM.LIGHT + tuple(builders))}")
-    return builders[name]()
 
 
 def block(fn, n: int) -> float:
@@ -75,8 +66,7 @@ def main() -> None:
     import onnxruntime as ort
     from morok_py.onnx.executor import OnnxExecutor
 
-    model = load(a.model)
-    feeds = OM.feeds_for(model)
+    model, feeds = OM.load_model(a.model)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, feeds)
     labels = ["default"] + a.set
@@ -110,10 +100,9 @@ def main() -> None:
     print(f"{a.model:12} {'onnxruntime':60} {peer * 1e3:8.3f} ms")
     from morok_py import Device
     doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds, "block": a.block,
-           "instances": a.instances,
-           "onnxruntime_rounds_s": rounds["onnxruntime"], "results": results}
+           "instances": a.instances, "onnxruntime_rounds_s": rounds["onnxruntime"], "results": results}
     if a.json:
-        Path(a.json).write_text(__import__("json").dumps(doc, indent=1, default=str) + "\n")
+        Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
     else:
         H.write_result(H.result_name("model_variants", tag=a.tag), doc)
 

@@ -152,20 +152,33 @@ def prepare(name: str, folder: Path, runs: int) -> tuple[Path, Path, Path | None
     import onnx
     from onnx import numpy_helper
     feeds_path, want_path = folder / "feeds.npz", None
+    model, feeds = load_model(name)
     if name in LIGHT:
         path, shipped = light(name)
-        feeds = feeds_for(onnx.load(str(path)))
         want_path = folder / "want.npy"
         np.save(want_path, numpy_helper.to_array(onnx.load_tensor(str(shipped))))
     else:
-        model = {"mobilenet_stack": mobilenet_stack, "mlp": mlp}[name]()
         path = folder / f"{name}.onnx"
         onnx.save(model, str(path))
-        rng = np.random.default_rng(1)
-        feeds = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-                 for vi in model.graph.input}
     np.savez(feeds_path, **feeds)
     return path, feeds_path, want_path
+
+
+def load_model(name: str):
+    """(ModelProto, feeds) of one of LIGHT + BUILT: the light models with the ONNX runner's dummy inputs, the built
+    ones with standard normal inputs (seed 1)."""
+    import onnx
+    if name in LIGHT:
+        model = onnx.load(str(light(name)[0]))
+        return model, feeds_for(model)
+    builders = {"mobilenet_stack": mobilenet_stack, "mlp": mlp}
+    if name not in builders:
+        raise SystemExit(f"unknown model {name!r}: one of {', '.join(LIGHT + BUILT)}")
+    model = builders[name]()
+    rng = np.random.default_rng(1)
+    feeds = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    return model, feeds
 
 
 # ---- workers (one process each) ------------------------------------------------------------------------

@@ -610,7 +610,8 @@ def _timing_copy(v: View, rng: np.random.Generator) -> View:
 
 
 def _choose_plan(ctx, geo, epi, x, w, extra, out):
-    """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's buffers."""
+    """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's weights and
+    output with stand-ins for its runtime inputs."""
     caps = _caps(ctx)
     if config.getenv_int("MOROK_BEAM", 0) <= 0:
         return conv_plan(geo, caps, static_batch=not ctx.k.symbolic_outer), None

@@ -438,10 +438,11 @@ CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
 # AVX-512 keeps F(2x2) too. F(4x4, 3x3) for resnet50's 3x3 layers from 14x14 up (64 channels or more; 14x14 with a
 # partial last row and column of tiles), resnet50's captured replay on the 16-core Xeon, three executors of each rule
 # in one process beside onnxruntime (benchmarks/model_variants.py; the last run, at cd424e9 with a constant
-# CPU_WINOGRAD_4X4_MIN_CHANNELS added and that rule its default, is benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json): 10.9 against 11.6 ms
-# for F(2x2) on one instance, then 15.5 against 15.2 and 13.4 (13.2 with F(4x4) only from 256 channels) against 12.1
-# on another. The plan search, timed on random inputs, had F(4x4) ahead only for 256
-# channels at 14x14 (0.247 against 0.325 ms) and behind at 64 x 56x56 and 128 x 28x28 (0.361 / 0.304, 0.437 / 0.287)
+# CPU_WINOGRAD_4X4_MIN_CHANNELS added and that rule its default, is
+# benchmarks/results/cpu-xeon-avx512-16c/model_variants-winograd4x4.json): 10.9 against 11.6 ms for F(2x2) on one
+# instance, then 15.5 against 15.2 and 13.4 (13.2 with F(4x4) only from 256 channels) against 12.1 on another. The
+# plan search, timed on random inputs, had F(4x4) ahead only for 256 channels at 14x14 (0.247 against 0.325 ms) and
+# behind at 64 x 56x56 and 128 x 28x28 (0.361 / 0.304, 0.437 / 0.287)
 
 
 def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, caps: Capabilities) -> int:
