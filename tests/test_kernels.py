@@ -271,3 +271,37 @@ def test_loop_axis_runs_sequentially_inside_a_global_one(device, rng):
     o = device.empty(rows * cols, dtypes.float32)
     device.compile(ast)(device.buf(data), o)
     np.testing.assert_array_equal(o.numpy().reshape(cols, rows), data.T)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_float_max_and_min_are_numpys_at_every_cpu_level(cpu_level, rng, dtype):
+    """Elementwise max / min on the CPU (backends/cpu/renderer.py: a compare and select, NaN checked) give
+    numpy's values: NaN from either operand, infinities, ties; with a constant operand (relu) too. Which zero
+    a tie of -0 and +0 gives is left open, as numpy's own dtypes differ (float32 gives `b`, float16 `a`)."""
+    n = 1003
+    a, b = random_array(rng, n, dtype), random_array(rng, n, dtype)
+    special = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1.0, -1.0, np.nan], dtype)
+    a[:64], b[:64] = np.repeat(special, 8), np.tile(special, 8)        # every pair of specials, both orders
+    b[100:110] = a[100:110]                                             # ties
+    for op, ref in (("max", np.maximum), ("min", np.minimum)):
+        out = cpu_level.empty(n, from_numpy(dtype))
+        cpu_level.compile(K.binary(op, dtype=from_numpy(dtype)))(cpu_level.buf(a), cpu_level.buf(b), out, n=n)
+        got, want = out.numpy(), ref(a, b)
+        np.testing.assert_array_equal(got, want, err_msg=op)
+    relu = cpu_level.empty(n, from_numpy(dtype))
+    cpu_level.compile(K.unary("relu", dtype=from_numpy(dtype)))(cpu_level.buf(a), relu, n=n)
+    np.testing.assert_array_equal(relu.numpy(), np.where(np.isnan(a), a, np.maximum(a, 0)))
+
+
+def test_a_max_pool_propagates_nan_and_matches_numpy_at_every_cpu_level(cpu_level, rng):
+    """resnet50's 3x3 stride-2 max pool, padded, at an odd size with NaNs and infinities in the input."""
+    C, H, W = 5, 23, 21
+    x = random_array(rng, (1, C, H, W), np.float32)
+    x.reshape(-1)[rng.choice(x.size, 12, replace=False)] = np.nan
+    x.reshape(-1)[rng.choice(x.size, 6, replace=False)] = np.inf
+    OH, OW = (H + 2 - 3) // 2 + 1, (W + 2 - 3) // 2 + 1
+    out = cpu_level.empty(C * OH * OW, dtypes.float32)
+    cpu_level.compile(K.pool2d("max", 1, C, H, W, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)))(cpu_level.buf(x), out)
+    p = np.pad(x[0], ((0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    want = np.stack([p[:, ky:ky + 2 * OH:2, kx:kx + 2 * OW:2] for ky in range(3) for kx in range(3)]).max(axis=0)
+    np.testing.assert_array_equal(out.numpy().reshape(C, OH, OW), want)
