@@ -1278,6 +1278,60 @@ def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int]
     return UOp.sink(out.store(q * (HP * WP) + y * WP + xx, v))
 
 
+def phase_planes(H: int, W: int, stride: tuple[int, int], pads: tuple[int, int, int, int]) -> tuple[int, int]:
+    """(rows, columns) of each phase plane `phase_pad` writes: the zero-padded input's sides over the stride."""
+    return -(-(H + pads[0] + pads[2]) // stride[0]), -(-(W + pads[1] + pads[3]) // stride[1])
+
+
+def phase_pad(N: int | None, C: int, H: int, W: int, stride: tuple[int, int], pads: tuple[int, int, int, int],
+              dtype=dtypes.float32) -> UOp:
+    """out[n, c, py, px, a, b] = xpad[n, c, a*sh + py, b*sw + px], xpad the input zero-padded by `pads`: each plane
+    split into its sh x sw phases (`phase_planes` rows and columns each), so that a strided convolution's taps
+    read neighbouring outputs from neighbouring elements (`conv2d_phases`). Stride 1 is a plain zero pad.
+    N None is the variable `N`. Params: x, out."""
+    dt = as_dtype(dtype)
+    (sh, sw), (pt, pl, _, _) = stride, pads
+    HQ, WQ = phase_planes(H, W, stride, pads)
+    ax = _Axes()
+    q, py, px, a, b = ax(_batch(N) * C if N is None else N * C), ax(sh), ax(sw), ax(HQ), ax(WQ)
+    x, out = UOp.param(0, dt), UOp.param(1, dt)
+    y, xx = a * sh + py - pt, b * sw + px - pl
+    ok = (y >= 0) & (y < H) & (xx >= 0) & (xx < W)
+    v = ok.where(x.load(q * (H * W) + y.clamp(0, H - 1) * W + xx.clamp(0, W - 1)), UOp.const(0, dt))
+    return UOp.sink(out.store((((q * sh + py) * sw + px) * HQ + a) * WQ + b, v))
+
+
+def conv2d_phases(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
+                  dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
+                  dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, oy, ox] = sum over (c, ky, kx) of w[co, c, ky, kx] * xpad[n, c, oy*sh + ky*dh, ox*sw + kx*dw],
+    then `epilogue`: a one-group convolution read straight from `phase_pad`'s phase planes, no im2col columns.
+    Output channels are the CPU register tile's rows and the output row's pixels its unit-stride vector
+    columns (the ranges ordered so: n, oy, co, ox); the sum runs over (c, ky) with the kx taps unrolled.
+    N None is the variable `N`. Params: the phase planes, w [CO, C, KH, KW], the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw) = stride, dilation
+    HQ, WQ = phase_planes(H, W, stride, pads)
+    OH, OW = _out_size(H, KH, sh, dh, pads[0], pads[2]), _out_size(W, KW, sw, dw, pads[1], pads[3])
+    ax = _Axes()
+    n, oy, co, ox = ax(_batch(N)), ax(OH), ax(CO), ax(OW)
+    c, ky = ax(C, AxisType.REDUCE), ax(KH, AxisType.REDUCE)
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    row = ky * dh
+    plane_row = ((n * C + c) * sh + row % sh) * sw
+    terms = None
+    for kx in range(KW):
+        col = kx * dw
+        at = ((plane_row + col % sw) * HQ + oy + row // sh) * WQ + ox + col // sw
+        t = x.load(at) * w.load(((co * C + c) * KH + ky) * KW + kx)
+        terms = t if terms is None else terms + t
+    sums = [r for r in (c, ky) if r.op is Ops.RANGE]
+    acc = terms.reduce(*sums) if sums else terms
+    at = ((n * CO + co) * OH + oy) * OW + ox
+    v, nxt = (epilogue or Epilogue()).apply(acc, 2, dt, co, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
 def pool2d(kind: str, N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
            dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
            count_include_pad: bool = False, dtype=dtypes.float32) -> UOp:
@@ -1515,6 +1569,12 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                            a2 * (g.CO * T + pout), (("K", g.C),)),
                 KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout, loop, plan.cpu_form),
                            ("prod", "epilogue"), "out", out_n)]
+    if plan.family == "direct_phases":
+        HQ, WQ = phase_planes(g.H, g.W, g.stride, g.pads)
+        return [KernelStep("phases", phase_pad(N, g.C, g.H, g.W, g.stride, g.pads, dtype), ("x",), "pad",
+                           g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ),
+                KernelStep("direct", conv2d_phases(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride, g.dilation, g.pads,
+                                                   dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
     if plan.family == "direct_masked":
         # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match
         tm = g.C % TAP_MAJOR_CHANNELS == 0

@@ -537,3 +537,46 @@ def test_an_onnx_convolution_under_morok_beam_times_each_candidate_plan_and_stay
     assert "conv: ConvPlan(" in err and "; searched " in err
     searched = err.split("; searched ", 1)[1].splitlines()[0]
     assert searched.count(" ms") >= 2          # the default and at least one other candidate, each timed
+
+
+@pytest.mark.parametrize("geo", [ConvGeometry(2, 3, 61, 135, 10, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3)),   # a stem, odd sides
+                                 ConvGeometry(1, 4, 40, 150, 7, 3, 5, (2, 3), (1, 2), (1, 2, 0, 1))],  # uneven strides
+                         ids=_gid)
+def test_a_strided_layer_sums_its_taps_from_phase_planes_at_every_level(cpu_level, rng, geo):
+    """direct_phases: the padded input split into the stride's phases once, then the taps summed from them by the
+    register tile (rows of output pixels wider than the tile: full tiles and a remainder), an epilogue in the
+    same kernel, against numpy; the planes hold each input element once (no KH*KW-fold columns)."""
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    want = np.maximum(conv_ref(x, w, b, geo), 0)
+    steps = K.conv2d_kernels(geo, ConvPlan("direct_phases"), epilogue=K.Epilogue.of("bias", "relu"))
+    assert [st.name for st in steps] == ["phases", "direct"]
+    HQ, WQ = K.phase_planes(geo.H, geo.W, geo.stride, geo.pads)
+    assert steps[0].elements == geo.N * geo.C * geo.stride[0] * geo.stride[1] * HQ * WQ
+    assert steps[0].elements < 2 * (geo.H + 3) * (geo.W + 3) * geo.N * geo.C
+    got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b,))
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    spec = cpu_level.pair()[0].render(steps[1].ast, "phases_direct")
+    assert spec.linear.schedule.register_tile is not None, spec.linear.schedule
+
+
+def test_a_strided_layer_of_few_input_channels_and_wide_rows_takes_the_phase_planes():
+    """The CPU default: resnet50's stem (3 channels, 7x7 stride 2, 112-pixel output rows) sums from phase planes on
+    AVX2- and AVX-512-sized targets; many input channels, stride 1 or rows narrower than the tile keep their plans."""
+    from morok_py.codegen.capabilities import Capabilities
+    from morok_py.codegen.strategies.conv import DIRECT_PHASES_MAX_CHANNELS
+    avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8)
+    avx512 = Capabilities(has_threads=True, register_tile=(6, 64), tile_lanes=16)
+    stem = ConvGeometry(1, 3, 224, 224, 64, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))
+    for caps in (avx2, avx512):
+        assert conv_plan(stem, caps) == ConvPlan("direct_phases") and "direct_phases" in str(conv_plan(stem, caps))
+        wide = ConvGeometry(1, DIRECT_PHASES_MAX_CHANNELS + 1, 224, 224, 64, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))
+        assert conv_plan(wide, caps).family == "im2col_gemm"
+        assert conv_plan(replace(stem, stride=(1, 1)), caps).family != "direct_phases"
+        assert ConvPlan("direct_phases") in candidate_plans(wide, caps)
+    narrow = ConvGeometry(1, 3, 60, 60, 64, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))          # 30-pixel output rows
+    assert conv_plan(narrow, avx512).family == "im2col_gemm" and conv_plan(narrow, avx2).family == "direct_phases"
+    assert conv_plan(stem, Capabilities(has_local=True)).family != "direct_phases"
+    with pytest.raises(ArgumentError, match="one group"):
+        check_plan(ConvPlan("direct_phases"), ConvGeometry(1, 4, 9, 9, 4, 3, 3, (2, 2), groups=2))

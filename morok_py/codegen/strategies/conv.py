@@ -46,6 +46,12 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                Input channels a multiple of 32 run the reduction tap-major (the weights reordered by a
                small kernel first), so a k tile holds one tap (`kernels.conv2d`).
 
+  direct_phases  (CPU) `kernels.phase_pad` splits the zero-padded input into its stride's phases, then
+               `kernels.conv2d_phases` sums the taps straight from them as a register-tiled contraction (output
+               channels as the tile's rows, an output row's pixels as its vector columns): no im2col columns,
+               KH*KW times the input. The default for strided layers of few input channels whose output rows
+               fill the tile's width (DIRECT_PHASES_MAX_CHANNELS; resnet50's stem).
+
   winograd     Winograd F(m x m, 3 x 3) for a 3x3, stride-1 layer whose output sides m (4 or 2) divides:
                `kernels.winograd_weights` transforms the filters (a weights-only step, which the ONNX
                executor runs once), `kernels.winograd_input` the input tiles of every image side by side,
@@ -67,7 +73,7 @@ from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
 FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
-            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked", "winograd")
+            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked", "direct_phases", "winograd")
 
 
 @dataclass(frozen=True)
@@ -506,7 +512,33 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
     m = cpu_winograd_default(geo, itemsize, static_batch, caps)
     if m:
         return ConvPlan("winograd", winograd=m, cpu_form=True)
+    if direct_phases_default(geo, caps):
+        return ConvPlan("direct_phases")
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
+
+
+# a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels whose output rows are at least
+# the register tile's width: the direct sum over phase planes, whose copy of the input is its size where im2col's
+# columns are KH*KW times it (resnet50's stem: 49x, 7.4 MB, written cold once an inference). resnet50's stem in the
+# model, launch by launch: 0.34 ms against onnxruntime's 0.34 on the 16-core Xeon (im2col and the contraction had
+# taken 0.47-0.49 against 0.29-0.33 on other instances), 1.5-1.8 against 2.5 ms on the 2-vCPU Xeon; the captured
+# replay, the rule against DIRECT_PHASES_MAX_CHANNELS 0 in one process (benchmarks/model_variants.py,
+# model_variants-direct-phases.json): 11.00 against 11.06 ms on the 16-core Xeon, 54.9 against 56.9 on the 2-vCPU
+# one. With many channels the columns' one wide contraction wins: the stride-2 3x3 layers of 128-512 channels at
+# 28x28 to 7x7 outputs took 1.5-4x longer as phase sums on two threads (rows of 28 or fewer pixels fill no tile)
+DIRECT_PHASES_MAX_CHANNELS = 4
+
+
+def direct_phases_applies(geo: ConvGeometry) -> bool:
+    """A one-group convolution (the family's kernels take one)."""
+    return geo.groups == 1
+
+
+def direct_phases_default(geo: ConvGeometry, caps: Capabilities) -> bool:
+    """Whether the CPU heuristic takes direct_phases for this layer (the rule above)."""
+    tile = caps.register_tile
+    return (not caps.has_local and tile is not None and caps.tile_lanes > 0 and direct_phases_applies(geo)
+            and max(geo.stride) > 1 and geo.C <= DIRECT_PHASES_MAX_CHANNELS and geo.OW >= tile[1])
 
 
 def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
@@ -528,6 +560,8 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
             out.append(ConvPlan("depthwise_padded"))
     if not caps.has_local and grouped_flat_applies(geo):
         out.append(ConvPlan("grouped_flat"))
+    if not caps.has_local and direct_phases_applies(geo):
+        out.append(ConvPlan("direct_phases"))
     if caps.has_local and geo.groups > 1:
         out.append(ConvPlan("grouped_direct"))
     if caps.has_local and geo.groups == 1:
@@ -580,6 +614,8 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
         raise ArgumentError(f"{plan}: the flat columns take one group")
     if plan.family == "grouped_direct" and geo.groups == 1:
         raise ArgumentError(f"{plan}: the convolution has one group")
+    if plan.family == "direct_phases" and not direct_phases_applies(geo):
+        raise ArgumentError(f"{plan}: the sum over phase planes takes one group")
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
                             f"channels x taps x output channels per group), stride 1 and the width kept")
