@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from morok_py import dtypes, kernels as K
-from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_PARTIAL_MIN_SIDE, CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan,
+from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_PARTIAL_MAX_THREADS, CPU_WINOGRAD_PARTIAL_MIN_SIDE,
+                                              CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan,
                                               candidate_plans, check_plan, conv_plan, k_run)
 from morok_py.errors import ArgumentError
 
@@ -419,6 +420,12 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
         for co in (512, 128):
             assert conv_plan(ConvGeometry(1, 512, 7, 7, co, 3, 3, pads=same), caps) == ConvPlan(
                 "winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)
+        # with many worker threads the 7x7 layers (a partial last row and column of tiles) read the 3x3 filters
+        # through im2col instead of F(2x2)'s 1.78x larger transformed weights; the 14x14 ones stay Winograd
+        many = replace(caps, threads=CPU_WINOGRAD_PARTIAL_MAX_THREADS + 8)
+        assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), many).family == "im2col_gemm"
+        assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), replace(caps, threads=2)).winograd
+        assert conv_plan(ConvGeometry(1, 256, 14, 14, 256, 3, 3, pads=same), many).winograd == CPU_WINOGRAD_TILE
         odd = ConvGeometry(1, 64, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, 64, 3, 3,
                            pads=same)
         assert conv_plan(odd, caps).family == "im2col_gemm"

@@ -441,6 +441,15 @@ CPU_WINOGRAD_MIN_PIXELS = 56 * 56
 # medians of 11-31 rounds: 57.6 against 58.0 ms on the EPYC, 12.1 against 12.4 on the Xeon (its minima 11.2
 # against 11.1: within that host's noise)
 CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
+# ... on hosts of at most CPU_WINOGRAD_PARTIAL_MAX_THREADS threads (a known count). With many threads a 7x7 layer is
+# bound by reading its weights, which F(2x2)'s 16 transformed planes make 1.78x the 3x3 filters' (16.8 against 9.4
+# MB for 512 -> 512): in resnet50 on the 16-core Xeon its two such contractions took 0.41 / 0.52 ms in launch order
+# against 0.18 / 0.22 alone, where onnxruntime's direct convolutions took 0.27-0.37. resnet50's captured replay there,
+# this rule against Winograd at 7x7 (the threshold 64), three executors of each in one process
+# (benchmarks/model_variants.py): 10.79 against 11.37 ms, medians of 21 rounds
+# (cpu-xeon-avx512-16c/model_variants-winograd7x7-threads.json), and 10.80 against 11.01 on another instance (15
+# rounds); the 2-vCPU hosts, whose layers are bound by their multiplies, keep Winograd (measured above)
+CPU_WINOGRAD_PARTIAL_MAX_THREADS = 8
 # AVX-512 keeps F(2x2) too. F(4x4, 3x3) for resnet50's 3x3 layers from 14x14 up (64 channels or more; 14x14 with a
 # partial last row and column of tiles), resnet50's captured replay on the 16-core Xeon, three executors of each rule
 # in one process beside onnxruntime (benchmarks/model_variants.py; the last run, at cd424e9 with a constant
@@ -455,7 +464,8 @@ def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, c
     """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
     if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE, partial=True):
         return 0
-    if not winograd_applies(geo, CPU_WINOGRAD_TILE) and min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE:
+    if not winograd_applies(geo, CPU_WINOGRAD_TILE) and (min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE
+                                                         or caps.threads > CPU_WINOGRAD_PARTIAL_MAX_THREADS):
         return 0
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
