@@ -557,15 +557,17 @@ def test_a_strided_layer_sums_its_taps_from_phase_planes_at_every_level(cpu_leve
     w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
     b = random_array(rng, (geo.CO,), np.float32)
     want = np.maximum(conv_ref(x, w, b, geo), 0)
-    steps = K.conv2d_kernels(geo, ConvPlan("direct_phases"), epilogue=K.Epilogue.of("bias", "relu"))
-    assert [st.name for st in steps] == ["phases", "direct"]
-    HQ, WQ = K.phase_planes(geo.H, geo.W, geo.stride, geo.pads)
-    assert steps[0].elements == geo.N * geo.C * geo.stride[0] * geo.stride[1] * HQ * WQ
-    assert steps[0].elements < 2 * (geo.H + 3) * (geo.W + 3) * geo.N * geo.C
-    got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b,))
-    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
-    spec = cpu_level.pair()[0].render(steps[1].ast, "phases_direct")
-    assert spec.linear.schedule.register_tile is not None, spec.linear.schedule
+    for symbolic in (False, True):      # the batch a variable: one program for every batch size
+        steps = K.conv2d_kernels(geo, ConvPlan("direct_phases"), epilogue=K.Epilogue.of("bias", "relu"),
+                                 symbolic_batch=symbolic)
+        assert [st.name for st in steps] == ["phases", "direct"]
+        HQ, WQ = K.phase_planes(geo.H, geo.W, geo.stride, geo.pads)
+        assert steps[0].elements == geo.N * geo.C * geo.stride[0] * geo.stride[1] * HQ * WQ
+        assert steps[0].elements < 2 * (geo.H + 3) * (geo.W + 3) * geo.N * geo.C
+        got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b,))
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=f"symbolic {symbolic}")
+        spec = cpu_level.pair()[0].render(steps[1].ast, "phases_direct")
+        assert spec.linear.schedule.register_tile is not None, spec.linear.schedule
 
 
 def test_a_strided_layer_of_few_input_channels_and_wide_rows_takes_the_phase_planes():

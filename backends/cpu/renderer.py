@@ -45,8 +45,8 @@ class CPULLVMPrinter(LLVMIRPrinter):
     def alu_text(self, op: Ops, dt: DType, a: list[str], ins: Instr) -> str:
         """Float MAX / MIN as numpy computes them, `a > b ? a : b` (`<` for MIN) with a NaN in either operand
         propagated: x86's one-instruction max (the comparison and select) and a NaN check of `a`, where
-        LLVM's `llvm.maximum` also orders -0 below +0 (numpy returns `b` on ties, either zero) in six
-        instructions a vector on AVX-512 (two sign tests and blends besides). Not for a reduction's
+        LLVM's `llvm.maximum` also orders -0 below +0 (numpy does not: which zero a tie gives depends on its
+        dtype) in six instructions a vector on AVX-512 (two sign tests and blends besides). Not for a reduction's
         accumulation (`reassoc`): LLVM vectorizes a loop's `llvm.maximum` chain as a reduction, not the
         selects. Two threads of the 2-vCPU AVX-512 Xeon, each form compiled in one process: resnet50's 3x3
         stride-2 max pool over 64 x 112 x 112 (eight of them a vector of output) 0.21 against 0.42 ms; a row
