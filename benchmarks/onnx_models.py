@@ -57,6 +57,11 @@ RTOL, ATOL = 1e-3, 1e-5
 # were most of a 4-run block
 AB_WARM = 3
 AB_BLOCK = 10
+# a worker process (one model, one role) that hands back nothing in this many seconds is killed and the run fails
+# naming it; the worker dumps every thread's stack to its stderr at WORKER_STACKS_S, before that, which the error shows
+# (a full run on the 16-core Xeon once sat past 600 s without a line of output)
+WORKER_TIMEOUT_S = 900
+WORKER_STACKS_S = WORKER_TIMEOUT_S - 30
 
 
 def light(name: str) -> tuple[Path, Path]:
@@ -276,7 +281,7 @@ def morok_worker(args) -> dict:
 
 def spawn(role: str, model: Path, feeds: Path, want: Path | None, device: str, compiler: str | None, runs: int,
           cache: str, ab: bool = False) -> tuple[dict, np.ndarray | None]:
-    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    env = dict(os.environ, XDG_CACHE_HOME=cache, MOROK_BENCH_STACKS_S=str(WORKER_STACKS_S))
     if compiler:
         env[f"MOROK_{device.split(':')[0].upper()}_COMPILER"] = compiler
     with tempfile.TemporaryDirectory() as td:
@@ -284,7 +289,12 @@ def spawn(role: str, model: Path, feeds: Path, want: Path | None, device: str, c
         cmd = [sys.executable, __file__, "--worker", role, "--model", str(model), "--feeds", str(feeds),
                "--device", device, "--runs", str(runs), "--out-npy", npy] + (["--want", str(want)] if want else []) + \
               (["--ab"] if ab else [])
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            raise RuntimeError(f"{model.name} {role} on {device}/{compiler}: no result in {WORKER_TIMEOUT_S} s, "
+                               f"killed; its stderr (thread stacks at {WORKER_STACKS_S} s):\n{err[-6000:]}") from None
         if p.returncode != 0:
             raise RuntimeError(f"{model.name} {role} on {device}/{compiler}: worker failed\n{p.stderr[-3000:]}")
         return json.loads(p.stdout.strip().splitlines()[-1]), (np.load(npy) if os.path.exists(npy) else None)
@@ -304,6 +314,8 @@ def main() -> int:
     ap.add_argument("--ab", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
+        import faulthandler
+        faulthandler.dump_traceback_later(float(os.environ.get("MOROK_BENCH_STACKS_S", WORKER_STACKS_S)), exit=False)
         print(json.dumps(ort_worker(args) if args.worker == "onnxruntime" else morok_worker(args)))
         return 0
     import onnx
