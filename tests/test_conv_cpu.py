@@ -572,7 +572,8 @@ def test_a_strided_layer_sums_its_taps_from_phase_planes_at_every_level(cpu_leve
 
 def test_a_strided_layer_of_few_input_channels_and_wide_rows_takes_the_phase_planes():
     """The CPU default: resnet50's stem (3 channels, 7x7 stride 2, 112-pixel output rows) sums from phase planes on
-    AVX2- and AVX-512-sized targets; many input channels, stride 1 or rows narrower than the tile keep their plans."""
+    AVX2- and AVX-512-sized targets, a 5x5 one too; many input channels, a 3x3 kernel, stride 1 or rows narrower
+    than the tile keep their plans."""
     from morok_py.codegen.capabilities import Capabilities
     from morok_py.codegen.strategies.conv import DIRECT_PHASES_MAX_CHANNELS
     avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8)
@@ -584,6 +585,9 @@ def test_a_strided_layer_of_few_input_channels_and_wide_rows_takes_the_phase_pla
         assert conv_plan(wide, caps).family == "im2col_gemm"
         assert conv_plan(replace(stem, stride=(1, 1)), caps).family != "direct_phases"
         assert ConvPlan("direct_phases") in candidate_plans(wide, caps)
+    small = ConvGeometry(8, 3, 112, 112, 16, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1))        # 9 taps: columns win
+    assert conv_plan(small, avx2).family == conv_plan(small, avx512).family == "im2col_gemm"
+    assert conv_plan(replace(small, KH=5, KW=5, pads=(2, 2, 2, 2)), avx2).family == "direct_phases"
     narrow = ConvGeometry(1, 3, 60, 60, 64, 7, 7, (2, 2), (1, 1), (3, 3, 3, 3))          # 30-pixel output rows
     assert conv_plan(narrow, avx512).family == "im2col_gemm" and conv_plan(narrow, avx2).family == "direct_phases"
     assert conv_plan(stem, Capabilities(has_local=True)).family != "direct_phases"

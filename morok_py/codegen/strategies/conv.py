@@ -49,8 +49,9 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
   direct_phases  (CPU) `kernels.phase_pad` splits the zero-padded input into its stride's phases, then
                `kernels.conv2d_phases` sums the taps straight from them as a register-tiled contraction (output
                channels as the tile's rows, an output row's pixels as its vector columns): no im2col columns,
-               KH*KW times the input. The default for strided layers of few input channels whose output rows
-               fill the tile's width (DIRECT_PHASES_MAX_CHANNELS; resnet50's stem).
+               KH*KW times the input. The default for strided layers of few input channels and large kernels
+               whose output rows fill the tile's width (DIRECT_PHASES_MAX_CHANNELS, DIRECT_PHASES_MIN_TAPS;
+               resnet50's stem).
 
   winograd     Winograd F(m x m, 3 x 3) for a 3x3, stride-1 layer whose output sides m (4 or 2) divides:
                `kernels.winograd_weights` transforms the filters (a weights-only step, which the ONNX
@@ -527,16 +528,22 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
-# a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels whose output rows are at least
-# the register tile's width: the direct sum over phase planes, whose copy of the input is its size where im2col's
+# a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels and at least DIRECT_PHASES_MIN_TAPS
+# taps whose output rows are at least the register tile's width: the direct sum over phase planes, whose copy of the input is its size where im2col's
 # columns are KH*KW times it (resnet50's stem: 49x, 7.4 MB, written cold once an inference). resnet50's stem in the
 # model, launch by launch: 0.34 ms against onnxruntime's 0.34 on the 16-core Xeon (im2col and the contraction had
 # taken 0.47-0.49 against 0.29-0.33 on other instances), 1.5-1.8 against 2.5 ms on the 2-vCPU Xeon; the captured
 # replay, the rule against DIRECT_PHASES_MAX_CHANNELS 0 in one process (benchmarks/model_variants.py,
 # model_variants-direct-phases.json): 11.00 against 11.06 ms on the 16-core Xeon, 54.9 against 56.9 on the 2-vCPU
 # one. With many channels the columns' one wide contraction wins: the stride-2 3x3 layers of 128-512 channels at
-# 28x28 to 7x7 outputs took 1.5-4x longer as phase sums on two threads (rows of 28 or fewer pixels fill no tile)
+# 28x28 to 7x7 outputs took 1.5-4x longer as phase sums on two threads (rows of 28 or fewer pixels fill no tile).
+# And only for kernels of at least DIRECT_PHASES_MIN_TAPS taps, whose columns multiply the input most: 3 channels
+# stride 2, each form alone on the 2-vCPU Xeon's two threads, AVX2 code (x86-64-v3) / AVX-512 (v4), ms: 7x7 to 64
+# channels at 224x224 2.96 / 2.19 against 3.57 / 2.53 through im2col, 5x5 to 32 0.89 / 0.61 against 1.06 / 0.83, but
+# 3x3 to 64 0.97 / 0.60 against 0.92 / 0.57 and the MobileNet stack's first layer (3x3 to 16, batch 8 at 112x112)
+# 0.77 against 0.64 on AVX2
 DIRECT_PHASES_MAX_CHANNELS = 4
+DIRECT_PHASES_MIN_TAPS = 25
 
 
 def direct_phases_applies(geo: ConvGeometry) -> bool:
@@ -548,7 +555,8 @@ def direct_phases_default(geo: ConvGeometry, caps: Capabilities) -> bool:
     """Whether the CPU heuristic takes direct_phases for this layer (the rule above)."""
     tile = caps.register_tile
     return (not caps.has_local and tile is not None and caps.tile_lanes > 0 and direct_phases_applies(geo)
-            and max(geo.stride) > 1 and geo.C <= DIRECT_PHASES_MAX_CHANNELS and geo.OW >= tile[1])
+            and max(geo.stride) > 1 and geo.C <= DIRECT_PHASES_MAX_CHANNELS and geo.KH * geo.KW >= DIRECT_PHASES_MIN_TAPS
+            and geo.OW >= tile[1])
 
 
 def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
