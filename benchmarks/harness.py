@@ -91,6 +91,20 @@ def constants(settings: str):
             setattr(mod, name, old)
 
 
+def block_times(fn, warm: int, timed: int) -> tuple[float, list[float]]:
+    """One interleaved block of a runtime's runs: `settle()` (the seconds it waited), then `warm` untimed runs
+    (they wake the runtime's thread pool) and the times of `timed` runs."""
+    waited = settle()
+    for _ in range(warm):
+        fn()
+    times = []
+    for _ in range(timed):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return waited, times
+
+
 def wait_quiet(seconds: float, below: float = 0.5) -> None:
     """Other work on the machine skews every number: optionally wait for it to settle."""
     if seconds <= 0 or not hasattr(os, "getloadavg"):

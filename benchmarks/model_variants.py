@@ -24,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,20 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
 import onnx_models as OM  # noqa: E402
 
-RTOL, ATOL = 1e-3, 1e-5
-WARM = 3
-
 
 def block(fn, n: int) -> float:
-    H.settle()
-    for _ in range(WARM):
-        fn()
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    """The median of one interleaved block of `n` timed runs (onnx_models' warm-up before them)."""
+    return statistics.median(H.block_times(fn, OM.AB_WARM, n)[1])
 
 
 def main() -> None:
@@ -77,7 +66,7 @@ def main() -> None:
                 ex = OnnxExecutor(model, "CPU")
                 got = ex.run(feeds)
             for o, w in zip(got, want):
-                np.testing.assert_allclose(np.asarray(o), w, rtol=RTOL, atol=ATOL, err_msg=label)
+                np.testing.assert_allclose(np.asarray(o), w, rtol=OM.RTOL, atol=OM.ATOL, err_msg=label)
             runs.append((label, lambda e=ex: e.run(feeds)))
     runs.append(("onnxruntime", lambda: sess.run(None, feeds)))
     order = labels + ["onnxruntime"]

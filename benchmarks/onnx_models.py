@@ -42,7 +42,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import settle  # noqa: E402
+from harness import block_times  # noqa: E402
 if str(ROOT) not in sys.path:       # a source checkout runs it with no install (the workers are this script too)
     sys.path.insert(0, str(ROOT))
 LIGHT = ("resnet50", "densenet121")
@@ -266,12 +266,9 @@ def morok_worker(args) -> dict:
             ours, theirs, waits = [], [], []
             for _ in range(max(3, args.runs // 2)):
                 for fn, acc in ((lambda: sess.run(None, feeds), theirs), (lambda: ex.run(feeds), ours)):
-                    waits.append(settle())
-                    for b in range(AB_WARM + AB_BLOCK):      # the first runs of a block wake its pool: not counted
-                        t0 = time.perf_counter()
-                        fn()
-                        if b >= AB_WARM:
-                            acc.append(time.perf_counter() - t0)
+                    waited, times = block_times(fn, AB_WARM, AB_BLOCK)
+                    waits.append(waited)
+                    acc += times
             res["interleaved"] = {"morok_ms_median": statistics.median(ours) * 1e3,
                                   "onnxruntime_ms_median": statistics.median(theirs) * 1e3,
                                   "ratio": statistics.median(theirs) / statistics.median(ours),

@@ -1295,9 +1295,7 @@ def phase_pad(N: int | None, C: int, H: int, W: int, stride: tuple[int, int], pa
     ax = _Axes()
     q, py, px, a, b = ax(_batch(N) * C if N is None else N * C), ax(sh), ax(sw), ax(HQ), ax(WQ)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
-    y, xx = a * sh + py - pt, b * sw + px - pl
-    ok = (y >= 0) & (y < H) & (xx >= 0) & (xx < W)
-    v = ok.where(x.load(q * (H * W) + y.clamp(0, H - 1) * W + xx.clamp(0, W - 1)), UOp.const(0, dt))
+    v = _tap(x, q * (H * W), H, W, a * sh + py - pt, b * sw + px - pl, dt, (True, True))
     return UOp.sink(out.store((((q * sh + py) * sw + px) * HQ + a) * WQ + b, v))
 
 
