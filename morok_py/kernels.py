@@ -831,8 +831,8 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     if rows and lanes:
         # a work-item's vector of V taps is the innermost range, the pixels of the whole batch the next (a
         # GPU's x: a warp's loads of one tap read neighbouring pixels, a row of the input plane), the vectors
-        # of a row outermost. With the taps on the lanes a warp's load of one tap touched ~28 channel planes
-        # (benchmarks/conv.py, im2col_rows)
+        # of a row outermost. With the taps on the lanes, one load instruction of a warp (32 work-items of 8
+        # taps) reads from ~28 channel planes of the input; here from one plane's neighbouring rows
         V = IM2COL_VECTOR_BYTES // dt.itemsize
         if KT % V:
             raise ArgumentError(f"im2col_flat: pixel_lanes needs the {KT} taps of a row in vectors of {V}")
