@@ -812,38 +812,20 @@ def grouped_conv2d_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int,
 
 def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
                 dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
-                dtype=dtypes.float32, rows: bool = False, pixel_lanes: bool | None = None) -> UOp:
+                dtype=dtypes.float32, rows: bool = False) -> UOp:
     """col[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
     padding: `im2col`'s columns with every image's pixels side by side in one row per tap (the GPU form,
     ConvPlan family im2col_flat), so that `flat_gemm` is one contraction over all the batch's pixels whose
     rows are contiguous. `rows` (family im2col_rows): the transpose, col[(n, oh, ow), (c, kh, kw)], a
     pixel's taps contiguous (both of the contraction's operands then run along k, as a tensor core's
-    fragments do). With rows, `pixel_lanes` (default: where a row of taps is whole 16-byte vectors,
-    `im2col_pixel_lanes`) puts neighbouring pixels on neighbouring work-items, each writing one 16-byte
-    vector of a pixel's taps, instead of neighbouring vectors of one pixel's taps. N None is the variable `N`.
-    Params: x, col."""
+    fragments do). N None is the variable `N`. Params: x, col."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
-    KT = C * KH * KW
     ax = _Axes()
-    lanes = im2col_pixel_lanes(KT, dt) if pixel_lanes is None else pixel_lanes
-    if rows and lanes:
-        # a work-item's vector of V taps is the innermost range, the pixels of the whole batch the next (a
-        # GPU's x: a warp's loads of one tap read neighbouring pixels, a row of the input plane), the vectors
-        # of a row outermost. With the taps on the lanes, one load instruction of a warp (32 work-items of 8
-        # taps) reads from ~28 channel planes of the input; here from one plane's neighbouring rows
-        V = IM2COL_VECTOR_BYTES // dt.itemsize
-        if KT % V:
-            raise ArgumentError(f"im2col_flat: pixel_lanes needs the {KT} taps of a row in vectors of {V}")
-        tb = ax(KT // V)
-        q = ax(_batch(N) * (OH * OW) if N is None else N * OH * OW)
-        t = tb * V + ax(V)
-        n, p = q // (OH * OW), q % (OH * OW)
-        oh, ow, c, kh, kw = p // OW, p % OW, t // (KH * KW), (t // KW) % KH, t % KW
-    elif rows:      # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
+    if rows:        # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
         # pixels one range (y) under the batch (z): CUDA's grid allows 65535 in y and z
-        n, p, t = ax(_batch(N)), ax(OH * OW), ax(KT)
+        n, p, t = ax(_batch(N)), ax(OH * OW), ax(C * KH * KW)
         oh, ow, c, kh, kw = p // OW, p % OW, t // (KH * KW), (t // KW) % KH, t % KW
     else:
         c, kh, kw, n, oh, ow = ax(C), ax(KH), ax(KW), ax(_batch(N)), ax(OH), ax(OW)
@@ -851,22 +833,10 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
     tap, pix = (c * KH + kh) * KW + kw, (n * OH + oh) * OW + ow
-    # rows: the tap is a range (t, or a vector's lane within t), so the store's index is contiguous in it as the
-    # vector plan sees it (codegen/strategies/vectorize.py): 16-byte stores of 8 halves, a work-item's 8
-    # gathered loads in flight
-    at = pix * KT + t if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
+    # rows: the tap is the range t itself, so the store's index is contiguous in t as the vector plan sees it
+    # (codegen/strategies/vectorize.py): 16-byte stores of 8 halves and a work-item's 8 gathered loads in flight
+    at = pix * (C * KH * KW) + t if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
     return UOp.sink(col.store(at, v))
-
-
-# im2col_rows' work-items write vectors of this many bytes of a pixel's taps (pixel_lanes)
-IM2COL_VECTOR_BYTES = 16
-
-
-def im2col_pixel_lanes(taps: int, dt: DType) -> bool:
-    """Whether `im2col_flat(rows=True)` puts pixels on neighbouring work-items: where a pixel's row of `taps`
-    elements is whole IM2COL_VECTOR_BYTES vectors (otherwise a row's vectors do not start aligned and
-    the taps keep the lanes)."""
-    return (taps * dt.itemsize) % IM2COL_VECTOR_BYTES == 0
 
 
 def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None,
