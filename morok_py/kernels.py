@@ -816,33 +816,26 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     """col[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
     padding: `im2col`'s columns with every image's pixels side by side in one row per tap (the GPU form,
     ConvPlan family im2col_flat), so that `flat_gemm` is one contraction over all the batch's pixels whose
-    rows are contiguous. `rows` (family im2col_rows): a pixel's taps contiguous, tap-major,
-    col[(n, oh, ow), (kh, kw, c)] (both of the contraction's operands then run along k, as a tensor core's
-    fragments do; the weights as `conv_weights_tap_major` gives them). N None is the variable `N`.
-    Params: x, col."""
+    rows are contiguous. `rows` (family im2col_rows): the transpose, col[(n, oh, ow), (c, kh, kw)], a
+    pixel's taps contiguous (both of the contraction's operands then run along k, as a tensor core's
+    fragments do). N None is the variable `N`. Params: x, col."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    if rows:
-        # the channels innermost (a GPU's x: neighbouring work-items write neighbouring 16-byte vectors of one
-        # tap), the pixels one range (y) under (tap, batch) (z): CUDA's grid allows 65535 in y and z. A
-        # vector's lanes then differ in the channel alone, so one tap's row and column checks serve them all;
-        # with the taps (c, kh, kw) innermost each lane took its own divisions by KH*KW and KW and its own
-        # checks, and the columns were bound by that index arithmetic (benchmarks/conv.py, float16 256
-        # channels at 14x14 on the H200: 25.2 us for the columns, 23.3 for the contraction)
-        tap, n, p, c = ax(KH * KW), ax(_batch(N)), ax(OH * OW), ax(C)
-        oh, ow, kh, kw = p // OW, p % OW, tap // KW, tap % KW
-        t = tap * C + c
+    if rows:        # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
+        # pixels one range (y) under the batch (z): CUDA's grid allows 65535 in y and z
+        n, p, t = ax(_batch(N)), ax(OH * OW), ax(C * KH * KW)
+        oh, ow, c, kh, kw = p // OW, p % OW, t // (KH * KW), (t // KW) % KH, t % KW
     else:
         c, kh, kw, n, oh, ow = ax(C), ax(KH), ax(KW), ax(_batch(N)), ax(OH), ax(OW)
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-    pix = (n * OH + oh) * OW + ow
-    # rows: the store's index is contiguous in the channel range c as the vector plan sees it
+    tap, pix = (c * KH + kh) * KW + kw, (n * OH + oh) * OW + ow
+    # rows: the tap is the range t itself, so the store's index is contiguous in t as the vector plan sees it
     # (codegen/strategies/vectorize.py): 16-byte stores of 8 halves and a work-item's 8 gathered loads in flight
-    at = pix * (C * KH * KW) + t if rows else ((c * KH + kh) * KW + kw) * (_end(_batch(N)) * (OH * OW)) + pix
+    at = pix * (C * KH * KW) + t if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
     return UOp.sink(col.store(at, v))
 
 
@@ -1535,21 +1528,15 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                                                           g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family in ("im2col_flat", "im2col_rows"):
         K_, rows = g.C * g.KH * g.KW, plan.family == "im2col_rows"
-        steps = [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
-                                                  rows), ("x",), "col", g.N * K_ * P)]
-        wname = "w"
-        if rows:        # tap-major columns: the weights reordered to match
-            steps.insert(0, KernelStep("weights", conv_weights_tap_major(g.CO, g.C, g.KH, g.KW, dtype), ("w",), "wt",
-                                       g.CO * K_))
-            wname = "wt"
+        cols = KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
+                                                rows), ("x",), "col", g.N * K_ * P)
         if plan.split > 1:
             acc = accumulation_dtype(as_dtype(dtype))
-            return steps + [KernelStep("gemm", flat_gemm_split(N, g.CO, K_, P, plan.split, dtype, rows), ("col", wname),
-                                       "part", plan.split * g.CO * g.N * P, dtype=acc),
-                            KernelStep("sum", split_sum(N, g.CO, P, plan.split, dtype, epi), ("part", "epilogue"), "out",
-                                       out_n)]
-        return steps + [KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", wname, "epilogue"),
-                                   "out", out_n)]
+            return [cols, KernelStep("gemm", flat_gemm_split(N, g.CO, K_, P, plan.split, dtype, rows), ("col", "w"),
+                                     "part", plan.split * g.CO * g.N * P, dtype=acc),
+                    KernelStep("sum", split_sum(N, g.CO, P, plan.split, dtype, epi), ("part", "epilogue"), "out", out_n)]
+        return [cols, KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", "w", "epilogue"), "out",
+                                 out_n)]
     if plan.family == "grouped_direct":
         return [KernelStep("grouped", grouped_conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.stride,
                                                      g.dilation, g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]

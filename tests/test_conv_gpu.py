@@ -185,30 +185,20 @@ def _interpret(steps, arrays: dict, pair: int, npdt, N: int, schedules: dict | N
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
 def test_rows_columns_store_a_pixels_taps_as_vectors(rng, pair):
-    """im2col_rows' columns are tap-major, col[(n, oh, ow), (kh, kw, c)]: the channels are the innermost
-    range, so a work-item writes 8 halves (16 bytes) of one tap and gathers their 8 channels, whose lanes
-    share the tap's row and column checks (no per-lane division); where a pixel's row is not whole vectors
-    (5 channels: 45) the unaligned rows run lane by lane. The weights step reorders the filters to match.
-    Symbolic batch, against numpy."""
+    """im2col_rows' columns: the store's index is the taps' range itself, so a work-item writes 8 halves (16
+    bytes) and gathers their 8 taps, in flight together; where a pixel's row of taps is not a multiple of 8
+    long (5 channels: 45) the unaligned rows run lane by lane. Symbolic batch, against numpy."""
     from morok_py.backends.cuda.device import compile_only_pairs
-    from morok_py.ir import Ops
     r, _ = compile_only_pairs("sm_90")[pair]
     for geo in (ConvGeometry(3, 16, 9, 11, 8, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), DENSE[0]):
-        steps = K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)
-        assert [(st.name, st.inputs) for st in steps] == [("weights", ("w",)), ("im2col", ("x",)),
-                                                          ("gemm", ("col", "wt", "epilogue"))]
-        step = steps[1]
-        ranges = sorted((u for u in step.ast.toposort() if u.op is Ops.RANGE), key=lambda u: u.arg[0])
-        assert [u.src[0].arg if u.src[0].op is Ops.CONST else "N" for u in ranges] == [9, "N", geo.OH * geo.OW, geo.C]
-        spec = r.render(step.ast, "cols")
-        assert spec.linear.schedule.vector_width == 8
-        if geo.C % 8 == 0:      # one division by KW per work-item, none per lane
-            assert len(re.findall(r"/ 3\)|div i32 [^,]+, 3\b", spec.src)) == 1, spec.src
+        step = K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)[0]
+        assert step.name == "im2col"
+        assert r.render(step.ast, "cols").linear.schedule.vector_width == 8
         x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
         got = _interpret([replace(step, output="out")], {"x": x}, pair, np.float16, geo.N)
         xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
         want = np.stack([xp[:, :, kh:kh + geo.stride[0] * geo.OH:geo.stride[0], kw:kw + geo.stride[1] * geo.OW:geo.stride[1]]
-                         for kh in range(3) for kw in range(3)], axis=1)              # [N, 9, C, OH, OW]
+                         for kh in range(3) for kw in range(3)], axis=2)              # [N, C, 9, OH, OW]
         np.testing.assert_array_equal(got.reshape(geo.N * geo.OH * geo.OW, -1),
                                       want.transpose(0, 3, 4, 1, 2).reshape(geo.N * geo.OH * geo.OW, -1))
 

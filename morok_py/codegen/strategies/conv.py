@@ -33,9 +33,9 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                where the output's tiles are few) go to float32 partials that `kernels.split_sum` adds.
                The default for float32 3x3 (`gpu_plan`), and with runs for float32 1x1 layers whose tiles
                are few (FLAT_POINTWISE_MIN_ROWS).
-  im2col_rows  (GPU) the same with the columns transposed and tap-major, [N*OH*OW, KH*KW*C]: a pixel's taps
-               contiguous, both operands of the contraction along k (the weights reordered to [CO, KH, KW, C]
-               by a weights-only step); the default for 16-bit 3x3 from IM2COL_FLAT_MIN_CO output channels.
+  im2col_rows  (GPU) the same with the columns transposed, [N*OH*OW, C*KH*KW]: a pixel's taps contiguous,
+               both operands of the contraction along k; the default for 16-bit 3x3 from
+               IM2COL_FLAT_MIN_CO output channels.
   direct       `kernels.conv2d` after `kernels.pad2d`: the implicit GEMM (pixels as rows, output
                channels as columns) that a GPU's shared-memory tiles and tensor cores take, the
                default there for unpadded 16-bit layers narrower than IM2COL_FLAT_MIN_CO and for 1x1
