@@ -816,14 +816,28 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     """col[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*sh + kh*dh - top, ow*sw + kw*dw - left], zero in the
     padding: `im2col`'s columns with every image's pixels side by side in one row per tap (the GPU form,
     ConvPlan family im2col_flat), so that `flat_gemm` is one contraction over all the batch's pixels whose
-    rows are contiguous. `rows` (family im2col_rows): the transpose, col[(n, oh, ow), (c, kh, kw)], a
-    pixel's taps contiguous (both of the contraction's operands then run along k, as a tensor core's
-    fragments do). N None is the variable `N`. Params: x, col."""
+    rows are contiguous. `rows` (family im2col_rows): the transpose, a pixel's taps contiguous (both of
+    the contraction's operands then run along k, as a tensor core's fragments do): tap-major,
+    col[(n, oh, ow), (kh, kw, c)], where the channels come in blocks of `im2col_channel_block` (the
+    weights then as `conv_weights_tap_major` gives them), else col[(n, oh, ow), (c, kh, kw)]. N None is
+    the variable `N`. Params: x, col."""
     dt = as_dtype(dtype)
     (sh, sw), (dh, dw), (pt, pl, pb, pr) = stride, dilation, pads
     OH, OW = _out_size(H, KH, sh, dh, pt, pb), _out_size(W, KW, sw, dw, pl, pr)
     ax = _Axes()
-    if rows:        # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
+    cin = im2col_channel_block(C, dt) if rows else 0
+    if cin:
+        # a block of cin channels innermost (a GPU's x: a few work-items, each writing a 16-byte vector of
+        # one tap), the batch's pixels next (y: the rest of a warp, neighbouring pixels), (tap, channel
+        # block) outermost (z). A warp's load of one lane reads a few channel planes at neighbouring
+        # pixels, and a vector's lanes differ in the channel alone, sharing one tap's row and column checks
+        tap, cb = ax(KH * KW), ax(C // cin)
+        q = ax(_batch(N) * (OH * OW) if N is None else N * OH * OW)
+        c = cb * cin + ax(cin)
+        n, p = q // (OH * OW), q % (OH * OW)
+        oh, ow, kh, kw = p // OW, p % OW, tap // KW, tap % KW
+        t = tap * C + c
+    elif rows:      # the taps innermost (a GPU's x: neighbouring work-items write neighbouring elements), the
         # pixels one range (y) under the batch (z): CUDA's grid allows 65535 in y and z
         n, p, t = ax(_batch(N)), ax(OH * OW), ax(C * KH * KW)
         oh, ow, c, kh, kw = p // OW, p % OW, t // (KH * KW), (t // KW) % KH, t % KW
@@ -832,11 +846,34 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
     x, col = UOp.param(0, dt), UOp.param(1, dt)
     masked = (_needs_mask(H, OH, KH, sh, dh, pt), _needs_mask(W, OW, KW, sw, dw, pl))
     v = _tap(x, (n * C + c) * (H * W), H, W, oh * sh + kh * dh - pt, ow * sw + kw * dw - pl, dt, masked)
-    tap, pix = (c * KH + kh) * KW + kw, (n * OH + oh) * OW + ow
-    # rows: the tap is the range t itself, so the store's index is contiguous in t as the vector plan sees it
-    # (codegen/strategies/vectorize.py): 16-byte stores of 8 halves and a work-item's 8 gathered loads in flight
-    at = pix * (C * KH * KW) + t if rows else tap * (_end(_batch(N)) * (OH * OW)) + pix
+    pix = (n * OH + oh) * OW + ow
+    # rows: the store's index is contiguous in the innermost range (the channels of a block, or the taps) as
+    # the vector plan sees it (codegen/strategies/vectorize.py): 16-byte stores of 8 halves and a
+    # work-item's 8 gathered loads in flight
+    at = pix * (C * KH * KW) + t if rows else ((c * KH + kh) * KW + kw) * (_end(_batch(N)) * (OH * OW)) + pix
     return UOp.sink(col.store(at, v))
+
+
+# im2col_rows' tap-major columns: a warp's row of work-items covers this many bytes of a tap's channels (4
+# 16-byte vectors: 32 halves), the rest of the warp neighbouring pixels; a layer whose channels come in
+# blocks of at least IM2COL_MIN_BLOCK_BYTES takes the largest such block. On the H200 (batch 32 float16,
+# columns alone, interleaved; the taps on the lanes / 4 vectors x 8 pixels / 2 x 16 / 1 x 32, us): 256
+# channels at 14x14 24.9 / 14.8 / 18.8 / 29.3 (a whole warp of one pixel's channels, tap-major: 42.3), 256 at
+# 28x28 stride 2 27.1 / 22.0 / 23.9 / 30.5, 128 at 28x28 49.6 / 27.6 / 34.5 / 110, 512 at 7x7 12.9 / 12.5
+IM2COL_BLOCK_BYTES = 64
+IM2COL_MIN_BLOCK_BYTES = 32
+
+
+def im2col_channel_block(C: int, dt: DType) -> int:
+    """The channels of one block in im2col_rows' tap-major columns (`im2col_flat(rows=True)`), or 0 where C
+    has no block of at least IM2COL_MIN_BLOCK_BYTES (the columns then keep the (c, kh, kw) order, the taps
+    on the lanes)."""
+    size = IM2COL_BLOCK_BYTES
+    while size >= IM2COL_MIN_BLOCK_BYTES:
+        if size % dt.itemsize == 0 and C % (size // dt.itemsize) == 0:
+            return size // dt.itemsize
+        size //= 2
+    return 0
 
 
 def flat_gemm(N: int | None, CO: int, K: int, P: int, dtype=dtypes.float32, epilogue: Epilogue | None = None,
@@ -1528,15 +1565,21 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                                                           g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]
     if plan.family in ("im2col_flat", "im2col_rows"):
         K_, rows = g.C * g.KH * g.KW, plan.family == "im2col_rows"
-        cols = KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
-                                                rows), ("x",), "col", g.N * K_ * P)
+        steps = [KernelStep("im2col", im2col_flat(N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads, dtype,
+                                                  rows), ("x",), "col", g.N * K_ * P)]
+        wname = "w"
+        if rows and im2col_channel_block(g.C, as_dtype(dtype)):     # tap-major columns: the weights to match
+            steps.insert(0, KernelStep("weights", conv_weights_tap_major(g.CO, g.C, g.KH, g.KW, dtype), ("w",), "wt",
+                                       g.CO * K_))
+            wname = "wt"
         if plan.split > 1:
             acc = accumulation_dtype(as_dtype(dtype))
-            return [cols, KernelStep("gemm", flat_gemm_split(N, g.CO, K_, P, plan.split, dtype, rows), ("col", "w"),
-                                     "part", plan.split * g.CO * g.N * P, dtype=acc),
-                    KernelStep("sum", split_sum(N, g.CO, P, plan.split, dtype, epi), ("part", "epilogue"), "out", out_n)]
-        return [cols, KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", "w", "epilogue"), "out",
-                                 out_n)]
+            return steps + [KernelStep("gemm", flat_gemm_split(N, g.CO, K_, P, plan.split, dtype, rows), ("col", wname),
+                                       "part", plan.split * g.CO * g.N * P, dtype=acc),
+                            KernelStep("sum", split_sum(N, g.CO, P, plan.split, dtype, epi), ("part", "epilogue"), "out",
+                                       out_n)]
+        return steps + [KernelStep("gemm", flat_gemm(N, g.CO, K_, P, dtype, epi, rows), ("col", wname, "epilogue"),
+                                   "out", out_n)]
     if plan.family == "grouped_direct":
         return [KernelStep("grouped", grouped_conv2d(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.groups, g.stride,
                                                      g.dilation, g.pads, dtype, epi), ("x", "w", "epilogue"), "out", out_n)]

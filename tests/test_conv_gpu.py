@@ -185,22 +185,41 @@ def _interpret(steps, arrays: dict, pair: int, npdt, N: int, schedules: dict | N
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
 def test_rows_columns_store_a_pixels_taps_as_vectors(rng, pair):
-    """im2col_rows' columns: the store's index is the taps' range itself, so a work-item writes 8 halves (16
-    bytes) and gathers their 8 taps, in flight together; where a pixel's row of taps is not a multiple of 8
-    long (5 channels: 45) the unaligned rows run lane by lane. Symbolic batch, against numpy."""
+    """im2col_rows' columns: a work-item writes 8 halves (16 bytes) of a pixel's taps and gathers them, in
+    flight together. Where the channels come in blocks (48 channels: 3 blocks of 16, 32 bytes) the columns
+    are tap-major, col[(n, oh, ow), (kh, kw, c)], the block's channels innermost and the batch's pixels
+    next, so a vector's lanes differ in the channel alone and share the tap's divisions; the weights step
+    reorders the filters to match. Otherwise (5 channels: 45 taps) the (c, kh, kw) taps keep the lanes and
+    the unaligned rows run lane by lane. Symbolic batch, against numpy."""
     from morok_py.backends.cuda.device import compile_only_pairs
+    from morok_py.ir import Ops
     r, _ = compile_only_pairs("sm_90")[pair]
-    for geo in (ConvGeometry(3, 16, 9, 11, 8, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), DENSE[0]):
-        step = K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)[0]
-        assert step.name == "im2col"
-        assert r.render(step.ast, "cols").linear.schedule.vector_width == 8
+    for geo, block in ((ConvGeometry(3, 48, 9, 11, 8, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), 16), (DENSE[0], 0)):
+        assert K.im2col_channel_block(geo.C, dtypes.float16) == block
+        steps = K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)
+        names = [(st.name, st.inputs) for st in steps]
+        assert names == ([("weights", ("w",))] if block else []) + [
+            ("im2col", ("x",)), ("gemm", ("col", "wt" if block else "w", "epilogue"))]
+        step = steps[-2]
+        ranges = sorted((u for u in step.ast.toposort() if u.op is Ops.RANGE), key=lambda u: u.arg[0])
+        ends = [u.src[0].arg if u.src[0].op is Ops.CONST else "N" for u in ranges]
+        # tap-major: (tap, channel block, the batch's pixels N*OH*OW, a block's channels); else (N, OH*OW, taps)
+        assert ends == ([9, geo.C // block, "N", block] if block else ["N", geo.OH * geo.OW, geo.C * 9]), ends
+        spec = r.render(step.ast, "cols")
+        assert spec.linear.schedule.vector_width == 8
+        divisions = len(re.findall(r" [/%] \d+\)|[su](?:div|rem) i32", spec.src))
+        if block:       # the work-item's grid, pixel and tap splits, none a lane: the (c, kh, kw) taps take 4 a lane
+            assert divisions <= 8, spec.src
+        else:
+            assert divisions >= 8 * 4
         x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32).astype(np.float16)
         got = _interpret([replace(step, output="out")], {"x": x}, pair, np.float16, geo.N)
         xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
         want = np.stack([xp[:, :, kh:kh + geo.stride[0] * geo.OH:geo.stride[0], kw:kw + geo.stride[1] * geo.OW:geo.stride[1]]
                          for kh in range(3) for kw in range(3)], axis=2)              # [N, C, 9, OH, OW]
+        order = (0, 3, 4, 2, 1) if block else (0, 3, 4, 1, 2)                        # (tap, c) or (c, tap)
         np.testing.assert_array_equal(got.reshape(geo.N * geo.OH * geo.OW, -1),
-                                      want.transpose(0, 3, 4, 1, 2).reshape(geo.N * geo.OH * geo.OW, -1))
+                                      want.transpose(*order).reshape(geo.N * geo.OH * geo.OW, -1))
 
 
 @pytest.mark.parametrize("pair", [0, 1], ids=["nvrtc", "llvm-nvptx"])
