@@ -856,10 +856,10 @@ def im2col_flat(N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride:
 
 # im2col_rows' tap-major columns: a warp's row of work-items covers this many bytes of a tap's channels (4
 # 16-byte vectors: 32 halves), the rest of the warp neighbouring pixels; a layer whose channels come in
-# blocks of at least IM2COL_MIN_BLOCK_BYTES takes the largest such block. On the H200 (batch 32 float16,
-# columns alone, interleaved; the taps on the lanes / 4 vectors x 8 pixels / 2 x 16 / 1 x 32, us): 256
-# channels at 14x14 24.9 / 14.8 / 18.8 / 29.3 (a whole warp of one pixel's channels, tap-major: 42.3), 256 at
-# 28x28 stride 2 27.1 / 22.0 / 23.9 / 30.5, 128 at 28x28 49.6 / 27.6 / 34.5 / 110, 512 at 7x7 12.9 / 12.5
+# blocks of at least IM2COL_MIN_BLOCK_BYTES takes the largest such block (narrower rows left a warp few pixels'
+# worth of lines to share). On the H200 (benchmarks/conv.py, batch 32 float16, nvrtc; the columns' kernel in
+# benchmarks/results/nvidia-h200/conv-nvrtc.json, kernel_us): 256 channels at 14x14 15.0 us, 512 at 7x7 9.5,
+# 256 at 28x28 stride 2 22.1, where the (c, kh, kw) taps on the lanes took 25.1, 12.7 and 27.2
 IM2COL_BLOCK_BYTES = 64
 IM2COL_MIN_BLOCK_BYTES = 32
 
