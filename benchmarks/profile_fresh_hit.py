@@ -12,6 +12,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import compile as compile_bench  # noqa: E402
+
+PYCACHE = tempfile.mkdtemp(prefix="morok-prof-pycache-")
 
 CHILD = r"""
 import cProfile, io, json, pstats, sys, time
@@ -65,7 +69,8 @@ print(json.dumps(out))
 
 def child(device, kernel, name, mode, cache, extra_env=None):
     code = CHILD.format(root=str(ROOT), device=device, kernel=kernel, name=name, mode=mode)
-    env = dict(os.environ, MOROK_CACHE_DIR=cache, MOROK_CACHE="1", **(extra_env or {}))
+    # with Python's bytecode cache, as benchmarks/compile.py runs its children (the fill run writes it)
+    env = compile_bench.child_env(PYCACHE, MOROK_CACHE_DIR=cache, MOROK_CACHE="1", **(extra_env or {}))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     if out.returncode:
         raise SystemExit(out.stderr)
