@@ -349,6 +349,8 @@ class Device(metaclass=_DeviceMeta):
         self.runtime = runtime
         self.arch = arch
         self.renderer, self.compiler = self._select_pair()
+        from .codegen.schedule import load_strategies
+        load_strategies(self.renderer.caps)
 
     @property
     def name(self) -> str:

@@ -553,3 +553,33 @@ def test_the_default_schedule_is_the_first_candidate(cpu, target, dt):
             flipped_seen = True
     if target in ("sm_80", "sm_90", "sm_90a") and dt != "float16":
         assert flipped_seen        # the case the test is about was reached
+
+
+_LOADED = r"""
+import json, os, sys
+from morok_py import Device
+import morok_py.codegen.schedule
+GPU = ("morok_py.codegen.strategies.matrix_units", "morok_py.codegen.strategies.wgmma",
+       "morok_py.codegen.strategies.permute", "morok_py.codegen.strategies.small_shapes")
+before = [m for m in GPU if m in sys.modules]
+Device[sys.argv[1]]
+print(json.dumps({"before": before, "after": [m for m in GPU if m in sys.modules]}))
+"""
+
+
+@pytest.mark.parametrize("device", ["CPU", "CUDA"])
+def test_a_gpu_device_loads_the_schedules_strategies_when_it_opens(device):
+    """Opening a GPU device imports the strategy modules its default schedule consults (a process's first
+    compile, often a disk-cache hit, then does not load them inside the call); the CPU's never does. CUDA
+    runs here as a compile-only device (MOROK_CUDA_ARCH) where there is no driver."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, MOROK_CUDA_ARCH="sm_90a")
+    out = subprocess.run([sys.executable, "-c", _LOADED, device], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == []
+    assert len(got["after"]) == (4 if device == "CUDA" else 0), got

@@ -313,6 +313,15 @@ def tc_threads_of(tile: tuple[int, int, int, int, int], mma: str) -> int:
     return tc_threads(tile, mma)
 
 
+def load_strategies(caps: Capabilities) -> None:
+    """Import the strategy modules the default schedule consults for a target with `caps`. The schedule
+    imports them inside the functions that use them (a CPU process never loads the GPU ones), so without
+    this a process's first lowering for a GPU, often a disk-cache hit, loaded them inside its call; a device
+    calls it when it opens."""
+    if caps.has_local:
+        from .strategies import matrix_units, permute, small_shapes  # noqa: F401
+
+
 def split_min_groups(group: int) -> int:
     return max(1, SPLIT_RESIDENT // group)
 
