@@ -5,12 +5,14 @@ is identical in every process, so it can key the method and disk caches.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import math
 import threading
 import weakref
 from functools import cached_property
+from operator import is_not
 from typing import Any, Iterable, Iterator, Union
 
 from .dtypes import FLOAT_FORMATS, DType, accumulation_dtype, dtypes, as_dtype
@@ -63,6 +65,10 @@ INT_DIVISION = frozenset({Ops.IDIV, Ops.MOD, Ops.CDIV, Ops.CMOD})
   truncation agree. Lowering (codegen/decompose.defined_division) adds the guards, and only where
   range analysis cannot prove them unnecessary, so renderers print plain machine division."""
 ALU = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST}
+# the same sets by op name, for membership tests on hot paths (a str hashes in C, an Ops member in Python)
+_BINARY_NAMES = frozenset(o.name for o in BINARY)
+_COMPARE_NAMES = frozenset(o.name for o in COMPARE)
+_INT_DIVISION_NAMES = frozenset(o.name for o in INT_DIVISION)
 REDUCE_OPS = (Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN)
 
 ConstLike = Union[int, float, bool]
@@ -97,6 +103,54 @@ def _arg_key(arg: Any) -> Any:
 
 _cons_lock = threading.Lock()
 _cons: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
+# UOp.__new__ reads and fills the dictionary's own table (CPython's WeakValueDictionary: `data`, key ->
+# KeyedRef, and `_remove`, the callback that drops a dead node's entry by its ref's key): a lookup without
+# the lock or a Python-level call. Where those internals differ it goes through the public methods.
+_CONS_FAST = all(hasattr(_cons, a) for a in ("data", "_remove", "_pending_removals", "_commit_removals"))
+_cons_data: dict = _cons.data if _CONS_FAST else {}
+_cons_remove = _cons._remove if _CONS_FAST else None
+_NONE_KEY = _arg_key(None)
+
+
+# id of a DType -> (the DType, its token); holds the DTypes it names (a few: dtypes' constants and any
+# equal copies, e.g. unpickled), at most _DTYPE_TOKENS_MAX
+_dtype_tokens: dict[int, tuple[DType, tuple]] = {}
+_DTYPE_TOKENS_MAX = 256
+
+
+def _dtype_token(dtype: Any) -> Any:
+    """What UOp.__new__'s key holds for `dtype`: a DType as its class and fields (equal exactly where the
+    DTypes are, as the dataclass compares them), anything else (None) as itself."""
+    if type(dtype) is not DType:
+        return dtype
+    tok = (DType,) + tuple(getattr(dtype, f.name) for f in dataclasses.fields(DType))
+    if len(_dtype_tokens) < _DTYPE_TOKENS_MAX:
+        _dtype_tokens[id(dtype)] = (dtype, tok)
+    return tok
+
+
+class _ConsRef(weakref.ref):
+    """A weak reference to an interned node carrying its key in `_cons`: what the dictionary's own
+    KeyedRef holds, made without KeyedRef's Python-level constructor."""
+
+    __slots__ = ("key",)
+
+
+class _computed_once:
+    """functools.cached_property without its lock (the value is computed again only where two threads
+    ask at once, and both get the same value): a node's first `free_ranges` is asked for on every
+    node the lowering builds."""
+
+    def __init__(self, func) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
 
 
 class UOp:
@@ -110,9 +164,24 @@ class UOp:
     arg: Any
 
     def __new__(cls, op: Ops, dtype: DType | None, src: tuple["UOp", ...] = (), arg: Any = None) -> "UOp":
-        key = (op, dtype, tuple(id(s) for s in src), _arg_key(arg))
+        # an Ops member by its name and a DType by its fields (_dtype_token): tuples of strs and ints hash in
+        # C, an Ops member and a DType in Python; both compare as the op and the dtype do
+        tok = _dtype_tokens.get(id(dtype))
+        key = (op._name_ if type(op) is Ops else (op,),
+               tok[1] if tok is not None and tok[0] is dtype else _dtype_token(dtype), tuple(map(id, src)),
+               _NONE_KEY if arg is None else _arg_key(arg))
+        # an existing node without the lock (a dict read is atomic; a miss takes the locked path below)
+        ref = _cons_data.get(key)
+        if ref is not None:
+            hit = ref()
+            if hit is not None:
+                return hit
         with _cons_lock:
-            hit = _cons.get(key)
+            if _CONS_FAST:
+                ref = _cons_data.get(key)
+                hit = ref() if ref is not None else None
+            else:
+                hit = _cons.get(key)
             if hit is not None:
                 return hit
             node = object.__new__(cls)
@@ -120,7 +189,14 @@ class UOp:
             object.__setattr__(node, "dtype", dtype)
             object.__setattr__(node, "src", tuple(src))
             object.__setattr__(node, "arg", arg)
-            _cons[key] = node
+            if _CONS_FAST:      # what `_cons[key] = node` does
+                if _cons._pending_removals:
+                    _cons._commit_removals()
+                ref = _ConsRef(node, _cons_remove)
+                ref.key = key
+                _cons_data[key] = ref
+            else:
+                _cons[key] = node
             return node
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -163,22 +239,7 @@ class UOp:
 
     def toposort(self) -> list["UOp"]:
         """All nodes reachable from this one, each after its sources."""
-        seen: set[int] = set()
-        order: list[UOp] = []
-        stack: list[tuple[UOp, bool]] = [(self, False)]
-        while stack:
-            node, done = stack.pop()
-            if done:
-                order.append(node)
-                continue
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            stack.append((node, True))
-            for s in reversed(node.src):
-                if id(s) not in seen:
-                    stack.append((s, False))
-        return order
+        return toposort_outside(self, _NOTHING)
 
     # ---- constructors ---------------------------------------------------------------------
     @staticmethod
@@ -290,7 +351,7 @@ class UOp:
     def var_name(self) -> str:
         return self.arg[0]
 
-    @cached_property
+    @_computed_once
     def free_ranges(self) -> frozenset["UOp"]:
         """RANGEs this value depends on that no REDUCE inside it closes."""
         if self.op is Ops.RANGE:
@@ -324,7 +385,8 @@ class UOp:
             if u.dtype is not None and u.dtype.storage_only:
                 raise ArgumentTypeError(f"{op.name} on {u.dtype.name}: a storage-only dtype is loaded, stored, selected "
                                         f"and cast, never computed on; cast it first (x.cast(dtypes.float32))")
-        if op in BINARY:
+        name = op._name_ if type(op) is Ops else None
+        if name in _BINARY_NAMES:
             a, b = srcs
             if op in (Ops.SHL, Ops.SHR):
                 if not a.dtype.is_int:
@@ -334,11 +396,11 @@ class UOp:
                 a, b = _promote(a, b)
             if op in (Ops.AND, Ops.OR, Ops.XOR) and a.dtype.is_float:
                 raise ArgumentTypeError(f"{op.name} needs integers or bools, got {a.dtype}")
-            if op in INT_DIVISION and not a.dtype.is_int:
+            if name in _INT_DIVISION_NAMES and not a.dtype.is_int:
                 raise ArgumentTypeError(f"{op.name} needs integers, got {a.dtype}; use / for floats")
             if op is Ops.FDIV and not a.dtype.is_float:
                 raise ArgumentTypeError(f"FDIV needs floats, got {a.dtype}")
-            dt = dtypes.bool if op in COMPARE else a.dtype
+            dt = dtypes.bool if name in _COMPARE_NAMES else a.dtype
             return UOp(op, dt, (a, b), None)
         if op in UNARY:
             if op in (Ops.EXP2, Ops.LOG2, Ops.SQRT, Ops.SIN, Ops.RECIP, Ops.TRUNC) and not self.dtype.is_float:
@@ -493,7 +555,7 @@ _RANK = {"b": 0, "u": 1, "i": 2, "f": 3}
 
 def _promote(a: UOp, b: UOp) -> tuple[UOp, UOp]:
     """Implicit promotion: bool < ints < floats, then the wider type; consts adopt the other side."""
-    if a.dtype == b.dtype:
+    if a.dtype is b.dtype or a.dtype == b.dtype:
         return a, b
     if b.op is Ops.CONST and not (b.dtype.is_float and not a.dtype.is_float):
         return a, UOp.const(b.arg, a.dtype)
@@ -533,15 +595,43 @@ def variables_of(root: UOp) -> list[UOp]:
     return sorted(iter_nodes(root, Ops.DEFINE_VAR), key=lambda u: u.arg[0])
 
 
+def toposort_outside(root: UOp, stop) -> list[UOp]:
+    """The nodes reachable from `root` without passing through a member of `stop` (a set or dict of nodes),
+    each after its sources: `UOp.toposort` with those nodes, and what only they reach, left out."""
+    seen: set[UOp] = set()
+    order: list[UOp] = []
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    pop, push, add, append = stack.pop, stack.append, seen.add, order.append
+    while stack:
+        node, done = pop()
+        if done:
+            append(node)
+            continue
+        if node in seen or node in stop:
+            continue
+        add(node)
+        push((node, True))
+        for s in reversed(node.src):
+            if s not in seen and s not in stop:
+                push((s, False))
+    return order
+
+
+_NOTHING: frozenset = frozenset()
+
+
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """Rebuild `root` with the nodes in `mapping` replaced (identity-keyed)."""
-    memo: dict[int, UOp] = {id(k): v for k, v in mapping.items()}
-    for node in root.toposort():
-        if id(node) in memo:
-            continue
-        new_src = tuple(memo.get(id(s), s) for s in node.src)
-        memo[id(node)] = node if all(a is b for a, b in zip(new_src, node.src)) else UOp(node.op, node.dtype, new_src, node.arg)
-    return memo[id(root)]
+    memo: dict[UOp, UOp] = dict(mapping)
+    if root in memo:
+        return memo[root]
+    get = memo.get
+    # the nodes to rebuild, each after its sources: the mapped ones and what only they reach are left out
+    for node in toposort_outside(root, mapping):
+        src = node.src
+        new_src = tuple([get(s, s) for s in src])
+        memo[node] = UOp(node.op, node.dtype, new_src, node.arg) if any(map(is_not, new_src, src)) else node
+    return memo[root]
 
 
 def as_uops(xs: Iterable[Any]) -> tuple[UOp, ...]:

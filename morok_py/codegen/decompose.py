@@ -52,13 +52,16 @@ def chain(*rules: Callable[[UOp], UOp | None]) -> Callable[[UOp], UOp | None]:
     return apply
 
 
+_INT_DIVISION_NAMES = frozenset(op.name for op in INT_DIVISION)
+
+
 def defined_division(root: UOp) -> UOp:
     """Every IDIV / MOD / CDIV / CMOD of `root` as machine division that cannot trap, computing what
     ir.INT_DIVISION defines. Where range analysis (symbolic.static_intervals) proves the divisor
     nonzero, no INT_MIN / -1, and floor equal to truncation, the node is left as it is: index
     arithmetic renders unchanged. Renderers print all four ops as plain sdiv / srem (C's / and %)."""
     nodes = root.toposort()
-    if not any(n.op in INT_DIVISION for n in nodes):
+    if not any(type(n.op) is Ops and n.op._name_ in _INT_DIVISION_NAMES for n in nodes):   # by name: a str hashes in C
         return root
     iv = static_intervals(root)
     memo: dict[int, UOp] = {}

@@ -41,7 +41,7 @@ from ..ir import AxisType, Ops, UOp
 from .capabilities import Capabilities
 from .launch_check import Access, HiddenBuffer, LaunchInfo, SteppedLoop
 from .linear import If, Instr, Item, L, LinearKernel, Loop, ParamInfo
-from .scan import KernelScan, ast_fact, reduce_identity, scan_kernel, x_coefficient
+from .scan import KernelScan, ast_fact, has_load as scan_has_load, reduce_identity, scan_kernel, x_coefficient
 from .symbolic import simplify
 
 PAD = 4               # elements added to each row of a shared tile: no bank conflicts when a tile is
@@ -86,13 +86,14 @@ def _stage(f: UOp, i: UOp, j: UOp, k: UOp, b: UOp | None) -> dict[UOp, str] | No
     """Split f into units by the ranges they depend on; None if some load or range fits no unit."""
     units: dict[UOp, str] = {}
     done: set[UOp] = set()
+    loads: dict[UOp, bool] = {}
     ik, kj = frozenset({i, k}), frozenset({k, j})
 
     def visit(node: UOp) -> bool:
         if node in done or node in units:
             return True
         rs = node.free_ranges - {b}
-        has_load = any(n.op is Ops.LOAD for n in node.toposort())
+        has_load = scan_has_load(node, loads)
         if not rs and not has_load:
             done.add(node)      # constants and variables: computed where used
             return True

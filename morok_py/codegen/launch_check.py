@@ -95,12 +95,27 @@ def _nonnegative(u: UOp) -> bool:
     return u.op is Ops.RANGE or (u.op is Ops.DEFINE_VAR and u.arg[1] >= 0)
 
 
-def _offset_split(index: UOp) -> tuple[Any, tuple[int, ...]]:
+_Split = tuple[Any, tuple[int, ...]]      # (shape, constants): what _offset_split gives
+
+
+def _offset_split(index: UOp, memo: dict[UOp, _Split] | None = None) -> _Split:
     """(shape, cs): `index` as a shape plus the integer constants cs at its leaves that are reached
     from the root through nodes whose interval bounds are each monotone in every such constant: ADD,
     MIN, MAX, and MUL by a constant or by a node known >= 0 (a range, a size variable). The shape
-    names every other node by identity (UOps are hash-consed), so indices of one shape differ in
-    those constants only. (The node, ()) when there is no such leaf."""
+    names every other node by identity (UOps are hash-consed) and an op by its name, so indices of one
+    shape differ in those constants only. (The node, ()) when there is no such leaf. `memo` (node -> its
+    split; the keys keep the nodes their ids name alive) shares the splits of common subtrees between
+    calls."""
+    if memo is None:
+        memo = {}
+    hit = memo.get(index)
+    if hit is not None:
+        return hit
+    out = memo[index] = _split_node(index, memo)
+    return out
+
+
+def _split_node(index: UOp, memo: dict[UOp, _Split]) -> _Split:
     op = index.op
     if op is Ops.CONST and index.dtype.is_int:
         return ("const", index.dtype), (index.arg,)
@@ -108,14 +123,14 @@ def _offset_split(index: UOp) -> tuple[Any, tuple[int, ...]]:
         a, b = index.src
         for i, (u, other) in enumerate(((a, b), (b, a))):
             if other.op is Ops.CONST or _nonnegative(other):
-                ku, cu = _offset_split(u)
+                ku, cu = _offset_split(u, memo)
                 if cu:
-                    return (op, index.dtype, i, ku, id(other)), cu
+                    return (op._name_, index.dtype, i, ku, id(other)), cu
         return id(index), ()
     if op in (Ops.ADD, Ops.MIN, Ops.MAX) and len(index.src) == 2:
-        (ka, ca), (kb, cb) = _offset_split(index.src[0]), _offset_split(index.src[1])
+        (ka, ca), (kb, cb) = _offset_split(index.src[0], memo), _offset_split(index.src[1], memo)
         if ca or cb:
-            return (op, index.dtype, ka, kb), ca + cb
+            return (op._name_, index.dtype, ka, kb), ca + cb
     return id(index), ()
 
 
@@ -128,8 +143,9 @@ def merge_accesses(accesses: Sequence[Access]) -> list[Access]:
     kept whole. Order of first appearance is kept; every access stays counted in `lanes` (the CPU
     runtime weighs a launch by its accesses)."""
     groups: dict[Any, list[tuple[tuple[int, ...], Access]]] = {}
+    memo: dict[UOp, _Split] = {}
     for a in accesses:
-        shape, cs = _offset_split(a.index)
+        shape, cs = _offset_split(a.index, memo)
         key = (a.slot, a.store, tuple(id(r) for r in a.enclosing), shape if cs else id(a.index))
         groups.setdefault(key, []).append((cs, a))
     out: list[Access] = []

@@ -84,11 +84,14 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
 
     # placement ----------------------------------------------------------------------------
     def depth_of(self, node: UOp, chain: list[Scope]) -> int:
+        """The innermost scope of `chain` whose range `node` depends on (at least min_depth)."""
         d = min(self.min_depth, len(chain) - 1)
         rs = node.free_ranges
-        for i, sc in enumerate(chain):
-            if sc.range is not None and sc.range in rs:
-                d = max(d, i)
+        if rs:
+            for i in range(len(chain) - 1, d, -1):
+                r = chain[i].range
+                if r is not None and r in rs:
+                    return i
         return d
 
     def place(self, instr: Item, chain: list[Scope], depth: int) -> None:
@@ -103,9 +106,10 @@ class _Lowerer(GroupReduce, GridReduce, RowCache, SplitReduce, Vectorize, TileLa
 
     # emission -----------------------------------------------------------------------------
     def emit(self, node: UOp, chain: list[Scope]) -> Instr:
-        hit = self.lookup(node, chain)
-        if hit is not None:
-            return hit
+        for sc in reversed(chain):      # self.lookup, inline: the hot path
+            hit = sc.memo.get(node)
+            if hit is not None:
+                return hit
         if self.unroll_copy is not None and node.op is Ops.LOAD:    # split loops unrolled here (split_reduce)
             hit = self.emit_unrolled_load(node, chain)
             if hit is not None:

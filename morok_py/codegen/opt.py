@@ -288,11 +288,17 @@ def _tile_substitute(memo: dict[tuple, UOp], root: UOp, i: UOp, j: UOp, row: UOp
     neither is kept (`memo`: one tile walk's; its keys hold ids of nodes, rows and columns, which it
     keeps alive). i and j are GLOBAL ranges, which no REDUCE closes: free_ranges tells which nodes hold them."""
     memo.setdefault(("alive",), []).append((root, row, col))  # type: ignore[attr-defined]  # keeps key ids unique
+    # node -> (whether it holds i, whether it holds j), shared by the walks over the same (i, j)
+    holds: dict[UOp, tuple[bool, bool]] = memo.setdefault(("holds", i, j), {})  # type: ignore[assignment]
+    rid, cid = id(row), id(col)
 
     def key(n: UOp) -> tuple | None:
-        fr = n.free_ranges
-        fi, fj = i in fr, j in fr
-        return (id(n), id(row) if fi else 0, id(col) if fj else 0) if fi or fj else None
+        h = holds.get(n)
+        if h is None:
+            fr = n.free_ranges
+            h = holds[n] = (i in fr, j in fr)
+        fi, fj = h
+        return (id(n), rid if fi else 0, cid if fj else 0) if fi or fj else None
 
     top = key(root)
     if top is None:

@@ -30,7 +30,7 @@ def prefetch_tile_epilogues(kernel: LinearKernel) -> int:
     """Insert the prefetches described above into `kernel` (a CPU kernel); returns how many."""
     if kernel.gpu:
         return 0
-    next_id = [1 + max((ins.id for ins in kernel.walk()), default=0)]
+    next_id = [1 + _max_id(kernel.body)]
     count = [0]
 
     def fresh(kind: L, dtype, src: tuple, arg, like: Instr | None = None) -> Instr:
@@ -39,7 +39,7 @@ def prefetch_tile_epilogues(kernel: LinearKernel) -> int:
         return ins
 
     def visit(block: list, available: set[int]) -> None:
-        avail = set(available)
+        avail = available       # each call's own set: the callers pass a new one
         out: list = []
         for pos, it in enumerate(block):
             if isinstance(it, Loop):
@@ -57,6 +57,26 @@ def prefetch_tile_epilogues(kernel: LinearKernel) -> int:
 
     visit(kernel.body, set())
     return count[0]
+
+
+def _max_id(body: list) -> int:
+    """The largest id of the instructions in `body` (as `LinearKernel.walk` reaches them), 0 for none."""
+    best = None
+    stack = [body]
+    while stack:
+        for it in stack.pop():
+            if isinstance(it, Instr):
+                ids = (it.id,)
+            elif isinstance(it, Loop):
+                ids = (it.var.id, it.start.id, it.end.id)
+                stack.append(it.body)
+            else:
+                ids = (it.cond.id,)
+                stack.append(it.body)
+            for i in ids:
+                if best is None or i > best:
+                    best = i
+    return 0 if best is None else best
 
 
 def _prefetches(after: list, available: set[int], fresh) -> list[Instr]:

@@ -79,6 +79,7 @@ def _scan_kernel(ast: UOp) -> KernelScan:
     ranges: dict[int, UOp] = {}
     reads, writes = set(), set()
     loads_from: dict[int, frozenset[int]] = {}
+    end_loads: dict[UOp, bool] = {}
     for n in nodes:
         if n.op is Ops.PARAM:
             if n.arg in params and params[n.arg] is not n:
@@ -93,25 +94,33 @@ def _scan_kernel(ast: UOp) -> KernelScan:
             if n.axis in ranges and ranges[n.axis] is not n:
                 raise ArgumentError(f"axis {n.axis} is used by two different ranges")
             ranges[n.axis] = n
-            if n.src[0].free_ranges or any(u.op is Ops.LOAD for u in n.src[0].toposort()):
+            if n.src[0].free_ranges or has_load(n.src[0], end_loads):
                 raise ArgumentError(f"the end of range {n.axis} must depend only on variables and constants")
         elif n.op is Ops.LOAD:
             reads.add(n.src[0].arg)
         elif n.op is Ops.STORE:
             writes.add(n.src[0].arg)
-        loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else frozenset()
+        loads = frozenset({n.src[0].arg}) if n.op is Ops.LOAD else None
         for src in n.src:
-            loads |= loads_from.get(id(src), frozenset())
+            more = loads_from.get(id(src))
+            if more is not None:
+                loads = more if loads is None else loads | more
         if loads:
             loads_from[id(n)] = loads
     if sorted(params) != list(range(len(params))):
         raise ArgumentError(f"param slots must be 0..{len(params) - 1} with none missing, got {sorted(params)}")
+    # the integer nodes of every load's and store's index and all nodes of every range's end (one walk
+    # each, over the union of those subgraphs)
     index_nodes: set[int] = set()
+    idx_seen: set[UOp] = set()
+    end_seen: set[UOp] = set()
     for n in nodes:
-        if n.op in (Ops.LOAD, Ops.STORE):
-            index_nodes.update(id(u) for u in n.src[1].toposort() if u.dtype is not None and u.dtype.is_int)
+        if n.op is Ops.LOAD or n.op is Ops.STORE:
+            for u in _walk(n.src[1], idx_seen):
+                if u.dtype is not None and u.dtype.is_int:
+                    index_nodes.add(id(u))
         if n.op is Ops.RANGE:
-            index_nodes.update(id(u) for u in n.src[0].toposort())
+            index_nodes.update(id(u) for u in _walk(n.src[0], end_seen))
     # loads inside an index are data: arithmetic above a load is not proven overflow-free
     index_nodes.difference_update(loads_from)
     return KernelScan(nodes,
@@ -119,6 +128,38 @@ def _scan_kernel(ast: UOp) -> KernelScan:
                       [Variable(*variables[k].arg) for k in sorted(variables)],
                       ranges, loads_from, index_nodes)
 
+
+
+def has_load(node: UOp, memo: dict[UOp, bool]) -> bool:
+    """Whether `node` or a node below it is a LOAD; `memo` keeps the answer of every node walked."""
+    hit = memo.get(node)
+    if hit is not None:
+        return hit
+    stack: list[tuple[UOp, bool]] = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            memo[n] = n.op is Ops.LOAD or any(memo[s] for s in n.src)
+            continue
+        if n in memo:
+            continue
+        stack.append((n, True))
+        stack.extend((s, False) for s in n.src if s not in memo)
+    return memo[node]
+
+
+def _walk(root: UOp, seen: set[UOp]) -> list[UOp]:
+    """The nodes reachable from `root` that are not in `seen` (nor reached only through it), added to it."""
+    out: list[UOp] = []
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        out.append(n)
+        stack.extend(n.src)
+    return out
 
 
 def x_coefficient(index: UOp, x: UOp) -> int | None:
@@ -147,7 +188,16 @@ def x_coefficient(index: UOp, x: UOp) -> int | None:
 
 def reduce_identity(dt: DType, op: Ops):
     """The value a reduction's accumulator starts from."""
-    ident = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dt.min(), Ops.MIN: dt.max()}[op]   # +-inf for floats
+    if op is Ops.ADD:
+        ident = 0
+    elif op is Ops.MUL:
+        ident = 1
+    elif op is Ops.MAX:
+        ident = dt.min()    # -inf for floats
+    elif op is Ops.MIN:
+        ident = dt.max()    # +inf for floats
+    else:
+        raise KeyError(op)
     if dt.is_float:
         return float(ident)
     if dt.is_bool:
@@ -158,13 +208,13 @@ def reduce_identity(dt: DType, op: Ops):
 def top_reduces(stores: list[UOp]) -> list[UOp]:
     """REDUCE nodes reachable from the stores without passing through another REDUCE."""
     out: list[UOp] = []
-    seen: set[int] = set()
+    seen: set[UOp] = set()
     stack = [s for st in stores for s in st.src[1:]]
     while stack:
         n = stack.pop()
-        if id(n) in seen:
+        if n in seen:
             continue
-        seen.add(id(n))
+        seen.add(n)
         if n.op is Ops.REDUCE:
             out.append(n)
             continue

@@ -18,7 +18,7 @@ class Scope:
     def insert(self, item: Item) -> None:
         if self.open_children:
             child = self.open_children[-1]
-            idx = next(i for i, it in enumerate(self.items) if it is child)
+            idx = self.items.index(child)   # items compare by identity (dataclasses with eq=False)
             self.items.insert(idx, item)
         else:
             self.items.append(item)

@@ -3,11 +3,12 @@ expressions at launch time, and interval (min/max) analysis of load/store indice
 from __future__ import annotations
 
 import math
+from operator import is_not
 from typing import Any, Callable, Mapping
 
 from ..dtypes import DType, dtypes
 from ..errors import ArgumentError
-from ..ir import INT_DIVISION, Ops, UOp
+from ..ir import INT_DIVISION, Ops, UOp, toposort_outside
 
 # ---------------------------------------------------------------------------------------------
 # folding
@@ -54,12 +55,19 @@ _INT_FOLD: dict[Ops, Callable[[int, int], int]] = {
 
 
 _FOLDED = frozenset(_INT_FOLD) | INT_DIVISION
+# the names of the ops `fold` may change (membership by name: a str hashes in C, an Ops member in Python)
+_FOLDED_NAMES = frozenset(o.name for o in _FOLDED)
+_FOLDS_NAMES = _FOLDED_NAMES | frozenset(o.name for o in (Ops.MUL, Ops.CAST, Ops.WHERE, Ops.CMPLT, Ops.CMPEQ,
+                                                           Ops.CMPNE, Ops.NOT))
 
 
 def fold(node: UOp) -> UOp:
     """One step of folding on a node whose sources are already folded."""
     op, src = node.op, node.src
-    if op in _FOLDED and node.dtype.is_int:
+    name = op._name_ if type(op) is Ops else None
+    if name not in _FOLDS_NAMES:
+        return node
+    if name in _FOLDED_NAMES and node.dtype.is_int:
         a, b = src
         if a.op is Ops.CONST and b.op is Ops.CONST:
             if op in INT_DIVISION:
@@ -111,22 +119,43 @@ def fold(node: UOp) -> UOp:
 def rewrite(root: UOp, fn: Callable[[UOp], UOp | None]) -> UOp:
     """Bottom-up rewrite: rebuild each node from rewritten sources, then apply `fn` until it
     returns None (no change); the result is folded."""
-    memo: dict[int, UOp] = {}
-    for node in root.toposort():
-        new_src = tuple(memo[id(s)] for s in node.src)
-        cur = node if all(a is b for a, b in zip(new_src, node.src)) else UOp(node.op, node.dtype, new_src, node.arg)
+    return _rewrite(root, fn, {})
+
+
+def _rewrite(root: UOp, fn: Callable[[UOp], UOp | None], memo: dict[UOp, UOp]) -> UOp:
+    """`rewrite` sharing `memo` (node -> its rewritten form; the keys keep their nodes alive) with the
+    rewrites of the subgraphs `fn` builds: a node's rewritten form depends on the node alone (`fn` is a
+    function of the node), so a node reached again is not rewritten again."""
+    hit = memo.get(root)
+    if hit is not None:
+        return hit
+    get = memo.__getitem__
+    for node in toposort_outside(root, memo):
+        src = node.src
+        new_src = tuple(map(get, src))
+        cur = UOp(node.op, node.dtype, new_src, node.arg) if any(map(is_not, new_src, src)) else node
         for _ in range(64):
             nxt = fn(cur)
             if nxt is None or nxt is cur:
                 break
             # a decomposition builds a new subgraph: rewrite it too so its parts get folded
-            cur = rewrite(nxt, fn) if nxt.src else nxt
-        memo[id(node)] = fold(cur)
-    return memo[id(root)]
+            cur = _rewrite(nxt, fn, memo) if nxt.src else nxt
+        memo[node] = fold(cur)
+    return memo[root]
 
 
 def simplify(root: UOp) -> UOp:
-    return rewrite(root, lambda u: None)
+    """`rewrite` with no rule: the folding alone."""
+    memo: dict[UOp, UOp] = {}
+    get = memo.__getitem__
+    for node in toposort_outside(root, memo):
+        src = node.src
+        if src:
+            new_src = tuple(map(get, src))
+            memo[node] = fold(UOp(node.op, node.dtype, new_src, node.arg) if any(map(is_not, new_src, src)) else node)
+        else:
+            memo[node] = fold(node)
+    return memo[root]
 
 
 # ---------------------------------------------------------------------------------------------

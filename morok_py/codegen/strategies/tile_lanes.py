@@ -76,17 +76,63 @@ def _built_nodes(out: UOp, built: set[int]) -> list[UOp]:
     return list(seen.values())
 
 
+def _add_lane_free_index_ids(node: UOp, lane: UOp, seen: set[UOp], ids: set[int]) -> None:
+    """Add to `ids` the ids of the index-typed, non-LOAD nodes of `node` free of `lane` that its
+    substitution keeps: reached without passing through the lane range itself (whose end the
+    substitution drops). `seen` (holding `lane`) carries the nodes walked for earlier nodes of the same
+    lane: what they reach was added then."""
+    index = dtypes.index
+    stack = [node]
+    pop, extend, add = stack.pop, stack.extend, seen.add
+    while stack:
+        n = pop()
+        if n in seen:
+            continue
+        add(n)
+        if n.dtype is index and n.op is not Ops.LOAD and lane not in n.free_ranges:
+            ids.add(id(n))
+        extend(n.src)
+
+
+def _add_built_index_ids(out: UOp, built: set[int], seen: set[int], ids: set[int]) -> None:
+    """Add to `ids` the ids of the index-typed, non-LOAD nodes of `out` built for one lane value (its
+    constant included): reached from `out` through built nodes only; the rest of `out` is the original's
+    lane-free part. `seen` carries the built nodes walked for earlier nodes of the same lane value."""
+    index = dtypes.index
+    stack = [out]
+    pop, extend = stack.pop, stack.extend
+    while stack:
+        n = pop()
+        i = id(n)
+        if i in seen or i not in built:
+            continue
+        seen.add(i)
+        if n.dtype is index and n.op is not Ops.LOAD:
+            ids.add(i)
+        extend(n.src)
+
+
 class TileLanes:
     lane_axes: dict[int, int] = {}      # axis of a lane range -> its width (set by the lowering)
 
     def lane_of(self, node: UOp) -> UOp | None:
-        """The lane range `node` depends on (None: a scalar)."""
+        """The lane range `node` depends on (None: a scalar); once per node (this object lives for one
+        kernel, and lane_axes does not change in it)."""
         if not self.lane_axes:
             return None
+        memo = self.__dict__.get("_lane_of")
+        if memo is None:
+            memo = self.__dict__["_lane_of"] = {}
+        hit = memo.get(node, memo)
+        if hit is not memo:
+            return hit
+        out = None
         for r in node.free_ranges:
-            if r.op is Ops.RANGE and r.axis in self.lane_axes:
-                return r
-        return None
+            if r.op is Ops.RANGE and r.arg[0] in self.lane_axes:
+                out = r
+                break
+        memo[node] = out
+        return out
 
     def at_lane(self, node: UOp, lane: UOp, k: int) -> UOp:
         """`node` at lane k (not simplified: simplify costs milliseconds per index and LLVM folds the
@@ -96,7 +142,11 @@ class TileLanes:
             return node
         # per lowering (this object lives for one kernel): the nodes rebuilt for each lane value
         per_lane = self.__dict__.setdefault("_lane_memo", {})
-        memo, built = per_lane.get((id(lane), k)) or per_lane.setdefault((id(lane), k), ({}, set()))
+        key = (id(lane), k)
+        hit = per_lane.get(key)
+        if hit is None:
+            hit = per_lane[key] = ({}, set(), set())
+        memo, built, built_seen = hit
         if not memo:
             c = memo[lane] = UOp.const(k, dtypes.index)
             built.add(id(c))
@@ -104,21 +154,13 @@ class TileLanes:
         if id(node) in self.index_nodes:
             # out.toposort()'s index nodes: the lane-free ones of `node` (the same objects in `out`) and
             # the ones built for lane k
-            self.index_nodes.update(self._lane_free_index_ids(node, lane))
-            for n in _built_nodes(out, built):
-                if n.dtype is dtypes.index and n.op is not Ops.LOAD:
-                    self.index_nodes.add(id(n))
+            free_seen = self.__dict__.setdefault("_lane_free_seen", {})
+            seen = free_seen.get(lane)
+            if seen is None:
+                seen = free_seen[lane] = {lane}
+            _add_lane_free_index_ids(node, lane, seen, self.index_nodes)
+            _add_built_index_ids(out, built, built_seen, self.index_nodes)
         return out
-
-    def _lane_free_index_ids(self, node: UOp, lane: UOp) -> list[int]:
-        """Ids of the index-typed, non-LOAD nodes of `node` that do not depend on `lane` (once per node:
-        every lane of a gather asks)."""
-        cache = self.__dict__.setdefault("_lane_free", {})
-        hit = cache.get((id(node), id(lane)))
-        if hit is None:
-            hit = cache[(id(node), id(lane))] = [id(n) for n in _lane_free_nodes(node, lane)
-                                                 if n.dtype is dtypes.index and n.op is not Ops.LOAD]
-        return hit
 
     def broadcast(self, ins: Instr, node: UOp, chain: list[Scope], w: int) -> Instr:
         """The scalar `ins` (the value of `node`) in all w lanes, placed where the scalar is."""
