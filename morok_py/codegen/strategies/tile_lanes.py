@@ -45,37 +45,6 @@ def _substitute_lane(node: UOp, lane: UOp, memo: dict[UOp, UOp], built: set[int]
     return memo[node]
 
 
-def _lane_free_nodes(node: UOp, lane: UOp) -> list[UOp]:
-    """The nodes of `node` free of `lane` that its substitution keeps: reached without passing through
-    the lane range itself (whose end the substitution drops)."""
-    seen: set[int] = {id(lane)}
-    out: list[UOp] = []
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if lane not in n.free_ranges:
-            out.append(n)
-        stack.extend(n.src)
-    return out
-
-
-def _built_nodes(out: UOp, built: set[int]) -> list[UOp]:
-    """The nodes of `out` built for one lane value (its constant included): reached from `out` through
-    built nodes only; the rest of `out` is the original's lane-free part."""
-    seen: dict[int, UOp] = {}
-    stack = [out]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen or id(n) not in built:
-            continue
-        seen[id(n)] = n
-        stack.extend(n.src)
-    return list(seen.values())
-
-
 def _add_lane_free_index_ids(node: UOp, lane: UOp, seen: set[UOp], ids: set[int]) -> None:
     """Add to `ids` the ids of the index-typed, non-LOAD nodes of `node` free of `lane` that its
     substitution keeps: reached without passing through the lane range itself (whose end the
