@@ -1254,3 +1254,17 @@ def test_a_symbolic_packed_matmul_runs_packed_or_not_by_the_scratchs_size(cpu, r
         prog.execute([x.ptr for x in ins] + [out.ptr], [vals[k] for k in prog.launch.var_names], gs, ls, wait=True)
         np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
                                    err_msg=str((M, Kd, N)))
+
+
+def test_a_program_engine_holds_its_object_alone(cpu, rng):
+    """A CPU program's MCJIT engine holds the object file and no module: the empty module an engine is made
+    with is removed before it finalizes (finalizing compiles every module it holds, and setting up that
+    codegen was most of a small program's load). The program still runs, here against numpy."""
+    from conftest import random_array
+    prog = cpu.compile(K.named("softmax"), name="engine_alone")
+    assert not prog._engine._modules
+    x = random_array(rng, (7, 37), np.float32)
+    out = cpu.empty(x.size, dtypes.float32)
+    prog(cpu.buf(x), out, rows=7, cols=37)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out.numpy().reshape(7, 37), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
