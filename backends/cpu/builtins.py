@@ -65,9 +65,10 @@ _engine = None          # keeps the support code alive for the life of the proce
 _resolved: dict[str, bool] = {}
 
 
-def ensure_builtins(llvm, target_machine) -> None:
-    """Compile and register the support functions (once per process), and make libgcc's half
-    conversions visible to the loader."""
+def ensure_builtins(llvm, new_target_machine) -> None:
+    """Compile and register the support functions (once per process) on an engine of their own, with a
+    TargetMachine of its own from `new_target_machine()` (an engine owns the one it is made with), and
+    make libgcc's half conversions visible to the loader."""
     global _engine
     if _engine is not None:
         return
@@ -79,6 +80,7 @@ def ensure_builtins(llvm, target_machine) -> None:
         except OSError:
             pass    # then an object needing its half conversions is refused at load by name
         mod = llvm.parse_assembly(_SUPPORT_IR)
+        target_machine = new_target_machine()
         mod.triple = target_machine.triple
         engine = llvm.create_mcjit_compiler(mod, target_machine)
         engine.finalize_object()

@@ -40,6 +40,15 @@ def llvm():
     return llvm_binding("CPU")
 
 
+def host_target_machine():
+    """A TargetMachine for this host's CPU and features, as a JIT engine takes it: an MCJIT engine owns the
+    TargetMachine it is made with and destroys it when collected, so each engine needs one of its own."""
+    b = llvm()
+    host, features = host_cpu()
+    return b.Target.from_triple(b.get_process_triple()).create_target_machine(
+        cpu=host, features=features, opt=3, codemodel="jitdefault")
+
+
 def kernel_work(ast) -> int | None:
     """Iterations of every loop of the kernel together (the product of its ranges' extents); None
     when an extent is symbolic."""

@@ -7,7 +7,7 @@ from morok_py.errors import UnknownNameError
 from morok_py.launch import Device
 
 from .allocator import HostAllocator
-from .compiler import CPUCompiler, host_cpu, llvm, mlir_pair
+from .compiler import CPUCompiler, host_cpu, host_target_machine, llvm, mlir_pair
 from .renderer import CPURenderer
 from .runtime import CPUPlanCapture, CPUProgram
 
@@ -26,7 +26,7 @@ class CPUDevice(Device):
     def _load(self, compiled: CompiledSpec) -> CPUProgram:
         # an MCJIT engine takes ownership of its TargetMachine and destroys it when collected, so each
         # program gets its own: sharing the compiler's one was a use-after-free once a program was dropped
-        return CPUProgram(self, compiled, _host_target_machine())
+        return CPUProgram(self, compiled, host_target_machine())
 
     # an ExecutionPlan replays its launches by one native call once captured (runtime.CPUPlanCapture), also
     # with other memory bound to its slots for a run
@@ -43,13 +43,6 @@ class CPUDevice(Device):
                 "threads": config.cpu_threads(),
                 "compilers": [c.cache_key + ("" if c.available() is None else f" (unavailable: {c.available()})")
                               for _, c in self.compilers]}
-
-
-def _host_target_machine():
-    b = llvm()
-    host, features = host_cpu()
-    return b.Target.from_triple(b.get_process_triple()).create_target_machine(
-        cpu=host, features=features, opt=3, codemodel="jitdefault")
 
 
 def cpu_model() -> str:

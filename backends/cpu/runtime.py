@@ -18,7 +18,7 @@ from morok_py.launch import Program
 from morok_py.errors import DeviceError, LaunchError
 
 from .builtins import ensure_builtins, undefined_symbols, unresolved
-from .compiler import host_cpu, llvm
+from .compiler import host_cpu, host_target_machine, llvm
 from .features import load_mismatch
 from .pool import POOL_SPIN, NativePool, native_pool, native_pool_error
 from .renderer import STREAM_ALIGN, STREAM_SUFFIX
@@ -154,7 +154,7 @@ class CPUProgram(Program):
         b = llvm()
         needs = undefined_symbols(compiled.bytes)
         if needs:   # the support functions only for an object that calls out (~13 ms of a fresh process's first load)
-            ensure_builtins(b, target_machine)
+            ensure_builtins(b, host_target_machine)
         missing = unresolved(b, needs)
         if missing:     # the loader would bind them to address 0: a crash at the first call
             raise DeviceError("load object", 0, "UNRESOLVED_SYMBOL",
