@@ -743,3 +743,20 @@ def test_a_split_over_the_shared_memory_bound_is_refused():
     assert default_schedule(ast, caps, scan_kernel(ast)).split <= 1
     with pytest.raises(ArgumentError, match="shared memory"):
         check_schedule(Schedule("groups", group=1024, unroll=4, split=32, upcast=7), ast, caps, scan_kernel(ast))
+
+
+def test_rows_columns_past_the_grid_are_refused_by_name():
+    """im2col_rows' tap-major columns put the batch's pixels on the grid's y (64 a work-group): a symbolic batch
+    whose pixels need more than CUDA's 65535 groups there is refused by the launch check, naming the dimension
+    and the limit, before anything reaches a device; a batch within it gets its dims."""
+    from morok_py.backends.cuda.device import compile_only_pairs
+    from morok_py.errors import LaunchError
+    r, _ = compile_only_pairs("sm_90")[0]
+    geo = ConvGeometry(1, 256, 56, 56, 256, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
+    step = [st for st in K.conv2d_kernels(geo, ConvPlan("im2col_rows"), dtypes.float16, symbolic_batch=True)
+            if st.name == "im2col"][0]
+    info = r.render(step.ast, "cols").launch
+    gs, ls = info.launch_dims({"N": 32})
+    assert gs[1] * ls[1] >= 32 * 56 * 56 and gs[1] <= 65535
+    with pytest.raises(LaunchError, match=r"dimension 1, over the device limit 65535"):
+        info.launch_dims({"N": 2048})          # 2048 * 3136 pixels: 100352 groups of 64
