@@ -103,12 +103,6 @@ def _arg_key(arg: Any) -> Any:
 
 _cons_lock = threading.Lock()
 _cons: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
-# UOp.__new__ reads and fills the dictionary's own table (CPython's WeakValueDictionary: `data`, key ->
-# KeyedRef, and `_remove`, the callback that drops a dead node's entry by its ref's key): a lookup without
-# the lock or a Python-level call. Where those internals differ it goes through the public methods.
-_CONS_FAST = all(hasattr(_cons, a) for a in ("data", "_remove", "_pending_removals", "_commit_removals"))
-_cons_data: dict = _cons.data if _CONS_FAST else {}
-_cons_remove = _cons._remove if _CONS_FAST else None
 _NONE_KEY = _arg_key(None)
 
 
@@ -127,13 +121,6 @@ def _dtype_token(dtype: Any) -> Any:
     if len(_dtype_tokens) < _DTYPE_TOKENS_MAX:
         _dtype_tokens[id(dtype)] = (dtype, tok)
     return tok
-
-
-class _ConsRef(weakref.ref):
-    """A weak reference to an interned node carrying its key in `_cons`: what the dictionary's own
-    KeyedRef holds, made without KeyedRef's Python-level constructor."""
-
-    __slots__ = ("key",)
 
 
 class _computed_once:
@@ -170,18 +157,12 @@ class UOp:
         key = (op._name_ if type(op) is Ops else (op,),
                tok[1] if tok is not None and tok[0] is dtype else _dtype_token(dtype), tuple(map(id, src)),
                _NONE_KEY if arg is None else _arg_key(arg))
-        # an existing node without the lock (a dict read is atomic; a miss takes the locked path below)
-        ref = _cons_data.get(key)
-        if ref is not None:
-            hit = ref()
-            if hit is not None:
-                return hit
+        # an existing node without the lock (a lookup only reads; a miss takes the locked path, which looks again)
+        hit = _cons.get(key)
+        if hit is not None:
+            return hit
         with _cons_lock:
-            if _CONS_FAST:
-                ref = _cons_data.get(key)
-                hit = ref() if ref is not None else None
-            else:
-                hit = _cons.get(key)
+            hit = _cons.get(key)
             if hit is not None:
                 return hit
             node = object.__new__(cls)
@@ -189,14 +170,7 @@ class UOp:
             object.__setattr__(node, "dtype", dtype)
             object.__setattr__(node, "src", tuple(src))
             object.__setattr__(node, "arg", arg)
-            if _CONS_FAST:      # what `_cons[key] = node` does
-                if _cons._pending_removals:
-                    _cons._commit_removals()
-                ref = _ConsRef(node, _cons_remove)
-                ref.key = key
-                _cons_data[key] = ref
-            else:
-                _cons[key] = node
+            _cons[key] = node
             return node
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -30,7 +30,7 @@ def prefetch_tile_epilogues(kernel: LinearKernel) -> int:
     """Insert the prefetches described above into `kernel` (a CPU kernel); returns how many."""
     if kernel.gpu:
         return 0
-    next_id = [1 + _max_id(kernel.body)]
+    next_id = [1 + max((ins.id for ins in kernel.walk()), default=0)]
     count = [0]
 
     def fresh(kind: L, dtype, src: tuple, arg, like: Instr | None = None) -> Instr:
@@ -57,26 +57,6 @@ def prefetch_tile_epilogues(kernel: LinearKernel) -> int:
 
     visit(kernel.body, set())
     return count[0]
-
-
-def _max_id(body: list) -> int:
-    """The largest id of the instructions in `body` (as `LinearKernel.walk` reaches them), 0 for none."""
-    best = None
-    stack = [body]
-    while stack:
-        for it in stack.pop():
-            if isinstance(it, Instr):
-                ids = (it.id,)
-            elif isinstance(it, Loop):
-                ids = (it.var.id, it.start.id, it.end.id)
-                stack.append(it.body)
-            else:
-                ids = (it.cond.id,)
-                stack.append(it.body)
-            for i in ids:
-                if best is None or i > best:
-                    best = i
-    return 0 if best is None else best
 
 
 def _prefetches(after: list, available: set[int], fresh) -> list[Instr]:

@@ -8,7 +8,7 @@ from typing import Callable, Hashable, Iterator, TypeVar
 
 from ..errors import ArgumentError
 from ..dtypes import DType
-from ..ir import Ops, UOp
+from ..ir import Ops, UOp, toposort_outside
 from .launch_check import Variable
 from .linear import ParamInfo
 
@@ -116,11 +116,13 @@ def _scan_kernel(ast: UOp) -> KernelScan:
     end_seen: set[UOp] = set()
     for n in nodes:
         if n.op is Ops.LOAD or n.op is Ops.STORE:
-            for u in _walk(n.src[1], idx_seen):
-                if u.dtype is not None and u.dtype.is_int:
-                    index_nodes.add(id(u))
+            new = toposort_outside(n.src[1], idx_seen)
+            idx_seen.update(new)
+            index_nodes.update(id(u) for u in new if u.dtype is not None and u.dtype.is_int)
         if n.op is Ops.RANGE:
-            index_nodes.update(id(u) for u in _walk(n.src[0], end_seen))
+            new = toposort_outside(n.src[0], end_seen)
+            end_seen.update(new)
+            index_nodes.update(id(u) for u in new)
     # loads inside an index are data: arithmetic above a load is not proven overflow-free
     index_nodes.difference_update(loads_from)
     return KernelScan(nodes,
@@ -146,20 +148,6 @@ def has_load(node: UOp, memo: dict[UOp, bool]) -> bool:
         stack.append((n, True))
         stack.extend((s, False) for s in n.src if s not in memo)
     return memo[node]
-
-
-def _walk(root: UOp, seen: set[UOp]) -> list[UOp]:
-    """The nodes reachable from `root` that are not in `seen` (nor reached only through it), added to it."""
-    out: list[UOp] = []
-    stack = [root]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        out.append(n)
-        stack.extend(n.src)
-    return out
 
 
 def x_coefficient(index: UOp, x: UOp) -> int | None:
