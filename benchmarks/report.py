@@ -47,6 +47,7 @@ peer before it is timed.
 | `cpu_pool.py` | the CPU pool's dealing of a split launch's chunks (home blocks or one counter), on whole models | the other dealing |
 | `model_variants.py` | a whole model's replay under the default heuristics against other settings of their constants (`--set MODULE.NAME=VALUE`) | onnxruntime |
 | `onnx_models.py` | resnet50 and densenet121 through the ONNX executor: cold and warm first runs, replay | onnxruntime |
+| `profile_layers.py` | a model's CPU replay node by node: each node's launches in launch order, run twice at once (hot) and right after the launch before them, beside onnxruntime's profiler | onnxruntime's profiler |
 
 Run one from a source checkout, `python benchmarks/kernels.py --device CUDA` (no install needed). Common flags:
 `--quick` (small sizes, prints only), `--repeats N`, `--warmup N`, `--rounds N` (ours and the peers interleaved in
