@@ -634,9 +634,9 @@ IM2COL_MIN_BLOCK_ROWS = 4   # output rows a block keeps at least
 
 
 def im2col_row_blocks(units: int, OH: int) -> int:
-    """Blocks of output rows each (channel, kernel row) unit of the peeled im2col is cut into: the fewest that
-    divide OH and bring the units to IM2COL_MIN_UNITS, of at least IM2COL_MIN_BLOCK_ROWS rows each (else the
-    most such blocks; 1: uncut)."""
+    """Blocks of output rows each unit of a copy kernel's thread split is cut into (the peeled im2col's (channel,
+    kernel row), `phase_pad`'s (image and channel, row phase)): the fewest that divide OH and bring the units to
+    IM2COL_MIN_UNITS, of at least IM2COL_MIN_BLOCK_ROWS rows each (else the most such blocks; 1: uncut)."""
     best = 1
     for b in range(2, OH // IM2COL_MIN_BLOCK_ROWS + 1):
         if units * best >= IM2COL_MIN_UNITS:
@@ -1330,7 +1330,15 @@ def phase_pad(N: int | None, C: int, H: int, W: int, stride: tuple[int, int], pa
     (sh, sw), (pt, pl, _, _) = stride, pads
     HQ, WQ = phase_planes(H, W, stride, pads)
     ax = _Axes()
-    q, py, px, a, b = ax(_batch(N) * C if N is None else N * C), ax(sh), ax(sw), ax(HQ), ax(WQ)
+    # (image and channel, row phase, block of plane rows) is the outermost range, the CPU's thread split: by
+    # (image and channel) alone resnet50's stem at batch 1 made 3 units, so 3 of the 16-core Xeon's workers read
+    # the input and wrote the planes (the step took 0.165 ms in launch order there, 0.035 with its data in
+    # cache; benchmarks/profile_layers.py, cpu-xeon-avx512-16c/profile_layers-resnet50.json)
+    blocks = im2col_row_blocks((N or 1) * C * sh, HQ)
+    u = ax((_batch(N) * C if N is None else N * C) * (sh * blocks))
+    q, py, a_block = u // (sh * blocks), (u // blocks) % sh, u % blocks
+    px, a_in, b = ax(sw), ax(HQ // blocks), ax(WQ)
+    a = a_block * (HQ // blocks) + a_in if blocks > 1 else a_in
     x, out = UOp.param(0, dt), UOp.param(1, dt)
     v = _tap(x, q * (H * W), H, W, a * sh + py - pt, b * sw + px - pl, dt, (True, True))
     return UOp.sink(out.store((((q * sh + py) * sw + px) * HQ + a) * WQ + b, v))
