@@ -33,6 +33,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping as AbcMapping
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -208,6 +209,8 @@ class OnnxExecutor:
                 for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
                     init.ClearField(field)
         self.input_names = [i.name for i in self.graph.input if i.name not in self.weights]
+        # every graph input a tensor (no sequence or optional): a run converts each feed without asking its type
+        self._tensor_inputs = all(_is_tensor(tp) for tp in self.input_types.values())
         if owned:
             # fuse's own copy (or the message read here): its initializers now live on the device. A protobuf
             # message's memory goes with the whole message, so the graph is kept as a copy without them
@@ -296,12 +299,17 @@ class OnnxExecutor:
                     env[oname] = v
 
     def run(self, inputs: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> list[np.ndarray]:
-        if not isinstance(inputs, Mapping):
+        if not isinstance(inputs, AbcMapping):     # (collections.abc's: typing.Mapping's isinstance takes 3x as long)
             inputs = dict(zip(self.input_names, inputs))
         t0 = time.perf_counter()
-        tensors = all(_is_tensor(self.input_types.get(n)) for n in self.input_names)
-        inputs = {n: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v))
-                  if _is_tensor(self.input_types.get(n)) else v for n, v in inputs.items()}
+        if self._tensor_inputs:
+            tensors = True
+            inputs = {n: v if type(v) is np.ndarray else numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto)
+                      else np.asarray(v) for n, v in inputs.items()}
+        else:
+            tensors = all(_is_tensor(self.input_types.get(n)) for n in self.input_names)
+            inputs = {n: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v))
+                      if _is_tensor(self.input_types.get(n)) else v for n, v in inputs.items()}
         key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs) \
             if tensors else None
         if key in self.plans:
@@ -380,13 +388,16 @@ class OnnxExecutor:
             zc = self.zero_copy.get(key)
             if zc is None or zc.plan is not plan:
                 zc = self.zero_copy[key] = self._zero_copy_of(plan, plan_inputs, plan_outputs)
-        bind: dict[BufferSlot, np.ndarray] = {}
+        bind: dict[BufferSlot, np.ndarray | tuple[int, int]] = {}
         for n, v in plan_inputs.items():
             arr = inputs[n]
             got = zc.inputs.get(n) if zc is not None else None
-            if (got is not None and arr.dtype == got[1] and arr.flags.c_contiguous
-                    and arr.__array_interface__["data"][0] % Buffer.VIEW_ALIGN == 0):
-                bind[got[0]] = arr
+            ptr = arr.__array_interface__["data"][0] if got is not None and arr.dtype == got[1] and \
+                arr.flags.c_contiguous else -1
+            if ptr >= 0 and ptr % Buffer.VIEW_ALIGN == 0:
+                # (address, bytes): checked here, and the plan never writes a bound input (`_zero_copy_of`), so the
+                # plan need not take the array's address again
+                bind[got[0]] = (ptr, arr.nbytes)
             elif arr.size:      # an empty input's buffer holds one unused element
                 v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
         fresh: list[np.ndarray | None] = [None] * len(plan_outputs)
