@@ -10,6 +10,8 @@ Measured per launch, as the mean over a loop of calls, median over repeats:
 - `Program.execute(ptrs, vals, gs, ls)`: the raw path (target: <= 3x the bare call)
 - `Program.__call__(a, b, c, n=n)`: the friendly path, with its launch checks (target: <= 2x the bare call)
 - `ExecutionPlan.run()`: per launch, a plan of many launches replayed
+- `InferenceSession.run` of a tiny ONNX model (Gemm 1x16x16 + Softmax) through morok_py.onnx, against
+  onnxruntime's (where onnx and onnxruntime are installed): a graph executor's fixed cost per run
 """
 from __future__ import annotations
 
@@ -33,6 +35,32 @@ def per_call(fn, calls: int, repeats: int) -> float:
             fn()
         times.append((time.perf_counter() - t0) / calls)
     return statistics.median(times)
+
+
+def tiny_sessions(rng):
+    """(morok_py's session.run, onnxruntime's) of a Gemm 1x16x16 + Softmax model, each checked against the other;
+    None where onnx or onnxruntime is missing."""
+    onnx, ort = H.optional("onnx"), H.optional("onnxruntime")
+    if onnx is None or ort is None:
+        return None
+    from onnx import TensorProto, helper, numpy_helper
+    from morok_py.onnx import InferenceSession
+    w = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1),
+                               helper.make_node("Softmax", ["h"], ["y"], axis=-1)], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8        # what older onnxruntime wheels read
+    data = model.SerializeToString()
+    feeds = {"x": rng.standard_normal((1, 16)).astype(np.float32)}
+    ours = InferenceSession(data)
+    peer = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    H.check_close("tiny ONNX model", ours.run(None, feeds)[0], peer.run(None, feeds)[0])
+    for _ in range(3):      # the plan recorded, then captured
+        ours.run(None, feeds)
+    return (lambda: ours.run(None, feeds)), (lambda: peer.run(None, feeds))
 
 
 def main() -> None:
@@ -79,6 +107,10 @@ def main() -> None:
         ("Program.__call__", lambda: prog(a, b, c, n=n), 1),
         ("ExecutionPlan.run (per launch)", plan.run, plan_len),
     ]
+    sessions = tiny_sessions(rng)
+    if sessions is not None:
+        ours, peer = sessions
+        cases += [("InferenceSession.run", ours, 1), ("onnxruntime", peer, 1)]
     # interleaved rounds: each repeat times every case once, so drifting load hits all of them alike
     bar = H.Progress(args.repeats, "cpu launch")
     samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
@@ -97,6 +129,9 @@ def main() -> None:
                             ("ExecutionPlan.run (per launch)", "cpu_launch_plan", None)):
         res.add(key, n, "s", times[label], "bare ctypes", t_bare, target=tgt, label=label,
                 over_bare=times[label] / t_bare, **common)
+    if sessions is not None:
+        res.add("cpu_launch_onnx_session", 16, "s", times["InferenceSession.run"], "onnxruntime", times["onnxruntime"],
+                label="InferenceSession.run, Gemm 1x16x16 + Softmax", model="gemm_softmax_16")
     limits = {"Program.execute": TARGET, "Program.__call__": CALL_TARGET}
     rows = [[label, H.fmt_time(t), f"{t / t_bare:.2f}x",
              ("met" if t / t_bare <= limits[label] else "MISSED") + f" (<= {limits[label]:g}x)" if label in limits else ""]
