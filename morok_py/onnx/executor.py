@@ -32,8 +32,8 @@ import copy
 import os
 import sys
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping as AbcMapping
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -302,14 +302,9 @@ class OnnxExecutor:
         if not isinstance(inputs, AbcMapping):     # (collections.abc's: typing.Mapping's isinstance takes 3x as long)
             inputs = dict(zip(self.input_names, inputs))
         t0 = time.perf_counter()
-        if self._tensor_inputs:
-            tensors = True
-            inputs = {n: v if type(v) is np.ndarray else numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto)
-                      else np.asarray(v) for n, v in inputs.items()}
-        else:
-            tensors = all(_is_tensor(self.input_types.get(n)) for n in self.input_names)
-            inputs = {n: (numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v))
-                      if _is_tensor(self.input_types.get(n)) else v for n, v in inputs.items()}
+        every = self._tensor_inputs
+        tensors = every or all(_is_tensor(self.input_types.get(n)) for n in self.input_names)
+        inputs = {n: _as_array(v) if every or _is_tensor(self.input_types.get(n)) else v for n, v in inputs.items()}
         key = tuple((n, inputs[n].shape, inputs[n].dtype.str) for n in self.input_names if n in inputs) \
             if tensors else None
         if key in self.plans:
@@ -392,13 +387,14 @@ class OnnxExecutor:
         for n, v in plan_inputs.items():
             arr = inputs[n]
             got = zc.inputs.get(n) if zc is not None else None
-            ptr = arr.__array_interface__["data"][0] if got is not None and arr.dtype == got[1] and \
-                arr.flags.c_contiguous else -1
-            if ptr >= 0 and ptr % Buffer.VIEW_ALIGN == 0:
-                # (address, bytes): checked here, and the plan never writes a bound input (`_zero_copy_of`), so the
-                # plan need not take the array's address again
-                bind[got[0]] = (ptr, arr.nbytes)
-            elif arr.size:      # an empty input's buffer holds one unused element
+            if got is not None and arr.dtype == got[1] and arr.flags.c_contiguous:
+                ptr = arr.__array_interface__["data"][0]
+                if ptr % Buffer.VIEW_ALIGN == 0:
+                    # (address, bytes): checked here, and the plan never writes a bound input (`_zero_copy_of`), so
+                    # the plan need not take the array's address again
+                    bind[got[0]] = (ptr, arr.nbytes)
+                    continue
+            if arr.size:        # an empty input's buffer holds one unused element
                 v.buf.copyin(np.ascontiguousarray(arr).reshape(-1))
         fresh: list[np.ndarray | None] = [None] * len(plan_outputs)
         if zc is not None:
@@ -489,6 +485,13 @@ def onnx_type(v) -> onnx.TypeProto:
         elem = onnx_type(v[0]) if v else helper.make_tensor_type_proto(O.common.ONNX_ELEM[v.dtype], None)
         return helper.make_sequence_type_proto(elem)
     return helper.make_tensor_type_proto(O.common.ONNX_ELEM[v.dtype], list(v.shape))
+
+
+def _as_array(v: Any) -> np.ndarray:
+    """A tensor feed as a numpy array: an array as it is, a TensorProto decoded, anything else through np.asarray."""
+    if type(v) is np.ndarray:
+        return v
+    return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
 
 
 def _is_tensor(tp: onnx.TypeProto | None) -> bool:
