@@ -73,22 +73,32 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 @contextlib.contextmanager
 def constants(settings: str):
-    """';'-separated MODULE.NAME=VALUE (MODULE under morok_py, VALUE a Python literal) set for the block, then
-    restored: a heuristic's constant against its alternative in one process."""
+    """';'-separated MODULE.NAME=VALUE (MODULE under morok_py, or a `backends.` module; VALUE a Python literal)
+    set for the block, then restored: a heuristic's constant against its alternative in one process. The disk
+    cache is off inside the block (MOROK_CACHE=0): its AST-level key holds the kernel and the library's files,
+    not the values of their constants, so a kernel whose lowering a setting changes (a register tile's rows,
+    codegen/opt.py's MERGED_SPARE_REGISTERS) would load the code compiled under the other setting."""
     olds = []
+    cache = os.environ.get("MOROK_CACHE")
     try:
         for setting in filter(None, settings.split(";")):
             key, value = setting.split("=", 1)
             mod_name, name = key.strip().rsplit(".", 1)
-            mod = importlib.import_module("morok_py." + mod_name)
+            full = mod_name if mod_name.startswith("backends.") else "morok_py." + mod_name
+            mod = importlib.import_module(full)
             if not hasattr(mod, name):
-                raise SystemExit(f"{setting}: morok_py.{mod_name} has no {name}")
+                raise SystemExit(f"{setting}: {full} has no {name}")
             olds.append((mod, name, getattr(mod, name)))
             setattr(mod, name, ast.literal_eval(value.strip()))
+        os.environ["MOROK_CACHE"] = "0"
         yield
     finally:
         for mod, name, old in reversed(olds):
             setattr(mod, name, old)
+        if cache is None:
+            os.environ.pop("MOROK_CACHE", None)
+        else:
+            os.environ["MOROK_CACHE"] = cache
 
 
 def block_times(fn, warm: int, timed: int) -> tuple[float, list[float]]:
