@@ -11,7 +11,9 @@ ExecutionPlan, on the memory plan's arena); each launch is timed three ways, `--
 
   in_order        the launches in launch order, each timed alone (`Program.execute`, the replay's own call): what
                   a replay spends there, its inputs written by the launch before it and its weights and outputs
-                  last touched a whole replay ago;
+                  last touched a whole replay ago. The model's last launch runs untimed first, as the replay before
+                  ran it: after the quiet wait the pool's workers sleep, and the first launch would pay their
+                  wake-up (the 16-core Xeon's resnet50 stem phase planes: 178 us in order, 15 repeated);
   hot             the same launch run twice at once, the second timed: its data in this core's caches;
   after_previous  the launch before it run again first: its inputs just written by that launch, its weights hot.
 
@@ -125,6 +127,7 @@ def morok_launches(model, feeds: dict, rounds: int):
     times = [[[], [], []] for _ in steps]
     for _ in range(rounds):
         H.settle()
+        run(steps[-1])      # the replay before's last launch: the pool's workers awake, as a replay finds them
         for i, st in enumerate(steps):
             times[i][0].append(run(st))
         for i, st in enumerate(steps):
