@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 from .codegen.capabilities import Capabilities
 from .codegen.opt import PACK_ROW_BYTES
 from .codegen.strategies.conv import (WINOGRAD_GPU_CHANNEL_LOOP, ConvGeometry, ConvPlan, check_plan, conv_plan,
+                                      phases_flat_geometry,
                                       flat_spans)
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
@@ -1375,6 +1376,45 @@ def conv2d_phases(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: i
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 
+def conv2d_phases_flat(N: int | None, C: int, H: int, W: int, CO: int, KH: int, KW: int,
+                       stride: tuple[int, int] = (1, 1), dilation: tuple[int, int] = (1, 1),
+                       pads: tuple[int, int, int, int] = (0, 0, 0, 0), dtype=dtypes.float32) -> UOp:
+    """sums[n, co, q] = sum over (c, ky, kx) of w[co, c, ky, kx] * planes[n, c, phase(ky, kx), q + offset(ky, kx)]:
+    a one-group convolution read straight from `phase_pad`'s planes (padded as `phases_flat_geometry` says), each
+    image's output pixels one run of flat columns q = oy * row + ox over the planes' row length, so that every
+    tap's operand is a contiguous run whatever the output's width: the output channels are the CPU register tile's
+    rows and the flat columns its vector columns, the sum runs over (c, ky, kx) with no im2col columns. The
+    columns past an output row (ox >= OW) and past the output (q >= OH * row) are computed and left unread;
+    `flat_crop` takes the output from the sums. N None is the variable `N`. Params: the phase planes,
+    w [CO, C, KH, KW], sums [N, CO, columns]."""
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw) = stride, dilation
+    _, HQ, WQ, cols = phases_flat_geometry(H, W, KH, KW, stride, dilation, pads)
+    ax = _Axes()
+    n, co, q = ax(_batch(N)), ax(CO), ax(cols)
+    c, ky, kx = ax(C, AxisType.REDUCE), ax(KH, AxisType.REDUCE), ax(KW, AxisType.REDUCE)
+    x, w = UOp.param(0, dt), UOp.param(1, dt)
+    row, col = ky * dh, kx * dw
+    plane = ((n * C + c) * sh + row % sh) * sw + col % sw
+    prod_ = x.load(plane * (HQ * WQ) + (row // sh) * WQ + col // sw + q) * w.load(((co * C + c) * KH + ky) * KW + kx)
+    sums = [r for r in (c, ky, kx) if r.op is Ops.RANGE]
+    acc = prod_.reduce(*sums) if sums else prod_
+    return UOp.sink(UOp.param(2, dt).store((n * CO + co) * cols + q, acc))
+
+
+def flat_crop(N: int | None, CO: int, OH: int, OW: int, row: int, cols: int, dtype=dtypes.float32,
+              epilogue: Epilogue | None = None) -> UOp:
+    """out[n, co, oy, ox] = sums[n, co, oy * row + ox], then `epilogue` (bias per output channel, tensor operands of
+    out's shape): `conv2d_phases_flat`'s output pixels taken from its flat columns. N None is the variable `N`.
+    Params: sums, the epilogue's operands, out."""
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    n, co, oy, ox = ax(_batch(N)), ax(CO), ax(OH), ax(OW)
+    at = ((n * CO + co) * OH + oy) * OW + ox
+    v, nxt = (epilogue or Epilogue()).apply(UOp.param(0, dt).load((n * CO + co) * cols + oy * row + ox), 1, dt, co, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
 def pool2d(kind: str, N: int | None, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[int, int] = (1, 1),
            dilation: tuple[int, int] = (1, 1), pads: tuple[int, int, int, int] = (0, 0, 0, 0),
            count_include_pad: bool = False, dtype=dtypes.float32) -> UOp:
@@ -1624,6 +1664,14 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                            g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ),
                 KernelStep("direct", conv2d_phases(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride, g.dilation, g.pads,
                                                    dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
+    if plan.family == "phases_flat":
+        grown, HQ, WQ, cols = phases_flat_geometry(g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads)
+        return [KernelStep("phases", phase_pad(N, g.C, g.H, g.W, g.stride, grown, dtype), ("x",), "pad",
+                           g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ),
+                KernelStep("direct", conv2d_phases_flat(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride, g.dilation, g.pads,
+                                                        dtype), ("pad", "w"), "sums", g.N * g.CO * cols),
+                KernelStep("crop", flat_crop(N, g.CO, g.OH, g.OW, WQ, cols, dtype, epi), ("sums", "epilogue"), "out",
+                           out_n)]
     if plan.family == "direct_masked":
         # channels a multiple of TAP_MAJOR_CHANNELS: taps outermost in k, the weights reordered to match
         tm = g.C % TAP_MAJOR_CHANNELS == 0

@@ -140,7 +140,8 @@ def test_global_pooling_matches_numpy_at_every_level(cpu_level, rng, kind):
 def test_the_heuristic_picks_the_family_the_geometry_calls_for(cpu):
     caps = cpu.dev.renderer.caps
     assert conv_plan(GEOMETRIES[0], caps).family == "pointwise"
-    assert conv_plan(GEOMETRIES[2], caps).family == "im2col_gemm"
+    assert conv_plan(GEOMETRIES[2], caps).family == "phases_flat"      # a 6x6 output: 48 flat columns an image
+    assert conv_plan(replace(GEOMETRIES[2], H=41, W=40), caps).family == "im2col_gemm"     # 20x21: 432 columns
     assert conv_plan(GEOMETRIES[5], caps).family == "im2col_gemm"
     assert conv_plan(GEOMETRIES[6], caps).family == "depthwise_flat"
     assert conv_plan(GEOMETRIES[7], caps).family == "depthwise"
@@ -423,17 +424,20 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
         # with many worker threads the 7x7 layers (a partial last row and column of tiles) read the 3x3 filters
         # through im2col instead of F(2x2)'s 1.78x larger transformed weights; the 14x14 ones stay Winograd
         many = replace(caps, threads=CPU_WINOGRAD_PARTIAL_MAX_THREADS + 8)
-        assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), many).family == "im2col_gemm"
+        # (AVX-512: as flat columns, one column tile; AVX2's four column tiles would read the 9.4 MB four times)
+        assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), many).family == (
+            "phases_flat" if caps is avx512 else "im2col_gemm")
         assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), replace(caps, threads=2)).winograd
         assert conv_plan(ConvGeometry(1, 256, 14, 14, 256, 3, 3, pads=same), many).winograd == CPU_WINOGRAD_TILE
         odd = ConvGeometry(1, 64, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, 64, 3, 3,
                            pads=same)
-        assert conv_plan(odd, caps).family == "im2col_gemm"
+        assert conv_plan(odd, caps).family == "phases_flat"      # no Winograd; 48 flat columns, 147 KB of weights
     late = ConvGeometry(1, 512, 7, 7, 48, 3, 3, pads=same)
     seven = conv_plan(late, avx2)
     assert seven.pixel_rows and seven.k_run == 576 and "pixel_rows, k_run=576" in str(seven)
     assert not conv_plan(late, avx512).pixel_rows and any(p.pixel_rows for p in candidate_plans(late, avx512))
-    assert conv_plan(ConvGeometry(1, 128, 7, 7, 32, 3, 3, pads=same), avx2).pixel_rows      # densenet121's 7x7 3x3
+    # densenet121's 7x7 3x3 layers: flat columns (small weights, read once per column tile)
+    assert conv_plan(ConvGeometry(1, 128, 7, 7, 32, 3, 3, pads=same), avx2).family == "phases_flat"
     assert conv_plan(ConvGeometry(1, 992, 7, 7, 128, 1, 1), avx2).pixel_rows              # 49 pixels, K 992, 128 out
     # many output channels: pixels as columns, their misaligned rows packed (codegen/opt.py)
     assert not conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), avx2).pixel_rows
@@ -593,3 +597,60 @@ def test_a_strided_layer_of_few_input_channels_and_wide_rows_takes_the_phase_pla
     assert conv_plan(stem, Capabilities(has_local=True)).family != "direct_phases"
     with pytest.raises(ArgumentError, match="one group"):
         check_plan(ConvPlan("direct_phases"), ConvGeometry(1, 4, 9, 9, 4, 3, 3, (2, 2), groups=2))
+
+
+@pytest.mark.parametrize("geo", [ConvGeometry(3, 37, 7, 7, 21, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)),      # resnet50's 7x7, odd
+                                 ConvGeometry(2, 13, 13, 15, 19, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)),   # stride 2, odd sides
+                                 ConvGeometry(1, 6, 11, 9, 5, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)),      # dilated, asymmetric
+                                 ConvGeometry(2, 5, 9, 8, 7, 5, 5, (2, 1), (1, 2), (0, 3, 2, 1))],      # 5x5, uneven
+                         ids=_gid)
+def test_a_small_output_sums_its_taps_over_flat_columns_at_every_level(cpu_level, rng, geo):
+    """phases_flat: the phase planes (with the zero rows below that the last columns' taps reach), one run of flat
+    columns an image (each output row and the planes' padding after it) summed by the register tile, then the output
+    pixels cropped from the columns with the epilogue (a bias, a residual operand in the output's layout, relu),
+    against numpy, for a static and a variable batch."""
+    from morok_py.codegen.strategies.conv import FLAT_COLUMN_MULTIPLE, phases_flat_geometry
+    x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
+    w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
+    b = random_array(rng, (geo.CO,), np.float32)
+    res = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
+    want = np.maximum(conv_ref(x, w, b, geo) + res, 0)
+    grown, rows, row, cols = phases_flat_geometry(geo.H, geo.W, geo.KH, geo.KW, geo.stride, geo.dilation, geo.pads)
+    assert cols % FLAT_COLUMN_MULTIPLE == 0 and geo.OH * row <= cols < geo.OH * row + FLAT_COLUMN_MULTIPLE
+    # the farthest tap of the last column reads inside its plane: zero rows below the input, never the next plane
+    reach = ((geo.KH - 1) * geo.dilation[0] // geo.stride[0]) * row + (geo.KW - 1) * geo.dilation[1] // geo.stride[1]
+    assert reach + cols <= rows * row and grown[2] >= geo.pads[2] and grown[:2] + grown[3:] == geo.pads[:2] + geo.pads[3:]
+    for symbolic in (False, True):
+        steps = K.conv2d_kernels(geo, ConvPlan("phases_flat"), epilogue=K.Epilogue.of("bias", "add", "relu"),
+                                 symbolic_batch=symbolic)
+        assert [st.name for st in steps] == ["phases", "direct", "crop"]
+        assert steps[0].elements == geo.N * geo.C * geo.stride[0] * geo.stride[1] * rows * row
+        assert steps[1].elements == geo.N * geo.CO * cols
+        got = run_steps(cpu_level, steps, {"x": x, "w": w}, (b, res))
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4, err_msg=f"symbolic {symbolic}")
+        spec = cpu_level.pair()[0].render(steps[1].ast, "phases_flat_direct")
+        assert spec.linear.schedule.register_tile is not None, spec.linear.schedule
+
+
+def test_small_outputs_of_many_taps_take_flat_columns_where_the_weights_allow():
+    """The CPU default: resnet50's 3x3 layers at 7x7 (where Winograd is not taken: many threads) and its stride-2 3x3
+    to 7x7 take phases_flat on AVX-512 (64 flat columns, one column tile); on AVX2 (four column tiles, each reading
+    every weight) only where the weights are small (densenet121's 128 -> 32 at 7x7), 512 -> 512 keeps its columns.
+    1x1 layers, outputs of more flat columns, grouped layers and GPUs keep their plans."""
+    from morok_py.codegen.capabilities import Capabilities
+    avx512 = Capabilities(has_threads=True, register_tile=(6, 64), tile_lanes=16, threads=16)
+    avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8, threads=16)
+    pads = (1, 1, 1, 1)
+    s1_7 = ConvGeometry(1, 512, 7, 7, 512, 3, 3, (1, 1), (1, 1), pads)
+    s2_14 = ConvGeometry(1, 512, 14, 14, 512, 3, 3, (2, 2), (1, 1), pads)
+    dense = ConvGeometry(1, 128, 7, 7, 32, 3, 3, (1, 1), (1, 1), pads)
+    assert conv_plan(s1_7, avx512) == conv_plan(s2_14, avx512) == conv_plan(dense, avx512) == ConvPlan("phases_flat")
+    assert conv_plan(dense, avx2) == ConvPlan("phases_flat") and conv_plan(s2_14, avx2).family == "im2col_gemm"
+    assert "phases_flat" in str(conv_plan(s1_7, avx512))
+    assert conv_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), (1, 1), pads), avx512).family == "im2col_gemm"
+    assert conv_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), avx512).family == "im2col_gemm"   # 1x1
+    assert conv_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), avx512).family == "pointwise"
+    assert conv_plan(s1_7, Capabilities(has_local=True)).family != "phases_flat"
+    assert ConvPlan("phases_flat") in candidate_plans(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), (1, 1), pads), avx2)
+    with pytest.raises(ArgumentError, match="one group"):
+        check_plan(ConvPlan("phases_flat"), ConvGeometry(1, 4, 7, 7, 4, 3, 3, (1, 1), (1, 1), pads, groups=2))

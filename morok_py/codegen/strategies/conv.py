@@ -53,6 +53,15 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                whose output rows fill the tile's width (DIRECT_PHASES_MAX_CHANNELS, DIRECT_PHASES_MIN_TAPS;
                resnet50's stem).
 
+  phases_flat  (CPU) `kernels.phase_pad` as for direct_phases (a few zero rows more below), then
+               `kernels.conv2d_phases_flat` sums the taps over each image's output as one run of flat columns
+               (an output row's pixels and the planes' padding after them, row after row): every tap's operand
+               is contiguous however narrow the output, and `kernels.flat_crop` takes the output pixels from the
+               columns with the epilogue. The default for one-group layers of more than one tap whose flat
+               columns fill at most PHASES_FLAT_MAX_COLUMNS (resnet50's 7x7 3x3 layers where Winograd is not
+               taken, its stride-2 3x3 layer to 7x7, densenet121's 7x7 3x3 layers), where im2col's columns are
+               KH*KW times the input and their rows of 49 pixels split every vector load over two cache lines.
+
   winograd     Winograd F(m x m, 3 x 3) for a 3x3, stride-1 layer whose output sides m (4 or 2) divides:
                `kernels.winograd_weights` transforms the filters (a weights-only step, which the ONNX
                executor runs once), `kernels.winograd_input` the input tiles of every image side by side,
@@ -74,7 +83,8 @@ from ...errors import ArgumentError
 from ..capabilities import Capabilities
 
 FAMILIES = ("pointwise", "im2col_gemm", "depthwise", "depthwise_flat", "depthwise_padded", "grouped_flat",
-            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked", "direct_phases", "winograd")
+            "grouped_direct", "im2col_flat", "im2col_rows", "direct", "direct_masked", "direct_phases", "phases_flat",
+            "winograd")
 
 
 @dataclass(frozen=True)
@@ -525,6 +535,8 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
         return ConvPlan("winograd", winograd=m, cpu_form=True)
     if direct_phases_default(geo, caps):
         return ConvPlan("direct_phases")
+    if phases_flat_default(geo, caps, itemsize):
+        return ConvPlan("phases_flat")
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
@@ -559,6 +571,53 @@ def direct_phases_default(geo: ConvGeometry, caps: Capabilities) -> bool:
             and geo.OW >= tile[1])
 
 
+# a one-group layer of more than one tap whose output, as phases_flat's flat columns (each output row and the phase
+# planes' padding after it, rounded up to whole lane vectors), fills at most PHASES_FLAT_MAX_COLUMNS columns an image,
+# and either one column tile of the register tile or weights of at most PHASES_FLAT_REREAD_BYTES (each column tile
+# reads all of them). Each form alone, hot, interleaved, on the 2-vCPU AVX-512 Xeon's two threads (phase planes,
+# contraction and crop against the plan before; us): resnet50's 3x3 512 at 7x7 949 against 1250 for im2col (and 806
+# for the Winograd form its hosts of few threads keep), 512 stride 2 to 7x7 975-988 against 1223, densenet121's 3x3
+# 128 -> 32 at 7x7 38 against 61; as AVX2 code (x86-64-v3, a 6x16 tile: four column tiles), 128 -> 32 62 against 108
+# for pixel rows, but 512 stride 2 to 7x7, 9.4 MB of weights read four times, 2126-3593 against 2085-2535
+PHASES_FLAT_MAX_COLUMNS = 64
+PHASES_FLAT_REREAD_BYTES = 512 << 10
+
+
+# the flat columns of `kernels.conv2d_phases_flat` come in multiples of this many (AVX-512's 16 float lanes; AVX2's 8
+# divide it): one image's columns are whole lane vectors, the last ones past the output reading zero rows below it
+FLAT_COLUMN_MULTIPLE = 16
+
+
+def phases_flat_geometry(H: int, W: int, KH: int, KW: int, stride: tuple[int, int], dilation: tuple[int, int],
+                         pads: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int, int, int]:
+    """(the phase planes' pads, their rows, their row length, the flat columns per image) of phases_flat: an output
+    pixel (oy, ox) is flat column oy * row + ox of its image (the planes' row length: `kernels.phase_planes`), the
+    columns run to a multiple of FLAT_COLUMN_MULTIPLE, and the bottom pad grows by whole plane rows until the
+    farthest tap of the last column still reads inside its plane (zeros)."""
+    (sh, sw), (dh, dw) = stride, dilation
+    OH = (H + pads[0] + pads[2] - (KH - 1) * dh - 1) // sh + 1
+    WQ = -(-(W + pads[1] + pads[3]) // sw)
+    cols = -(-(OH * WQ) // FLAT_COLUMN_MULTIPLE) * FLAT_COLUMN_MULTIPLE
+    reach = ((KH - 1) * dh // sh) * WQ + (KW - 1) * dw // sw + cols      # elements of a plane the taps read
+    rows = max(-(-(H + pads[0] + pads[2]) // sh), -(-reach // WQ))
+    return (pads[0], pads[1], max(pads[2], rows * sh - H - pads[0]), pads[3]), rows, WQ, cols
+
+
+def phases_flat_columns(geo: ConvGeometry) -> int:
+    """phases_flat's flat columns an image (`phases_flat_geometry`)."""
+    return phases_flat_geometry(geo.H, geo.W, geo.KH, geo.KW, geo.stride, geo.dilation, geo.pads)[3]
+
+
+def phases_flat_default(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> bool:
+    """Whether the CPU heuristic takes phases_flat for this layer (the rule above)."""
+    if (caps.has_local or caps.register_tile is None or caps.tile_lanes <= 0 or not direct_phases_applies(geo)
+            or geo.KH * geo.KW == 1):
+        return False
+    cols = phases_flat_columns(geo)
+    weights = geo.CO * geo.C * geo.KH * geo.KW * itemsize
+    return cols <= PHASES_FLAT_MAX_COLUMNS and (cols <= caps.register_tile[1] or weights <= PHASES_FLAT_REREAD_BYTES)
+
+
 def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
                     static_batch: bool = True) -> list[ConvPlan]:
     """The default plan first, then the valid alternatives a search times (Winograd only for a constant batch)."""
@@ -579,7 +638,7 @@ def candidate_plans(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     if not caps.has_local and grouped_flat_applies(geo):
         out.append(ConvPlan("grouped_flat"))
     if not caps.has_local and direct_phases_applies(geo):
-        out.append(ConvPlan("direct_phases"))
+        out += [ConvPlan("direct_phases"), ConvPlan("phases_flat")]
     if caps.has_local and geo.groups > 1:
         out.append(ConvPlan("grouped_direct"))
     if caps.has_local and geo.groups == 1:
@@ -632,7 +691,7 @@ def check_plan(plan: ConvPlan, geo: ConvGeometry) -> None:
         raise ArgumentError(f"{plan}: the flat columns take one group")
     if plan.family == "grouped_direct" and geo.groups == 1:
         raise ArgumentError(f"{plan}: the convolution has one group")
-    if plan.family == "direct_phases" and not direct_phases_applies(geo):
+    if plan.family in ("direct_phases", "phases_flat") and not direct_phases_applies(geo):
         raise ArgumentError(f"{plan}: the sum over phase planes takes one group")
     if plan.family == "grouped_flat" and not grouped_flat_applies(geo):
         raise ArgumentError(f"{plan}: the flat loop takes groups of at most {GROUPED_FLAT_MAX_TERMS} terms (input "
