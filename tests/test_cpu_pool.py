@@ -203,6 +203,49 @@ def test_many_launches_and_a_forked_child(tmp_path):
     assert "child 0" in r.stdout, (r.stdout, r.stderr[-2000:])
 
 
+_ALTERNATING = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from morok_py import Device, Buffer, dtypes, kernels as K
+    from morok_py.backends.cpu import runtime as rt
+    for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
+        setattr(rt, name, 1)
+    os.environ["MOROK_CPU_POOL"] = "native"
+    dev = Device["CPU"]
+    add = dev.compile(K.add(), name="pool_alternating_add")
+    r = np.random.default_rng(5)
+    n = 4099
+    a, b = r.standard_normal(n).astype(np.float32), r.standard_normal(n).astype(np.float32)
+    da, db, out = Buffer.from_numpy(a, dev), Buffer.from_numpy(b, dev), dev.buffer(n, dtypes.float32)
+    t0 = time.perf_counter()
+    launches = 0
+    while time.perf_counter() - t0 < float(sys.argv[1]):
+        for threads in ("2", "16", "3", "16"):      # few workers asked, then many: the next launch's larger want
+            os.environ["MOROK_CPU_THREADS"] = threads
+            out.copyin(np.zeros(n, np.float32))
+            add(da, db, out, n=n)
+            assert np.array_equal(out.numpy(), a + b), launches
+            launches += 1
+    print("launches", launches, "workers", add._native_pool().workers)
+""")
+
+
+def test_launches_asking_few_then_many_workers_never_hang(tmp_path):
+    """16-way launches after 2- and 3-way ones on this machine's few cores, back to back for 20 s: a worker that
+    read a finished launch's closed ticket while the next launch had already stored its larger want must not join
+    the finished one (it once counted itself done in the next launch's counter, which then waited forever: a
+    resnet50 replay at 16 threads on 2 vCPUs hung within 50 replays). In a subprocess with a time limit."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        r = subprocess.run([sys.executable, "-c", _ALTERNATING, "20"], capture_output=True, text=True, timeout=120,
+                           env=env, cwd=tmp_path)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the launches hung: {e.stdout!r} {e.stderr!r}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    launches = int(r.stdout.split()[1])
+    assert launches >= 1000 and "workers 15" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("var,value", [("MOROK_CPU_POOL", "pthreads"), ("MOROK_CPU_SPIN", "-1"),
                                        ("MOROK_CPU_SPIN", "lots"), ("MOROK_CPU_PIN", "yes")])
 def test_bad_pool_settings_are_refused_before_any_launch(cpu, rng, monkeypatch, split_everything, var, value):

@@ -19,7 +19,8 @@ measured on this project's 2-vCPU CI machine, one extra chunk costs 58 us per la
   (cpu-xeon-avx512-16c/cpu_pool.json; the same captured plans, interleaved), home blocks against one counter:
   resnet50 10.48 against 11.15 ms, densenet121 15.36 against 15.51, the MobileNet stack 0.646 against 0.762,
   the MLP 0.137 against 0.147;
-- once every chunk is claimed the launching thread closes the ticket (no worker joins after that) and waits
+- once every chunk is claimed the launching thread closes the ticket (its count all ones: no worker joins
+  after that, whatever a later launch asks for) and waits
   (spinning, then yielding) for the workers that joined to finish theirs. A worker still asleep or
   descheduled when the work ran out is not waited for: the launch is never slower than its own thread
   plus the hand-off (benchmarks/kernels.py on the 2-vCPU EPYC: the first split launch after an idle spell took 250-320 us
@@ -64,7 +65,7 @@ def _pool_ir(futex: int, pause: str, declare: str) -> str:
     return f"""
 {declare}
 @gen = internal global i32 0, align 64
-@ticket = global i64 0, align 64            ; (generation << 32) | workers joined (read by a test)
+@ticket = global i64 0, align 64            ; (generation << 32) | workers joined (all ones: closed)
 @want = internal global i64 0                ; workers the launch asks for
 @joined = global i64 0                       ; workers that joined the last launch (read by a test)
 @fin = internal global i64 0, align 64       ; joined workers done with the launch
@@ -230,10 +231,15 @@ publish:
   call void @drain(i64 0, i64 0)
   br label %close
 close:
+  ; closed: the count all ones, which no worker reads as room. Closed as full (the count %workers), a worker
+  ; that saw this generation's ticket after the next launch had stored its larger @want (but not yet its ticket)
+  ; joined this finished launch: it ran chunks of the half-published next job and counted itself done in @fin
+  ; after that launch zeroed it, so the next launch waited forever for @fin to equal its workers (16 threads
+  ; on 2 vCPUs: a resnet50 replay hung within 50 replays)
   %t = load atomic i64, ptr @ticket acquire, align 8
   %cnt = and i64 %t, 4294967295
   %hi = sub i64 %t, %cnt
-  %shut = or i64 %hi, %workers
+  %shut = or i64 %hi, 4294967295
   %pair = cmpxchg ptr @ticket, i64 %t, i64 %shut acq_rel acquire
   %ok = extractvalue {{ i64, i1 }} %pair, 1
   br i1 %ok, label %closed, label %close
