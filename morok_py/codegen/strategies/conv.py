@@ -57,10 +57,10 @@ derives the same from its AST; the plan records them so MOROK_DEBUG prints what 
                `kernels.conv2d_phases_flat` sums the taps over each image's output as one run of flat columns
                (an output row's pixels and the planes' padding after them, row after row): every tap's operand
                is contiguous however narrow the output, and `kernels.flat_crop` takes the output pixels from the
-               columns with the epilogue. The default for one-group layers of more than one tap whose flat
-               columns fill at most PHASES_FLAT_MAX_COLUMNS (resnet50's 7x7 3x3 layers where Winograd is not
-               taken, its stride-2 3x3 layer to 7x7, densenet121's 7x7 3x3 layers), where im2col's columns are
-               KH*KW times the input and their rows of 49 pixels split every vector load over two cache lines.
+               columns with the epilogue. The default for one-group, stride-1 layers of more than one tap whose
+               flat columns fill at most PHASES_FLAT_MAX_COLUMNS (resnet50's 7x7 3x3 layers where Winograd is not
+               taken, densenet121's 7x7 3x3 layers), where im2col's columns are KH*KW times the input and their
+               rows of 49 pixels split every vector load over two cache lines.
 
   winograd     Winograd F(m x m, 3 x 3) for a 3x3, stride-1 layer whose output sides m (4 or 2) divides:
                `kernels.winograd_weights` transforms the filters (a weights-only step, which the ONNX
@@ -571,14 +571,21 @@ def direct_phases_default(geo: ConvGeometry, caps: Capabilities) -> bool:
             and geo.OW >= tile[1])
 
 
-# a one-group layer of more than one tap whose output, as phases_flat's flat columns (each output row and the phase
-# planes' padding after it, rounded up to whole lane vectors), fills at most PHASES_FLAT_MAX_COLUMNS columns an image,
-# and either one column tile of the register tile or weights of at most PHASES_FLAT_REREAD_BYTES (each column tile
-# reads all of them). Each form alone, hot, interleaved, on the 2-vCPU AVX-512 Xeon's two threads (phase planes,
-# contraction and crop against the plan before; us): resnet50's 3x3 512 at 7x7 949 against 1250 for im2col (and 806
-# for the Winograd form its hosts of few threads keep), 512 stride 2 to 7x7 975-988 against 1223, densenet121's 3x3
-# 128 -> 32 at 7x7 38 against 61; as AVX2 code (x86-64-v3, a 6x16 tile: four column tiles), 128 -> 32 62 against 108
-# for pixel rows, but 512 stride 2 to 7x7, 9.4 MB of weights read four times, 2126-3593 against 2085-2535
+# a one-group, stride-1 layer of more than one tap whose output, as phases_flat's flat columns (each output row and
+# the planes' padding after it, rounded up to whole lane vectors), fills at most PHASES_FLAT_MAX_COLUMNS columns an
+# image, and either one column tile of the register tile or weights of at most PHASES_FLAT_REREAD_BYTES (each column
+# tile reads all of them). On the 16-core AVX-512 Xeon (at 7dd8d27, where strided layers took it too), resnet50's
+# captured replay 10.60 against 11.00 ms without the family (benchmarks/model_variants.py,
+# cpu-xeon-avx512-16c/model_variants-phases-flat-resnet50.json), its 3x3 512 -> 512 layers at 7x7 in launch order
+# (benchmarks/profile_layers.py's in-order timing of both plans in one process; no file kept) 357 / 351 against 442 /
+# 428 us through im2col, the layer alone at 1.03x of onnxruntime's kernels (benchmarks/cpu_conv.py,
+# cpu_conv-resnet50-3x3.json); but its stride-2 3x3 to 7x7 445 against 373 us, and on the 2-vCPU Xeon 1.76-1.91 ms
+# against onnxruntime's 1.17-1.20 (cpu-xeon-avx512-2c/cpu_conv-resnet50-3x3.json): strided layers keep their columns.
+# On the 2-vCPU hosts the 7x7 3x3 layers of many channels keep Winograd (taken first); densenet121's 128 -> 32 ones
+# take the flat columns there: 48-59 us against onnxruntime's 51-58 as AVX-512 code, 68 against 49 as AVX2 (x86-64-v3,
+# cpu_conv-resnet50-3x3-x86-64-v3.json), where pixel rows had them; the replays with and without the family sit within
+# the host's noise there (model_variants-phases-flat-{resnet50,densenet121}.json: 45.8 against 45.1 ms, 38.0 against
+# 37.4)
 PHASES_FLAT_MAX_COLUMNS = 64
 PHASES_FLAT_REREAD_BYTES = 512 << 10
 
@@ -611,7 +618,7 @@ def phases_flat_columns(geo: ConvGeometry) -> int:
 def phases_flat_default(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4) -> bool:
     """Whether the CPU heuristic takes phases_flat for this layer (the rule above)."""
     if (caps.has_local or caps.register_tile is None or caps.tile_lanes <= 0 or not direct_phases_applies(geo)
-            or geo.KH * geo.KW == 1):
+            or geo.KH * geo.KW == 1 or geo.stride != (1, 1)):
         return False
     cols = phases_flat_columns(geo)
     weights = geo.CO * geo.C * geo.KH * geo.KW * itemsize
