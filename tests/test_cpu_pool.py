@@ -157,14 +157,17 @@ def test_concurrent_launches_from_python_threads(cpu, rng, monkeypatch, split_ev
     assert not errs, errs[0]
 
 
-_SCRIPT = textwrap.dedent("""
-    import os, sys
+# the subprocess scripts' start: every launch split, on the native pool
+_PREAMBLE = textwrap.dedent("""
+    import os, sys, time
     import numpy as np
     from morok_py import Device, Buffer, dtypes, kernels as K
     from morok_py.backends.cpu import runtime as rt
     for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
         setattr(rt, name, 1)
     os.environ["MOROK_CPU_POOL"] = "native"
+""")
+_SCRIPT = _PREAMBLE + textwrap.dedent("""
     os.environ["MOROK_CPU_THREADS"] = "3"
     dev = Device["CPU"]
     add = dev.compile(K.add(), name="pool_fork_add")
@@ -203,14 +206,7 @@ def test_many_launches_and_a_forked_child(tmp_path):
     assert "child 0" in r.stdout, (r.stdout, r.stderr[-2000:])
 
 
-_ALTERNATING = textwrap.dedent("""
-    import os, sys, time
-    import numpy as np
-    from morok_py import Device, Buffer, dtypes, kernels as K
-    from morok_py.backends.cpu import runtime as rt
-    for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
-        setattr(rt, name, 1)
-    os.environ["MOROK_CPU_POOL"] = "native"
+_ALTERNATING = _PREAMBLE + textwrap.dedent("""
     dev = Device["CPU"]
     add = dev.compile(K.add(), name="pool_alternating_add")
     r = np.random.default_rng(5)
@@ -259,14 +255,7 @@ def test_bad_pool_settings_are_refused_before_any_launch(cpu, rng, monkeypatch, 
     assert (out.numpy() == 0).all()      # nothing ran
 
 
-_PIN_SCRIPT = textwrap.dedent("""
-    import os, sys
-    import numpy as np
-    from morok_py import Device, Buffer, dtypes, kernels as K
-    from morok_py.backends.cpu import runtime as rt
-    for name in ("NATIVE_MIN_WORK", "NATIVE_SURE_WORK"):
-        setattr(rt, name, 1)
-    os.environ["MOROK_CPU_POOL"] = "native"
+_PIN_SCRIPT = _PREAMBLE + textwrap.dedent("""
     os.environ["MOROK_CPU_THREADS"] = "3"
     dev = Device["CPU"]
     add = dev.compile(K.add(), name="pool_pin_add")
