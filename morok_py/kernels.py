@@ -14,8 +14,7 @@ from typing import Callable, Sequence
 from .codegen.capabilities import Capabilities
 from .codegen.opt import PACK_ROW_BYTES
 from .codegen.strategies.conv import (WINOGRAD_GPU_CHANNEL_LOOP, ConvGeometry, ConvPlan, check_plan, conv_plan,
-                                      phases_flat_geometry,
-                                      flat_spans)
+                                      flat_spans, phase_planes, phases_flat_geometry)
 from .dtypes import DType, accumulation_dtype, as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, Ops, UOp
@@ -1316,11 +1315,6 @@ def pad2d(N: int | None, C: int, H: int, W: int, pads: tuple[int, int, int, int]
     return UOp.sink(out.store(q * (HP * WP) + y * WP + xx, v))
 
 
-def phase_planes(H: int, W: int, stride: tuple[int, int], pads: tuple[int, int, int, int]) -> tuple[int, int]:
-    """(rows, columns) of each phase plane `phase_pad` writes: the zero-padded input's sides over the stride."""
-    return -(-(H + pads[0] + pads[2]) // stride[0]), -(-(W + pads[1] + pads[3]) // stride[1])
-
-
 def phase_pad(N: int | None, C: int, H: int, W: int, stride: tuple[int, int], pads: tuple[int, int, int, int],
               dtype=dtypes.float32) -> UOp:
     """out[n, c, py, px, a, b] = xpad[n, c, a*sh + py, b*sw + px], xpad the input zero-padded by `pads`: each plane
@@ -1588,6 +1582,13 @@ def _pixel_rows_kernels(g: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N
     return steps
 
 
+def _phases_step(g: ConvGeometry, pads: tuple[int, int, int, int], N: int | None, dtype) -> KernelStep:
+    """The step that splits the input, zero-padded by `pads`, into its stride's phase planes (role "pad")."""
+    HQ, WQ = phase_planes(g.H, g.W, g.stride, pads)
+    return KernelStep("phases", phase_pad(N, g.C, g.H, g.W, g.stride, pads, dtype), ("x",), "pad",
+                      g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ)
+
+
 def _uses_variable(ast: UOp, name: str) -> bool:
     return any(n.op is Ops.DEFINE_VAR and n.arg[0] == name for n in ast.toposort())
 
@@ -1659,15 +1660,12 @@ def _conv2d_kernels(geo: ConvGeometry, plan: ConvPlan, dtype, epi: Epilogue, N: 
                 KernelStep("output", winograd_output(g.N, g.CO, g.OH, g.OW, m, dtype, epi, pout, loop, plan.cpu_form),
                            ("prod", "epilogue"), "out", out_n)]
     if plan.family == "direct_phases":
-        HQ, WQ = phase_planes(g.H, g.W, g.stride, g.pads)
-        return [KernelStep("phases", phase_pad(N, g.C, g.H, g.W, g.stride, g.pads, dtype), ("x",), "pad",
-                           g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ),
+        return [_phases_step(g, g.pads, N, dtype),
                 KernelStep("direct", conv2d_phases(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride, g.dilation, g.pads,
                                                    dtype, epi), ("pad", "w", "epilogue"), "out", out_n)]
     if plan.family == "phases_flat":
-        grown, HQ, WQ, cols = phases_flat_geometry(g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads)
-        return [KernelStep("phases", phase_pad(N, g.C, g.H, g.W, g.stride, grown, dtype), ("x",), "pad",
-                           g.N * g.C * g.stride[0] * g.stride[1] * HQ * WQ),
+        grown, _, WQ, cols = phases_flat_geometry(g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads)
+        return [_phases_step(g, grown, N, dtype),
                 KernelStep("direct", conv2d_phases_flat(N, g.C, g.H, g.W, g.CO, g.KH, g.KW, g.stride, g.dilation, g.pads,
                                                         dtype), ("pad", "w"), "sums", g.N * g.CO * cols),
                 KernelStep("crop", flat_crop(N, g.CO, g.OH, g.OW, WQ, cols, dtype, epi), ("sums", "epilogue"), "out",

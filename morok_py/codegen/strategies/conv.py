@@ -590,6 +590,11 @@ PHASES_FLAT_MAX_COLUMNS = 64
 PHASES_FLAT_REREAD_BYTES = 512 << 10
 
 
+def phase_planes(H: int, W: int, stride: tuple[int, int], pads: tuple[int, int, int, int]) -> tuple[int, int]:
+    """(rows, columns) of each phase plane `kernels.phase_pad` writes: the zero-padded input's sides over the stride."""
+    return -(-(H + pads[0] + pads[2]) // stride[0]), -(-(W + pads[1] + pads[3]) // stride[1])
+
+
 # the flat columns of `kernels.conv2d_phases_flat` come in multiples of this many (AVX-512's 16 float lanes; AVX2's 8
 # divide it): one image's columns are whole lane vectors, the last ones past the output reading zero rows below it
 FLAT_COLUMN_MULTIPLE = 16
@@ -598,15 +603,15 @@ FLAT_COLUMN_MULTIPLE = 16
 def phases_flat_geometry(H: int, W: int, KH: int, KW: int, stride: tuple[int, int], dilation: tuple[int, int],
                          pads: tuple[int, int, int, int]) -> tuple[tuple[int, int, int, int], int, int, int]:
     """(the phase planes' pads, their rows, their row length, the flat columns per image) of phases_flat: an output
-    pixel (oy, ox) is flat column oy * row + ox of its image (the planes' row length: `kernels.phase_planes`), the
-    columns run to a multiple of FLAT_COLUMN_MULTIPLE, and the bottom pad grows by whole plane rows until the
-    farthest tap of the last column still reads inside its plane (zeros)."""
+    pixel (oy, ox) is flat column oy * row + ox of its image (the planes' row length, `phase_planes`), the columns
+    run to a multiple of FLAT_COLUMN_MULTIPLE, and the bottom pad grows by whole plane rows until the farthest tap of
+    the last column still reads inside its plane (zeros)."""
     (sh, sw), (dh, dw) = stride, dilation
     OH = (H + pads[0] + pads[2] - (KH - 1) * dh - 1) // sh + 1
-    WQ = -(-(W + pads[1] + pads[3]) // sw)
+    HQ, WQ = phase_planes(H, W, stride, pads)
     cols = -(-(OH * WQ) // FLAT_COLUMN_MULTIPLE) * FLAT_COLUMN_MULTIPLE
     reach = ((KH - 1) * dh // sh) * WQ + (KW - 1) * dw // sw + cols      # elements of a plane the taps read
-    rows = max(-(-(H + pads[0] + pads[2]) // sh), -(-reach // WQ))
+    rows = max(HQ, -(-reach // WQ))
     return (pads[0], pads[1], max(pads[2], rows * sh - H - pads[0]), pads[3]), rows, WQ, cols
 
 
