@@ -212,10 +212,10 @@ def onnx_table(doc: dict) -> str:
             span = r.get("replay_vs_onnxruntime_range")
             rows.append([model, label, fmt(cold.get("first_run_s"), "s"), fmt(warm.get("first_run_s"), "s"),
                          fmt(warm.get("replay_ms_median"), "ms"), ort_ms, ratio(r.get("replay_vs_onnxruntime"))
-                         + (f" ({span[0]:.2f}-{span[1]:.2f}x in {len(r.get('interleaved_processes', []))} processes)"
+                         + (f" (median of {len(r.get('interleaved_processes', []))} processes: {span[0]:.2f}-{span[1]:.2f}x)"
                             if span else "")])
     return md_table(["model", "pair", "cold first run", "warm-cache first run", "replay", "onnxruntime",
-                     "ratio (median of processes)"], rows)
+                     "ratio"], rows)
 
 
 def table_for(doc: dict) -> str:
