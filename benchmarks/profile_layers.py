@@ -14,7 +14,8 @@ ExecutionPlan, on the memory plan's arena); each launch is timed three ways, `--
                   last touched a whole replay ago. The model's last TAIL_LAUNCHES launches run untimed first, as
                   the replay before ran them: after the quiet wait the pool's workers sleep, and the first launch
                   would pay their wake-up (the 16-core Xeon's resnet50 stem phase planes: 178 us in order, 15
-                  repeated). The last launch alone did not wake them where it runs on one thread (a softmax);
+                  repeated; 39 after the last three launches). The last launch alone did not wake them where it
+                  runs on one thread (a softmax);
   hot             the same launch run twice at once, the second timed: its data in this core's caches;
   after_previous  the launch before it run again first: its inputs just written by that launch, its weights hot.
 
