@@ -351,27 +351,27 @@ def main() -> int:
                              for _ in range(args.ab_processes)]
                 warm = warms[0]
                 res = {"cold": cold, "warm_cache": warm}
-                abs_ = [w["interleaved"] for w in warms if w.get("interleaved")]
-                if abs_:
-                    res["interleaved_processes"] = abs_
+                comparisons = [w["interleaved"] for w in warms if w.get("interleaved")]
+                if comparisons:
+                    res["interleaved_processes"] = comparisons
                 if ort_out is not None:
                     res["max_abs_diff_vs_onnxruntime"] = float(np.abs(out.astype(np.float64) - ort_out).max())
-                    ratios = [a["ratio"] for a in abs_]
+                    ratios = [a["ratio"] for a in comparisons]
                     res["replay_vs_onnxruntime"] = statistics.median(ratios) if ratios else \
                         ort_res["run_ms_median"] / warm["replay_ms_median"]
                     if ratios:
                         res["replay_vs_onnxruntime_range"] = [min(ratios), max(ratios)]
                 entry[f"morok_py[{label}]"] = res
                 each = "; ".join(f"{a['morok_ms_median']:.2f} vs {a['onnxruntime_ms_median']:.2f} ms ({a['ratio']:.2f}x)"
-                                 for a in abs_)
+                                 for a in comparisons)
                 print(f"{name:16s} {args.device}/{label}: cold first run {cold['first_run_s']:.2f} s "
                       f"(compile {cold['compile_s']:.2f} s, {cold['programs']} programs), warm-cache first run "
                       f"{warm['first_run_s']:.2f} s, replay {warm['replay_ms_median']:.2f} ms, peak RSS "
                       f"{warm['peak_rss_mb']:.0f} MB"
-                      + (f"; interleaved with onnxruntime in {len(abs_)} processes: {each} -> median "
+                      + (f"; interleaved with onnxruntime in {len(comparisons)} processes: {each} -> median "
                          f"{res['replay_vs_onnxruntime']:.2f}x (higher is better); onnxruntime alone "
                          f"{ort_res['run_ms_median']:.2f} ms, peak RSS {ort_res['peak_rss_mb']:.0f} MB"
-                         if abs_ and "replay_vs_onnxruntime" in res else f"; onnxruntime: {ort_res.get('why')}"),
+                         if "replay_vs_onnxruntime_range" in res else f"; onnxruntime: {ort_res.get('why')}"),
                       flush=True)
         result["models"][name] = entry
     result["load_average_end"] = os.getloadavg()
