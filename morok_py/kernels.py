@@ -313,6 +313,40 @@ def padded_ldb(N: int, itemsize: int = 4) -> int:
     return N + LDB_PAD if N * itemsize % LDB_ALIGN_BYTES == 0 else N
 
 
+def column_panels(K: int, N: int, width: int, ldb: int | None = None, dtype=dtypes.float32) -> UOp:
+    """B [K, N] (row stride `ldb`, default N) copied as N / width column panels, each [K, width] contiguous:
+    panels[p, k, c] = B[k, p * width + c], the layout `matmul_panels` reads. Params: B, panels."""
+    if width < 1 or N % width:
+        raise ArgumentError(f"column_panels: a width of {width} does not divide {N} columns")
+    dt = as_dtype(dtype)
+    ax = _Axes()
+    p, k, c = ax(N // width), ax(K), ax(width)
+    b, out = UOp.param(0, dt), UOp.param(1, dt)
+    return UOp.sink(out.store((p * K + k) * width + c, b.load(k * (N if ldb is None else ldb) + p * width + c)))
+
+
+def matmul_panels(M: int, N: int, K: int, width: int, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
+    """`matmul` with B stored as column panels ([N / width, K, width], `column_panels`): out[i, p * width + c]
+    = sum over k of A[i, k] * panels[p, k, c], then `epilogue` as `matmul`'s. On the CPU `width` is the register
+    tile's width: each thread-split unit's tiles read one contiguous panel, a constant right-hand matrix laid out
+    so once, where `matmul` reads B's rows in place (a step a row apart) or copies each panel first at every
+    launch. Params: A, panels, the epilogue's operands, C."""
+    if width < 1 or N % width:
+        raise ArgumentError(f"matmul_panels: a width of {width} does not divide {N} columns")
+    dt = as_dtype(dtype)
+    M, K = size(M, "M"), size(K, "K")
+    epi = epilogue or Epilogue()
+    a, b = UOp.param(0, dt), UOp.param(1, dt)
+    ax = _Axes()
+    p, i, c = ax(N // width), ax(M), ax(width)
+    k = ax(K, AxisType.REDUCE)
+    acc = (a.load(i * _end(K) + k) * b.load((p * _end(K) + k) * width + c)).reduce(k)
+    col = p * width + c
+    at = i * N + col
+    v, nxt = epi.apply(acc, 2, dt, col, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
 def matmul_bias_relu(M=None, N=None, K=None, relu: bool = True, dtype=dtypes.float32) -> UOp:
     """out[M,N] = max(A @ W + bias[N], 0): a fused dense layer."""
     return matmul(M, N, K, dtype, Epilogue.of("bias", "relu") if relu else Epilogue.of("bias"))

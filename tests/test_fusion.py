@@ -326,3 +326,60 @@ def test_matmul_with_a_row_stride_matches_numpy_at_every_level(cpu_level, rng):
     out = cpu_level.empty(M * N, dtypes.float32)
     cpu_level.compile(K.matmul(M, N, Kd, ldb=ldb), "mm_ldb")(cpu_level.buf(a), cpu_level.buf(b), out)
     np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b[:, :N], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("width", [8, 16, 64])
+def test_column_panels_and_the_panel_matmul_match_numpy_at_every_level(cpu_level, rng, width):
+    """B copied into column panels (`column_panels`, from a padded row stride) and `matmul_panels` over them with
+    an epilogue: rows past the register tile's (37), an odd reduction (29), one panel and several, every output
+    written (NaN-filled)."""
+    epi = K.Epilogue([("bias",), ("add",), ("silu",)])
+    for M, panels, Kd in ((37, 3, 29), (6, 1, 300)):
+        N, ldb = panels * width, panels * width + 5
+        a, b = random_array(rng, (M, Kd), np.float32), random_array(rng, (Kd, ldb), np.float32)
+        bias, res = random_array(rng, (N,), np.float32), random_array(rng, (M, N), np.float32)
+        packed = cpu_level.empty(Kd * N, dtypes.float32)
+        cpu_level.compile(K.column_panels(Kd, N, width, ldb), f"panels_{width}_{N}")(cpu_level.buf(b), packed)
+        want_panels = b[:, :N].reshape(Kd, panels, width).transpose(1, 0, 2)
+        np.testing.assert_array_equal(packed.numpy().reshape(panels, Kd, width), want_panels)
+        out = cpu_level.buf(np.full((M, N), np.nan, np.float32))
+        cpu_level.compile(K.matmul_panels(M, N, Kd, width, epilogue=epi), f"mm_panels_{width}_{M}_{N}")(
+            cpu_level.buf(a), packed, cpu_level.buf(bias), cpu_level.buf(res), out)
+        v = a.astype(np.float64) @ b[:, :N] + bias + res
+        np.testing.assert_allclose(out.numpy().reshape(M, N), v / (1 + np.exp(-v)), rtol=1e-4, atol=1e-4)
+
+
+def test_column_panels_refuse_a_width_that_does_not_divide_the_columns():
+    from morok_py import ArgumentError
+    with pytest.raises(ArgumentError, match="does not divide 100"):
+        K.column_panels(8, 100, 64)
+    with pytest.raises(ArgumentError, match="does not divide 100"):
+        K.matmul_panels(4, 100, 8, 64)
+
+
+def test_dense_weights_take_column_panels_of_the_tile_width_where_they_fill_it(rng):
+    """A dense layer whose rows fill the CPU's register tile and whose columns are whole tile widths runs on its
+    weights copied once into column panels (the copy's program compiled once, its output kept across runs); a
+    layer of fewer rows (a GEMV), or columns the width does not divide, reads them in place. Every output matches
+    onnx's reference evaluator on every run."""
+    from morok_py import Device
+    from morok_py.onnx import fuse as F
+    rows, width = Device["CPU"].renderer.caps.register_tile
+    for M, N, panels in ((rows + 7, 3 * width, True), (rows - 1 if rows > 1 else 1, 2 * width, rows <= 1),
+                         (rows + 7, 3 * width + 4, False)):
+        b = _Builder(rng)
+        y = b.node("Gemm", ["x", b.init(rng.standard_normal((N, 41)) * 0.3), b.init(rng.standard_normal(N))], transB=1)
+        model = b.model({"x": [M, 41]}, [y])
+        ex = OnnxExecutor(model, "CPU")
+        for _ in range(3):
+            x = random_array(rng, (M, 41), np.float32)
+            np.testing.assert_allclose(ex.run({"x": x})[0], ReferenceEvaluator(model).run(None, {"x": x})[0],
+                                       rtol=1e-4, atol=1e-4)
+        copies = [k for k in ex.k.programs if N % width == 0 and k == K.column_panels(41, N, width, K.padded_ldb(N)).key]
+        assert len(copies) == panels, (M, N, panels)
+        if panels:
+            kept = [per[copies[0]] for per in list(F._weights_outputs.values()) if copies[0] in per]
+            assert len(kept) == 1 and kept[0].size == 41 * N      # one copy, kept for every run
+            ctx = type("Ctx", (), {"k": ex.k})()
+            assert F._panel_width(ctx, M, N, False) == width
+            assert F._panel_width(ctx, M, N, True) == 0     # a dynamic batch: read in place

@@ -662,11 +662,34 @@ def _dense_op(ctx, ins, a):
     oshape = tuple(x.shape[:-1]) + (N,)
     out = ctx.k.empty(oshape, x.dtype)
     extra = ([ins[2]] if has_bias else []) + _operands(ctx, list(ins[2 + has_bias:]), oshape)
-    _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}")
     sym = ctx.k.symbolic_outer          # a dynamic batch: the rows are the variable M, one program for every batch
+    width = _panel_width(ctx, M, N, sym)
+    _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}" + (f", weights in {width}-column panels" if width else ""))
+    if width:
+        st = K.KernelStep("panels", K.column_panels(K_, N, width, ldb), ("w",), "panels", K_ * N)
+        ctx.k.launch(ctx.n("gemm"), K.matmul_panels(M, N, K_, width, dtypes.float32, epi),
+                     [x.buf, _weights_output(ctx, st, w.buf)] + [v.buf for v in extra] + [out.buf])
+        return [out]
     ctx.k.launch(ctx.n("gemm"), K.matmul(None if sym else M, N, K_, dtypes.float32, epi, ldb=ldb),
                  [x.buf, w.buf] + [v.buf for v in extra] + [out.buf], **({"M": M} if sym else {}))
     return [out]
+
+
+# a constant right-hand matrix of a dense layer is copied once into column panels of the register tile's width
+# (kernels.column_panels) where its rows fill the tile and the width divides its columns: each unit of the CPU's
+# thread split then reads one contiguous panel instead of B's rows in place, a step a row (4 KB) apart
+DENSE_PANELS = True
+
+
+def _panel_width(ctx, M: int, N: int, symbolic: bool) -> int:
+    """The column panels' width a dense layer's constant weights take (0: kept [K, N], read in place): the
+    target's register tile width where it has lane vectors (the CPU), the rows static and at least the tile's
+    (a GEMV's single row keeps B in place) and the width dividing N."""
+    caps = _caps(ctx)
+    if not DENSE_PANELS or symbolic or not caps.register_tile or not caps.tile_lanes:
+        return 0
+    rows, width = caps.register_tile
+    return width if M >= rows and N % width == 0 else 0
 
 
 def _affine(ctx, ins, a):
