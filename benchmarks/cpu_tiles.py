@@ -8,7 +8,8 @@ the median over rounds of each variant's round median and its ratio to numpy's, 
 round (on a shared host other tenants slow whole rounds: round medians of one kernel moved 2x). A tile "RxC" is packed
 (B's column panels copied, where the shape allows), "RxCu" the same tile unpacked. `--set MODULE.NAME=VALUE` (;-separated)
 adds the host's default schedule compiled with those constants of morok_py's modules set (a heuristic's rule
-against its alternative, in the same rounds), labelled by the setting.
+against its alternative, in the same rounds), labelled by the setting. `--torch` adds torch.mm (where torch is
+installed) as a second peer, on MOROK_CPU_THREADS threads or every core.
 
     OPENBLAS_NUM_THREADS=12 taskset -c 4-15 python benchmarks/cpu_tiles.py --tag 12threads
 
@@ -42,6 +43,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tag", default="", help="appended to the result's name (e.g. the thread count)")
+    ap.add_argument("--torch", action="store_true", help="time torch.mm (its CPU threads: MOROK_CPU_THREADS or the "
+                                                         "cores) in the same rounds as a second peer, where torch is installed")
     ap.add_argument("--set", default="", help="';'-separated MODULE.NAME=VALUE (e.g. codegen.opt.UNPACKED_SHARE=2.0): "
                                               "the default schedule compiled with those constants set, as one more variant")
     a = ap.parse_args()
@@ -49,6 +52,9 @@ def main() -> None:
     r, c = dev.renderer, dev.compiler
     lanes = r.caps.tile_lanes
     rng = np.random.default_rng(0)
+    torch = H.optional("torch") if a.torch else None
+    if torch is not None:
+        torch.set_num_threads(int(os.environ.get("MOROK_CPU_THREADS") or os.cpu_count()))
     out = {"cpu": c.arch, "features_tile": r.caps.register_tile, "lanes": lanes, "threads": os.environ.get("MOROK_CPU_THREADS"),
            "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "shapes": {}}
     for shape in a.shapes.split(","):
@@ -101,7 +107,18 @@ def main() -> None:
                 prog(*bufs, res)
                 return time.perf_counter() - t0
             return run
-        fns = [("numpy", t_numpy)] + [(lab, timer(p)) for lab, _, p in progs]
+        peers = ["numpy"]
+        fns = [("numpy", t_numpy)]
+        if torch is not None:
+            tx, tw, to = torch.from_numpy(x), torch.from_numpy(w), torch.empty(M, N)
+
+            def t_torch():
+                t0 = time.perf_counter()
+                torch.mm(tx, tw, out=to)
+                return time.perf_counter() - t0
+            peers.append("torch")
+            fns.append(("torch", t_torch))
+        fns += [(lab, timer(p)) for lab, _, p in progs]
         for _, f in fns:
             for _ in range(3):
                 f()
@@ -113,11 +130,11 @@ def main() -> None:
             # timed next), so no variant keeps that place
             order = [fns[i] for i in order_rng.permutation(len(fns))]
             for lab, f in order:
-                if lab != "numpy":
-                    f()          # untimed: wakes the pool's threads after numpy's turn or the pause below
+                if lab not in peers:
+                    f()          # untimed: wakes the pool's threads after a peer's turn or the pause below
                 rounds[lab].append(statistics.median(f() for _ in range(a.reps)))
-                if lab == "numpy":
-                    time.sleep(0.3)      # OpenBLAS's threads spin 0.1-0.2 s after a call, taking cores from ours
+                if lab in peers:
+                    time.sleep(0.3)      # OpenBLAS's (and OpenMP's) threads spin 0.1-0.2 s after a call, taking cores from ours
         med = {lab: statistics.median(v) for lab, v in rounds.items()}
         rows = []
         for lab, sched, _ in progs:
@@ -125,11 +142,16 @@ def main() -> None:
             rows.append({"variant": lab, "schedule": sched, "s": med[lab], "vs_numpy": med["numpy"] / med[lab],
                          "best_s": best, "best_vs_numpy": min(rounds["numpy"]) / best,
                          "gflop_s": 2 * M * N * Kd / med[lab] / 1e9, "rounds": rounds[lab]})
+            if torch is not None:
+                rows[-1]["vs_torch"] = med["torch"] / med[lab]
             print(f"{shape:16s} {lab:8s} {med[lab] * 1e3:8.3f} ms  {med['numpy'] / med[lab]:5.2f}x numpy   best round "
                   f"{best * 1e3:8.3f} ms  {min(rounds['numpy']) / best:5.2f}x   {sched}", flush=True)
-        print(f"{shape:16s} {'numpy':8s} {med['numpy'] * 1e3:8.3f} ms              best round {min(rounds['numpy']) * 1e3:8.3f} ms",
-              flush=True)
+        for peer in peers:
+            print(f"{shape:16s} {peer:8s} {med[peer] * 1e3:8.3f} ms              best round {min(rounds[peer]) * 1e3:8.3f} ms",
+                  flush=True)
         out["shapes"][shape] = {"numpy_s": med["numpy"], "numpy_rounds": rounds["numpy"], "variants": rows}
+        if torch is not None:
+            out["shapes"][shape].update({"torch_s": med["torch"], "torch_rounds": rounds["torch"], "torch": torch.__version__})
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
