@@ -10,6 +10,7 @@ import pytest
 
 from morok_py import dtypes, kernels as K
 from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_PARTIAL_MAX_THREADS, CPU_WINOGRAD_PARTIAL_MIN_SIDE,
+                                              CPU_WINOGRAD_PARTIAL_MIN_VECTORS,
                                               CPU_WINOGRAD_TILE, ConvGeometry, ConvPlan,
                                               candidate_plans, check_plan, conv_plan, k_run)
 from morok_py.errors import ArgumentError
@@ -401,8 +402,9 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
     below CPU_WINOGRAD_PARTIAL_MIN_SIDE), also with 128 output channels; late layers of few
     pixels, long reductions and few output channels take pixel rows, in runs from K_RUN_MIN_K; a short
     reduction or many output channels keep pixels as columns. A 16-lane (AVX-512) target takes the same
-    Winograd layers (F(4x4) measured slower in the model on the 16-core Xeon) but keeps pixels as columns
-    (pixel rows lost there)."""
+    Winograd layers (F(4x4) measured slower in the model on the 16-core Xeon) except the 7x7 ones of one image
+    (their 16 tiles one lane vector: CPU_WINOGRAD_PARTIAL_MIN_VECTORS) and keeps pixels as columns (pixel rows
+    lost there)."""
     from morok_py.codegen.capabilities import Capabilities
     avx2 = Capabilities(has_threads=True, register_tile=(6, 16), tile_lanes=8)
     avx512 = Capabilities(has_threads=True, register_tile=(6, 64), tile_lanes=16)
@@ -420,15 +422,20 @@ def test_the_cpu_heuristic_takes_winograd_and_pixel_rows_where_they_were_measure
         assert conv_plan(ConvGeometry(1, 128, 56, 56, 32, 3, 3, pads=same), caps).winograd == 2
     for caps in (avx2, avx512):
         for co in (512, 128):
-            assert conv_plan(ConvGeometry(1, 512, 7, 7, co, 3, 3, pads=same), caps) == ConvPlan(
-                "winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)
+            # one 7x7 image's 16 tiles: two AVX2 vectors (Winograd), one AVX-512 vector (its 3x3 filters instead);
+            # a batch of 8 fills eight AVX-512 vectors
+            plan = conv_plan(ConvGeometry(1, 512, 7, 7, co, 3, 3, pads=same), caps)
+            assert (plan == ConvPlan("winograd", winograd=CPU_WINOGRAD_TILE, cpu_form=True)) == (caps is avx2), plan
+            assert conv_plan(ConvGeometry(8, 512, 7, 7, co, 3, 3, pads=same), caps).winograd == CPU_WINOGRAD_TILE
+        assert 16 < CPU_WINOGRAD_PARTIAL_MIN_VECTORS * avx512.tile_lanes and 16 >= CPU_WINOGRAD_PARTIAL_MIN_VECTORS * 8
         # with many worker threads the 7x7 layers (a partial last row and column of tiles) read the 3x3 filters
         # through im2col instead of F(2x2)'s 1.78x larger transformed weights; the 14x14 ones stay Winograd
         many = replace(caps, threads=CPU_WINOGRAD_PARTIAL_MAX_THREADS + 8)
         # (AVX-512: as flat columns, one column tile; AVX2's four column tiles would read the 9.4 MB four times)
         assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), many).family == (
             "phases_flat" if caps is avx512 else "im2col_gemm")
-        assert conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), replace(caps, threads=2)).winograd
+        assert bool(conv_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=same), replace(caps, threads=2)).winograd) == (
+            caps is avx2)
         assert conv_plan(ConvGeometry(1, 256, 14, 14, 256, 3, 3, pads=same), many).winograd == CPU_WINOGRAD_TILE
         odd = ConvGeometry(1, 64, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, CPU_WINOGRAD_PARTIAL_MIN_SIDE - 2, 64, 3, 3,
                            pads=same)

@@ -461,6 +461,14 @@ CPU_WINOGRAD_PARTIAL_MIN_SIDE = 7
 # (cpu-xeon-avx512-16c/model_variants-winograd7x7-threads.json), and 10.80 against 11.01 on another instance (15
 # rounds); the 2-vCPU hosts, whose layers are bound by their multiplies, keep Winograd (measured above)
 CPU_WINOGRAD_PARTIAL_MAX_THREADS = 8
+# ... and where the contraction's columns (every image's tiles: 16 for one 7x7 image) fill at least this many of the
+# target's lane vectors. On AVX-512 one 7x7 image's 16 tiles are a single 16-lane vector, so its 16 contractions ran
+# as 6x16 register tiles, a vector load and six broadcasts for every six FMAs; through phases_flat instead resnet50's
+# captured replay on the 2-vCPU AVX-512 Xeon, three executors of each rule in one process: 48.08 against 50.89 ms,
+# faster in 16 of 21 rounds (benchmarks/model_variants.py, cpu-xeon-avx512-2c/model_variants-winograd7x7-lanes.json;
+# an earlier run 50.68 against 51.77, 7 of 11), though the 512 -> 512 layer alone, hot, took 1.51 against 1.30 ms.
+# AVX2's 8 lanes keep it (two vectors; the EPYC's measurement above)
+CPU_WINOGRAD_PARTIAL_MIN_VECTORS = 2
 # AVX-512 keeps F(2x2) too. F(4x4, 3x3) for resnet50's 3x3 layers from 14x14 up (64 channels or more; 14x14 with a
 # partial last row and column of tiles), resnet50's captured replay on the 16-core Xeon, three executors of each rule
 # in one process beside onnxruntime (benchmarks/model_variants.py; the last run, at cd424e9 with a constant
@@ -475,9 +483,11 @@ def cpu_winograd_default(geo: ConvGeometry, itemsize: int, static_batch: bool, c
     """The Winograd tile the CPU's default plan takes for this layer (0: none), by the rule above."""
     if itemsize < 4 or not static_batch or not winograd_applies(geo, CPU_WINOGRAD_TILE, partial=True):
         return 0
-    if not winograd_applies(geo, CPU_WINOGRAD_TILE) and (min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE
-                                                         or caps.threads > CPU_WINOGRAD_PARTIAL_MAX_THREADS):
-        return 0
+    if not winograd_applies(geo, CPU_WINOGRAD_TILE):
+        th, tw = -(-geo.OH // CPU_WINOGRAD_TILE), -(-geo.OW // CPU_WINOGRAD_TILE)
+        if (min(geo.OH, geo.OW) < CPU_WINOGRAD_PARTIAL_MIN_SIDE or caps.threads > CPU_WINOGRAD_PARTIAL_MAX_THREADS
+                or geo.N * th * tw < CPU_WINOGRAD_PARTIAL_MIN_VECTORS * caps.tile_lanes):
+            return 0
     if geo.CO >= CPU_WINOGRAD_MIN_CO or geo.OH * geo.OW >= CPU_WINOGRAD_MIN_PIXELS:
         return CPU_WINOGRAD_TILE
     return 0
