@@ -7,7 +7,9 @@ opset 17 writes them: Linear as Gemm with transB=1, SiLU as x * Sigmoid(x)).
     python benchmarks/onnx_models.py [--device CPU|CUDA] [--compiler nvrtc|llvm-nvptx] [--runs 10]
                                      [--models resnet50,densenet121,mobilenet_stack,mlp] [--json OUT.json]
 
-writes benchmarks/results/<machine kind>/onnx_models[-<pair>].json unless --json names a file.
+writes benchmarks/results/<machine kind>/onnx_models[-<pair>].json unless --json names a file, and its chart
+(the .png beside it: each model's ratio to onnxruntime with every process's, and the cold first runs);
+`--chart RESULT.json` draws an existing result's chart alone.
 
 Each model's inputs are drawn once (the light models: the ONNX runner's dummy data) and saved with the
 model, so every process reads the same. Per model and morok_py pair, fresh processes:
@@ -315,6 +317,8 @@ def main() -> int:
     ap.add_argument("--ab-processes", type=int, default=AB_PROCESSES,
                     help="fresh processes that each compare the replays interleaved (the record: their median ratio)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--chart", default=None, metavar="RESULT.json",
+                    help="only draw RESULT.json's chart (RESULT.png beside it) and exit")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     for hidden in ("--model", "--feeds", "--want", "--out-npy"):
         ap.add_argument(hidden, default=None, help=argparse.SUPPRESS)
@@ -322,6 +326,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.ab_processes < 1:
         ap.error(f"--ab-processes must be at least 1, got {args.ab_processes}")
+    if args.chart:
+        src = Path(args.chart)
+        chart(json.loads(src.read_text()), src.with_suffix(".png"))
+        print(f"wrote {src.with_suffix('.png')}")
+        return 0
     if args.worker:
         import faulthandler
         faulthandler.dump_traceback_later(float(os.environ.get("MOROK_BENCH_STACKS_S", WORKER_STACKS_S)), exit=False)
@@ -376,16 +385,72 @@ def main() -> int:
         result["models"][name] = entry
     result["load_average_end"] = os.getloadavg()
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.json}")
     else:       # benchmarks/results/<machine kind>/onnx_models[-<pair>].json
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import harness as H
         one = args.compiler[0] if args.compiler and len(args.compiler) == 1 else ""
-        H.write_result("-".join(p for p in ("onnx_models", one) if p), result,
-                       kind=H.machine_kind(args.device))
+        path = H.write_result("-".join(p for p in ("onnx_models", one) if p), result,
+                              kind=H.machine_kind(args.device))
+        result = json.loads(path.read_text())      # with the commit and machine kind write_result puts first
+    try:
+        chart(result, path.with_suffix(".png"))
+        print(f"wrote {path.with_suffix('.png')}")
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)")
     return 0
+
+
+def chart(result: dict, png: Path) -> None:
+    """Two panels: each model's replay against onnxruntime (the median over processes, every process a dot, the
+    range as an error bar; lines at parity and 0.8x) and its cold first run beside onnxruntime's session and
+    first run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = []       # (label, median ratio, per-process ratios, cold first run s, onnxruntime session + first run s)
+    for name, entry in result["models"].items():
+        ort = entry.get("onnxruntime", {})
+        ort_s = (ort.get("session_s") or 0) + (ort.get("first_run_s") or 0) if ort.get("available") else None
+        for key, res in entry.items():
+            if not key.startswith("morok_py["):
+                continue
+            pair = key[len("morok_py["):-1]
+            each = [a["ratio"] for a in res.get("interleaved_processes", [])]
+            rows.append((name if pair == "default" else f"{name} [{pair}]", res.get("replay_vs_onnxruntime"), each,
+                         res["cold"]["first_run_s"], ort_s))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
+    xs = np.arange(len(rows))
+    med = [r[1] or 0 for r in rows]
+    lo = [m - min(r[2]) if r[2] else 0 for m, r in zip(med, rows)]
+    hi = [max(r[2]) - m if r[2] else 0 for m, r in zip(med, rows)]
+    ax.bar(xs, med, color="#4c72b0", yerr=[lo, hi], capsize=4, label="morok_py replay (median over its processes)")
+    for x, r in zip(xs, rows):
+        ax.scatter([x] * len(r[2]), r[2], color="black", s=12, zorder=3)
+        ax.annotate(f"{r[1]:.2f}x" if r[1] else "n/a", (x, med[x]), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=9)
+    ax.axhline(1.0, color="#c44e52", linestyle="--", linewidth=1.2, label="onnxruntime (1.0x)")
+    ax.axhline(0.8, color="#dd8452", linestyle=":", linewidth=1.2, label="0.8x")
+    ax.set_xticks(xs, [r[0] for r in rows], rotation=15)
+    ax.set_ylabel("onnxruntime's time / morok_py's (higher is better)")
+    ax.set_title("warm replay, interleaved with onnxruntime")
+    ax.legend(fontsize=8, loc="lower right")
+    w = 0.38
+    bx.bar(xs - w / 2, [r[3] for r in rows], w, color="#4c72b0", label="morok_py cold first run (empty cache)")
+    bx.bar(xs + w / 2, [r[4] or 0 for r in rows], w, color="#c44e52", label="onnxruntime session + first run")
+    bx.set_xticks(xs, [r[0] for r in rows], rotation=15)
+    bx.set_ylabel("seconds")
+    bx.set_title("first run")
+    bx.legend(fontsize=8)
+    where = result.get("machine_kind") or result.get("processor") or result.get("device", "")
+    fig.suptitle(f"onnx_models on {where} ({result.get('processor', '')}, {result.get('cpus')} CPUs) at "
+                 f"{result.get('commit', '?')} - {str(result.get('date', ''))[:10]}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
 
 
 def _cpu_name() -> str:

@@ -59,3 +59,22 @@ def test_constants_sets_and_restores_and_turns_the_disk_cache_off(monkeypatch):
         with harness.constants(f"codegen.opt.MERGED_SPARE_REGISTERS={before + 1};codegen.opt.NOT_A_CONSTANT=1"):
             pass
     assert opt.MERGED_SPARE_REGISTERS == before and "MOROK_CACHE" not in os.environ
+
+
+def test_onnx_models_chart_draws_a_result_with_and_without_per_process_comparisons(tmp_path):
+    """benchmarks/onnx_models.py's chart: a model compared in several processes (a median, a range, a dot each) and
+    one compared once (an older record without `interleaved_processes`), each with its cold first run beside
+    onnxruntime's; the PNG is written."""
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib (the dev extra)")
+    import onnx_models
+    ort = {"available": True, "session_s": 0.4, "first_run_s": 0.01, "run_ms_median": 9.5}
+    result = {"machine_kind": "cpu-test-2c", "processor": "a CPU", "cpus": 2, "commit": "abc1234", "date": "2026-11-30",
+              "models": {
+                  "resnet50": {"onnxruntime": ort, "morok_py[default]": {
+                      "cold": {"first_run_s": 2.1}, "replay_vs_onnxruntime": 0.95,
+                      "interleaved_processes": [{"ratio": r} for r in (0.94, 0.95, 0.98)]}},
+                  "mlp": {"onnxruntime": {"available": False}, "morok_py[default]": {
+                      "cold": {"first_run_s": 0.3}, "replay_vs_onnxruntime": 1.2}}}}
+    png = tmp_path / "onnx_models.png"
+    onnx_models.chart(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
