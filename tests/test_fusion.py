@@ -358,8 +358,8 @@ def test_column_panels_refuse_a_width_that_does_not_divide_the_columns():
 
 
 def test_dense_weights_take_column_panels_of_the_tile_width_where_they_fill_it(rng):
-    """A dense layer whose rows fill the CPU's register tile and whose columns are whole tile widths runs on its
-    weights copied once into column panels (the copy's program compiled once, its output kept across runs); a
+    """A dense layer whose rows fill the CPU's register tile and whose columns are whole tile widths (its copy within
+    DENSE_PANELS_MAX_BYTES) runs on its weights copied once into column panels (the copy's program compiled once, its output kept across runs); a
     layer of fewer rows (a GEMV), or columns the width does not divide, reads them in place. Every output matches
     onnx's reference evaluator on every run."""
     from morok_py import Device
@@ -381,5 +381,7 @@ def test_dense_weights_take_column_panels_of_the_tile_width_where_they_fill_it(r
             kept = [per[copies[0]] for per in list(F._weights_outputs.values()) if copies[0] in per]
             assert len(kept) == 1 and kept[0].size == 41 * N      # one copy, kept for every run
             ctx = type("Ctx", (), {"k": ex.k})()
-            assert F._panel_width(ctx, M, N, False) == width
-            assert F._panel_width(ctx, M, N, True) == 0     # a dynamic batch: read in place
+            assert F._panel_width(ctx, M, N, False, 41) == width
+            assert F._panel_width(ctx, M, N, True, 41) == 0     # a dynamic batch: read in place
+            # a copy past DENSE_PANELS_MAX_BYTES: read in place
+            assert F._panel_width(ctx, M, N, False, F.DENSE_PANELS_MAX_BYTES // (4 * N) + 1) == 0

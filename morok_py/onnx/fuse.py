@@ -663,7 +663,7 @@ def _dense_op(ctx, ins, a):
     out = ctx.k.empty(oshape, x.dtype)
     extra = ([ins[2]] if has_bias else []) + _operands(ctx, list(ins[2 + has_bias:]), oshape)
     sym = ctx.k.symbolic_outer          # a dynamic batch: the rows are the variable M, one program for every batch
-    width = _panel_width(ctx, M, N, sym)
+    width = _panel_width(ctx, M, N, sym, K_, x.dtype.itemsize)
     _say(ctx.name, f"dense {M}x{N}x{K_}, epilogue {epi}" + (f", weights in {width}-column panels" if width else ""))
     if width:
         st = K.KernelStep("panels", K.column_panels(K_, N, width, ldb), ("w",), "panels", K_ * N)
@@ -679,17 +679,20 @@ def _dense_op(ctx, ins, a):
 # (kernels.column_panels) where its rows fill the tile and the width divides its columns: each unit of the CPU's
 # thread split then reads one contiguous panel instead of B's rows in place, a step a row (4 KB) apart
 DENSE_PANELS = True
+# ... while the copy (held beside the weights as loaded) stays within this many bytes
+DENSE_PANELS_MAX_BYTES = 256 << 20
 
 
-def _panel_width(ctx, M: int, N: int, symbolic: bool) -> int:
+def _panel_width(ctx, M: int, N: int, symbolic: bool, K: int = 0, itemsize: int = 4) -> int:
     """The column panels' width a dense layer's constant weights take (0: kept [K, N], read in place): the
     target's register tile width where it has lane vectors (the CPU), the rows static and at least the tile's
-    (a GEMV's single row keeps B in place) and the width dividing N."""
+    (a GEMV's single row keeps B in place), the width dividing N and the copy within DENSE_PANELS_MAX_BYTES."""
     caps = _caps(ctx)
     if not DENSE_PANELS or symbolic or not caps.register_tile or not caps.tile_lanes:
         return 0
     rows, width = caps.register_tile
-    return width if M >= rows and N % width == 0 else 0
+    fits = K * N * itemsize <= DENSE_PANELS_MAX_BYTES
+    return width if M >= rows and N % width == 0 and fits else 0
 
 
 def _affine(ctx, ins, a):
