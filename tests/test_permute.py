@@ -279,6 +279,49 @@ def test_cpu_permutations_are_unchanged(cpu, rng, shape, perm, symbolic):
     run_on(cpu, rng, shape, perm, symbolic)
 
 
+CPU = dataclasses.replace(CAPS, has_local=False, has_shared=False, has_threads=True, group_reduce=False, vector_width=1)
+
+
+def test_a_static_cpu_permutation_is_walked_in_blocks_and_others_are_not():
+    """On the CPU a permutation of static sizes whose sides are each contiguous along one range takes blocks of
+    CPU_BLOCK (printed, stored and read back); symbolic sizes, a side merged from short ranges (NCHW -> NHWC at
+    7 x 7: runs of 49) and what is no permutation keep the plain walk. The schedule is refused where it cannot apply."""
+    from morok_py.codegen.strategies.permute import CPU_BLOCK
+    s = schedule_of(permuted((37, 70), (1, 0)), CPU)
+    assert s == Schedule("threads", block_permute=CPU_BLOCK) and f"block_permute={CPU_BLOCK}" in str(s)
+    assert Schedule.from_json(s.to_json()) == s
+    assert schedule_of(permuted((1, 256, 56, 56), (0, 2, 3, 1)), CPU).block_permute == CPU_BLOCK
+    assert not schedule_of(permuted((37, 70), (1, 0), symbolic=True), CPU).block_permute
+    assert not schedule_of(permuted((3, 40, 7, 7), (0, 2, 3, 1)), CPU).block_permute
+    assert not schedule_of(permuted((6, 7, 40), (1, 0, 2)), CPU).block_permute
+    with pytest.raises(ValueError, match="permut"):
+        lower(simplify(permuted((6, 7, 40), (1, 0, 2))), CPU, "p", schedule=Schedule("threads", block_permute=16))
+    with pytest.raises(ValueError, match="block_permute"):
+        Schedule("threads", block_permute=16, register_tile=(4, 8))
+    with pytest.raises(ValueError, match="block_permute"):
+        Schedule("groups", block_permute=16)
+
+
+# sizes below, at and off the block edge on either side; 2-D to 5-D; NCHW <-> NHWC of resnet50's shapes
+BLOCK_CASES = [((37, 70), (1, 0)), ((5, 200), (1, 0)), ((16, 16), (1, 0)), ((3, 45, 33), (2, 0, 1)),
+               ((2, 34, 40, 33), (3, 1, 0, 2)), ((40, 3, 2, 5, 34), (4, 3, 2, 1, 0)), ((1, 56, 56, 64), (0, 3, 1, 2)),
+               ((1, 64, 56, 56), (0, 2, 3, 1)), ((2, 56, 33, 40), (0, 3, 1, 2))]
+
+
+@pytest.mark.parametrize("shape,perm", BLOCK_CASES)
+def test_cpu_block_permutations_match_numpy_at_every_level(cpu_level, rng, shape, perm):
+    """The blocked walk moves every element (the output NaN-filled first) at every x86-64 level the host runs,
+    float32 and the 2-byte float16, in a split launch (the thread split is the blocks' range)."""
+    from morok_py.codegen.strategies.permute import cpu_block_plan
+    for dtype in (np.float32, np.float16):
+        ast = simplify(permuted(shape, perm, dtype=from_numpy(np.dtype(dtype))))
+        assert cpu_block_plan(ast, scan_kernel(ast)) is not None
+        x = random_array(rng, shape, dtype)
+        out = cpu_level.buf(np.full(x.size, np.nan, dtype))
+        cpu_level.compile(ast, f"perm_{'_'.join(map(str, shape))}_{np.dtype(dtype).name}")(cpu_level.buf(x), out)
+        np.testing.assert_array_equal(out.numpy().reshape([shape[p] for p in perm]), x.transpose(perm))
+
+
 GPU_PAIRS = [p for p in PAIRS if p.id in ("CUDA-nvrtc", "CUDA-llvm-nvptx", "ROCM-llvm-amdgpu", "ROCM-hiprtc")]
 
 

@@ -554,6 +554,10 @@ def lower(ast: UOp, caps: Capabilities, name: str,
         from .opt import stream_columns
         ast = simplify(stream_columns(ast, schedule.stream_block))
         scan = scan_kernel(ast)
+    elif schedule.block_permute:
+        from .strategies.permute import cpu_block_permute, cpu_block_plan
+        ast = simplify(cpu_block_permute(ast, cpu_block_plan(ast, scan), schedule.block_permute))
+        scan = scan_kernel(ast)
     elif schedule.upcast:
         from .strategies.split_reduce import upcast, upcast_plan
         ast = simplify(upcast(ast, upcast_plan(ast, scan)))

@@ -87,6 +87,7 @@ class Schedule:
                    through registers (whose loads the compiler may schedule late: codegen/gpu_tile.py).
     stream_block   reduce "stream": output columns per block.
     permute        "groups": a permutation moved through shared-memory tiles of this edge (strategies/permute.py); 0: off.
+    block_permute  "threads": a permutation walked in blocks of this edge (strategies/permute.cpu_block_permute); 0: off.
     row_split      reduce "grid" over one GLOBAL range of constant rows: each row on this many work-groups (a power
                    of two), the last of them combining the row's partials (strategies/grid_reduce.py); 0: off.
     split_k        tiled without a tensor_core: each output tile on this many work-groups, each over K / split_k,
@@ -114,6 +115,7 @@ class Schedule:
     unrolled: bool = False
     async_fill: bool = False
     permute: int = 0
+    block_permute: int = 0
     row_split: int = 0
     split_k: int = 0
     prefetch: bool = False
@@ -125,6 +127,10 @@ class Schedule:
             from .strategies.permute import valid_permute
             if self.mapping != "groups" or self.vector_width != 1 or self.split != 1 or not valid_permute(self.permute, self.group):
                 raise ArgumentError(f"permute={self.permute} needs mapping 'groups' and a group that moves its tiles in whole passes")
+        if self.block_permute and (self.mapping != "threads" or self.block_permute < 2 or self.register_tile is not None
+                                   or self.reduce != "serial"):
+            raise ArgumentError(f"block_permute={self.block_permute} is a CPU ('threads') schedule's block edge (>= 2), "
+                                "without a register tile or a reduction")
         if self.mapping not in MAPPINGS:
             raise ArgumentError(f"schedule mapping {self.mapping!r}: one of {', '.join(MAPPINGS)}")
         if self.reduce not in REDUCES:
@@ -207,7 +213,7 @@ class Schedule:
                 if not isinstance(d[k], list) or not all(isinstance(x, int) and x > 0 for x in d[k]):
                     raise ArgumentError(f"bad {k} {d[k]!r}")
                 d[k] = tuple(d[k])
-        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute", "row_split", "split_k"):
+        for k in ("group", "vector_width", "unroll", "split", "stream_block", "row_groups", "min_groups", "upcast", "tile_lanes", "permute", "block_permute", "row_split", "split_k"):
             if k in d and (not isinstance(d[k], int) or isinstance(d[k], bool)):
                 raise ArgumentError(f"bad {k} {d[k]!r}")
         if "pack" in d and not isinstance(d["pack"], bool):
@@ -366,6 +372,9 @@ def default_schedule(ast: UOp, caps: Capabilities, scan: KernelScan) -> Schedule
         from .opt import STREAM_BLOCK, register_tile_applies, stream_applies
         if stream_applies(ast):
             return Schedule("threads", reduce="stream", stream_block=STREAM_BLOCK)
+        from .strategies.permute import CPU_BLOCK, cpu_block_plan
+        if cpu_block_plan(ast, scan) is not None:
+            return Schedule("threads", block_permute=CPU_BLOCK)
         tile = caps.register_tile if caps.register_tile is not None and register_tile_applies(ast) else None
         if tile is not None and len(shape.globals_) == 1:
             tile = (1, 2 * tile[1])        # a column reduction: one row of 2x the vector tile's columns
@@ -491,6 +500,10 @@ def check_schedule(schedule: Schedule, ast: UOp, caps: Capabilities, scan: Kerne
         from .strategies.permute import permute_applies
         if not permute_applies(ast, caps, scan):
             raise ArgumentError(f"{schedule}: the kernel is no permutation or the target has no shared memory")
+    if schedule.block_permute:
+        from .strategies.permute import cpu_block_plan
+        if caps.has_local or cpu_block_plan(ast, scan) is None:
+            raise ArgumentError(f"{schedule}: the kernel is no permutation of static sizes or the target is no CPU")
     if schedule.tensor_core is not None:
         from .strategies.matrix_units import mma_plan
         from .strategies.tensor_core import tc_threads
