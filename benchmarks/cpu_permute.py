@@ -24,6 +24,7 @@ import numpy as np
 os.environ.setdefault("MOROK_CACHE", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as H  # noqa: E402
+from permute import permuted  # noqa: E402  (benchmarks/permute.py: the GPU cases' IR permutation)
 
 CASES = [  # name, input shape, perm (output axis k is input axis perm[k])
     ("nhwc_to_nchw_56x56x64", (1, 56, 56, 64), (0, 3, 1, 2)),
@@ -35,21 +36,6 @@ CASES = [  # name, input shape, perm (output axis k is input axis perm[k])
     ("transpose_1024x1024", (1024, 1024), (1, 0)),
     ("heads_8x197x12x64", (8, 197, 12, 64), (0, 2, 1, 3)),
 ]
-
-
-def permuted(shape, perm):
-    from morok_py import UOp, dtypes
-    nd = len(shape)
-    x, out = UOp.param(0, dtypes.float32), UOp.param(1, dtypes.float32)
-    rs = [UOp.range(shape[perm[k]], k) for k in range(nd)]
-    at = {perm[k]: rs[k] for k in range(nd)}
-    idx = at[0]
-    for i in range(1, nd):
-        idx = idx * shape[i] + at[i]
-    oidx = rs[0]
-    for k in range(1, nd):
-        oidx = oidx * shape[perm[k]] + rs[k]
-    return UOp.sink(out.store(oidx, x.load(idx)))
 
 
 def main() -> None:
@@ -70,10 +56,10 @@ def main() -> None:
         x = rng.standard_normal(shape).astype(np.float32)
         want = np.ascontiguousarray(x.transpose(perm))
         X, O = Buffer.from_numpy(x, dev), dev.buffer(x.size, dtypes.float32)
-        spec = dev.renderer.render(permuted(shape, perm), f"perm_{name}")
+        spec = dev.renderer.render(permuted(shape, perm, False), f"perm_{name}")
         default = dev.runtime(dev.compiler.compile(spec))
         with using(Schedule("threads")):
-            plain = dev.runtime(dev.compiler.compile(dev.renderer.render(permuted(shape, perm), f"perm_plain_{name}")))
+            plain = dev.runtime(dev.compiler.compile(dev.renderer.render(permuted(shape, perm, False), f"perm_plain_{name}")))
         for prog in (default, plain):
             prog(X, O)
             np.testing.assert_array_equal(O.numpy().reshape(want.shape), want, err_msg=name)
