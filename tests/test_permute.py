@@ -286,12 +286,17 @@ def test_a_static_cpu_permutation_is_walked_in_blocks_and_others_are_not():
     """On the CPU a permutation of static sizes whose sides are each contiguous along one range takes blocks of
     CPU_BLOCK (printed, stored and read back); symbolic sizes, a side merged from short ranges (NCHW -> NHWC at
     7 x 7: runs of 49) and what is no permutation keep the plain walk. The schedule is refused where it cannot apply."""
-    from morok_py.codegen.strategies.permute import CPU_BLOCK
-    s = schedule_of(permuted((37, 70), (1, 0)), CPU)
+    from morok_py.codegen.strategies.permute import CPU_BLOCK, CPU_BLOCK_MIN_REUSE
+    s = schedule_of(permuted((700, 37), (1, 0)), CPU)
     assert s == Schedule("threads", block_permute=CPU_BLOCK) and f"block_permute={CPU_BLOCK}" in str(s)
     assert Schedule.from_json(s.to_json()) == s
-    assert schedule_of(permuted((1, 256, 56, 56), (0, 2, 3, 1)), CPU).block_permute == CPU_BLOCK
-    assert not schedule_of(permuted((37, 70), (1, 0), symbolic=True), CPU).block_permute
+    assert schedule_of(permuted((1, 56, 56, 64), (0, 3, 1, 2)), CPU).block_permute == CPU_BLOCK    # NHWC -> NCHW
+    # the plain walk comes back to an input line after fewer than CPU_BLOCK_MIN_REUSE others: NCHW -> NHWC at 64
+    # channels, or a 2-D transpose of that few rows
+    assert not schedule_of(permuted((1, 64, 56, 56), (0, 2, 3, 1)), CPU).block_permute
+    assert not schedule_of(permuted((CPU_BLOCK_MIN_REUSE - 1, 700), (1, 0)), CPU).block_permute
+    assert schedule_of(permuted((CPU_BLOCK_MIN_REUSE, 700), (1, 0)), CPU).block_permute
+    assert not schedule_of(permuted((700, 37), (1, 0), symbolic=True), CPU).block_permute
     assert not schedule_of(permuted((3, 40, 7, 7), (0, 2, 3, 1)), CPU).block_permute
     assert not schedule_of(permuted((6, 7, 40), (1, 0, 2)), CPU).block_permute
     with pytest.raises(ValueError, match="permut"):
@@ -309,16 +314,21 @@ BLOCK_CASES = [((37, 70), (1, 0)), ((5, 200), (1, 0)), ((16, 16), (1, 0)), ((3, 
 
 
 @pytest.mark.parametrize("shape,perm", BLOCK_CASES)
-def test_cpu_block_permutations_match_numpy_at_every_level(cpu_level, rng, shape, perm):
+def test_cpu_block_permutations_match_numpy_at_every_level(cpu_level, rng, shape, perm, monkeypatch):
     """The blocked walk moves every element (the output NaN-filled first) at every x86-64 level the host runs,
-    float32 and the 2-byte float16, in a split launch (the thread split is the blocks' range)."""
-    from morok_py.codegen.strategies.permute import cpu_block_plan
+    float32 and the 2-byte float16, in a split launch (the thread split is the blocks' range). Every case takes
+    blocks here (the reuse rule set to 1, the disk cache off), however soon its plain walk would come back."""
+    from morok_py.codegen.strategies import permute as PM
+    monkeypatch.setattr(PM, "CPU_BLOCK_MIN_REUSE", 1)
+    monkeypatch.setenv("MOROK_CACHE", "0")
     for dtype in (np.float32, np.float16):
         ast = simplify(permuted(shape, perm, dtype=from_numpy(np.dtype(dtype))))
-        assert cpu_block_plan(ast, scan_kernel(ast)) is not None
+        assert PM.cpu_block_plan(ast, scan_kernel(ast)) is not None
+        name = f"perm_blocked_{'_'.join(map(str, shape))}_{np.dtype(dtype).name}"
+        assert cpu_level.dev.renderer.render(ast, name).linear.schedule.block_permute == PM.CPU_BLOCK
         x = random_array(rng, shape, dtype)
         out = cpu_level.buf(np.full(x.size, np.nan, dtype))
-        cpu_level.compile(ast, f"perm_{'_'.join(map(str, shape))}_{np.dtype(dtype).name}")(cpu_level.buf(x), out)
+        cpu_level.compile(ast, name)(cpu_level.buf(x), out)
         np.testing.assert_array_equal(out.numpy().reshape([shape[p] for p in perm]), x.transpose(perm))
 
 
