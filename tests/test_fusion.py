@@ -381,7 +381,7 @@ def test_dense_weights_take_column_panels_of_the_tile_width_where_they_fill_it(r
             kept = [per[copies[0]] for per in list(F._weights_outputs.values()) if copies[0] in per]
             assert len(kept) == 1 and kept[0].size == 41 * N      # one copy, kept for every run
             ctx = type("Ctx", (), {"k": ex.k})()
-            assert F._panel_width(ctx, M, N, False, 41) == width
-            assert F._panel_width(ctx, M, N, True, 41) == 0     # a dynamic batch: read in place
+            assert F._panel_width(ctx, M, N, False, 41, 4) == width
+            assert F._panel_width(ctx, M, N, True, 41, 4) == 0     # a dynamic batch: read in place
             # a copy past DENSE_PANELS_MAX_BYTES: read in place
-            assert F._panel_width(ctx, M, N, False, F.DENSE_PANELS_MAX_BYTES // (4 * N) + 1) == 0
+            assert F._panel_width(ctx, M, N, False, F.DENSE_PANELS_MAX_BYTES // (4 * N) + 1, 4) == 0

@@ -683,7 +683,7 @@ DENSE_PANELS = True
 DENSE_PANELS_MAX_BYTES = 256 << 20
 
 
-def _panel_width(ctx, M: int, N: int, symbolic: bool, K: int = 0, itemsize: int = 4) -> int:
+def _panel_width(ctx, M: int, N: int, symbolic: bool, K: int, itemsize: int) -> int:
     """The column panels' width a dense layer's constant weights take (0: kept [K, N], read in place): the
     target's register tile width where it has lane vectors (the CPU), the rows static and at least the tile's
     (a GEMV's single row keeps B in place), the width dividing N and the copy within DENSE_PANELS_MAX_BYTES."""
