@@ -325,24 +325,40 @@ def column_panels(K: int, N: int, width: int, ldb: int | None = None, dtype=dtyp
     return UOp.sink(out.store((p * K + k) * width + c, b.load(k * (N if ldb is None else ldb) + p * width + c)))
 
 
-def matmul_panels(M: int, N: int, K: int, width: int, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
+def matmul_panels(M: int, N: int, K: int, width: int, dtype=dtypes.float32, epilogue: "Epilogue | None" = None,
+                  batch: int = 1, plane_pads: tuple[int, int] = (0, 0)) -> UOp:
     """`matmul` with B stored as column panels ([N / width, K, width], `column_panels`): out[i, p * width + c]
     = sum over k of A[i, k] * panels[p, k, c], then `epilogue` as `matmul`'s. On the CPU `width` is the register
     tile's width: each thread-split unit's tiles read one contiguous panel, a constant right-hand matrix laid out
     so once, where `matmul` reads B's rows in place (a step a row apart) or copies each panel first at every
-    launch. Params: A, panels, the epilogue's operands, C."""
+    launch. `batch` > 1: that many independent products, the outermost range (channels-last Winograd's planes):
+    A's planes `plane_pads[0]` elements apart beyond [M, K], the panels' [N / width, K, width] planes adjacent,
+    the outputs' `plane_pads[1]` apart beyond [M, N] (an epilogue then takes no operands). Params: A, panels, the
+    epilogue's operands, C."""
     if width < 1 or N % width:
         raise ArgumentError(f"matmul_panels: a width of {width} does not divide {N} columns")
+    if batch < 1:
+        raise ArgumentError(f"matmul_panels: a batch of {batch}")
+    epi = epilogue or Epilogue()
+    if batch > 1 and epi.operands:
+        raise ArgumentError(f"matmul_panels: a batch of products takes an epilogue without operands, got {epi}")
     dt = as_dtype(dtype)
     M, K = size(M, "M"), size(K, "K")
-    epi = epilogue or Epilogue()
     a, b = UOp.param(0, dt), UOp.param(1, dt)
     ax = _Axes()
-    p, i, c = ax(N // width), ax(M), ax(width)
-    k = ax(K, AxisType.REDUCE)
-    acc = (a.load(i * _end(K) + k) * b.load((p * _end(K) + k) * width + c)).reduce(k)
-    col = p * width + c
-    at = i * N + col
+    if batch == 1:
+        p, i, c = ax(N // width), ax(M), ax(width)
+        k = ax(K, AxisType.REDUCE)
+        acc = (a.load(i * _end(K) + k) * b.load((p * _end(K) + k) * width + c)).reduce(k)
+        col = p * width + c
+        at = i * N + col
+    else:
+        s, p, i, c = ax(batch), ax(N // width), ax(M), ax(width)
+        k = ax(K, AxisType.REDUCE)
+        a_at = s * (_end(M) * _end(K) + plane_pads[0]) + i * _end(K) + k
+        acc = (a.load(a_at) * b.load(((s * (N // width) + p) * _end(K) + k) * width + c)).reduce(k)
+        col = p * width + c
+        at = s * (_end(M) * N + plane_pads[1]) + i * N + col
     v, nxt = epi.apply(acc, 2, dt, col, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 

@@ -8,7 +8,11 @@
     HardSigmoid, Sigmoid, SiLU (x * Sigmoid(x)), Tanh, Gelu, LeakyRelu, scalar Mul / Add;
   - a BatchNormalization elsewhere becomes `MorokAffine` (x * scale[c] + shift[c]) with its successors;
   - any other run of two or more elementwise nodes becomes one `MorokElementwise` kernel;
-  - 2-D MaxPool / AveragePool and global pooling become `MorokPool2d` / `MorokGlobalPool`.
+  - 2-D MaxPool / AveragePool and global pooling become `MorokPool2d` / `MorokGlobalPool`;
+  - a MorokConv of one group whose output only convolutions of this kind (as their input or residual operand)
+    and global pooling read is marked `channels_last` (`_mark_channels_last`): on the CPU it then runs as a
+    channels-last contraction (kernels_nhwc.py) and hands on its output stored [N, H, W, C], so a chain of
+    such layers (a ResNet's bottlenecks) never turns its activations around.
 The fused ops run the kernels of morok_py.kernels (convolutions as codegen/strategies/conv.py plans
 them; MOROK_DEBUG=1 prints each node's plan and epilogue). A fused node takes the place of the last
 node it absorbs, so a residual operand computed later in the original order is ready.
@@ -26,11 +30,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from morok_py import config, kernels as K
+from morok_py import config, kernels as K, kernels_nhwc as KN
 from morok_py.buffer import Buffer
 from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.schedule import conv_plan, search_plan
-from morok_py.codegen.strategies.conv import ConvGeometry
+from morok_py.codegen.strategies.conv import ConvGeometry, channels_last_plan
 from morok_py.dtypes import dtypes
 
 from morok_py.onnx.errors import OnnxError
@@ -400,10 +404,54 @@ def _fuse_pool(g: _Graph, i: int) -> None:
         return
     if len(n.output) > 1 and n.output[1] or a.get("ceil_mode", 0) or a.get("storage_order", 0):
         return
+    shape = g.shapes.get(n.input[0])
+    auto = a.get("auto_pad", b"NOTSET")
+    if (shape is not None and tuple(a.get("kernel_shape", ())) == tuple(shape[2:]) and not any(a.get("pads", ()))
+            and auto in (b"NOTSET", "NOTSET", b"VALID", "VALID") and all(d == 1 for d in a.get("dilations", (1, 1)))):
+        # one window over the whole plane (resnet50's final 7x7 average): global pooling
+        g.nodes[i] = helper.make_node("MorokGlobalPool", [n.input[0]], [n.output[0]], name=n.name or f"{n.op_type}_{i}",
+                                      kind="max" if n.op_type == "MaxPool" else "avg")
+        return
     keep = {k: v for k, v in a.items() if k in ("kernel_shape", "strides", "dilations", "pads", "auto_pad",
                                                   "count_include_pad")}
     g.nodes[i] = helper.make_node("MorokPool2d", [n.input[0]], [n.output[0]], name=n.name or f"{n.op_type}_{i}",
                                   kind="max" if n.op_type == "MaxPool" else "avg", **keep)
+
+
+# convolutions whose activations can stay channels-last are marked so (the executor runs them so on a CPU with a
+# register tile of lane vectors); MOROK_ONNX_CHANNELS_LAST=0 leaves every one NCHW
+CHANNELS_LAST = True
+
+
+def _mark_channels_last(nodes: list, outputs: set[str]) -> None:
+    """Mark (attribute channels_last=1) each one-group 2-D MorokConv whose output is no graph output and is
+    read only by marked convolutions (as input or epilogue operand) or global pooling: the largest such set,
+    found by unmarking until nothing changes. The input of a marked layer may come from anywhere (its first
+    kernel reads any layout); its output then needs no copy back to NCHW."""
+    readers: dict[str, list] = {}
+    for n in nodes:
+        for x in n.input:
+            if x:
+                readers.setdefault(x, []).append(n)
+
+    def one_group(n) -> bool:
+        return all(a.name != "group" or helper.get_attribute_value(a) == 1 for a in n.attribute)
+    marked = {id(n) for n in nodes if n.op_type == "MorokConv" and one_group(n)}
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            if id(n) not in marked:
+                continue
+            out = n.output[0]
+            ok = out not in outputs and bool(readers.get(out)) and all(
+                id(r) in marked and r.input[1] != out or r.op_type == "MorokGlobalPool" for r in readers[out])
+            if not ok:
+                marked.discard(id(n))
+                changed = True
+    for n in nodes:
+        if id(n) in marked:
+            n.attribute.append(helper.make_attribute("channels_last", 1))
 
 
 def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -432,6 +480,8 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
         elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
             _fuse_pool(g, i)
     nodes = [n for i, n in enumerate(g.nodes) if i not in g.dead]
+    if CHANNELS_LAST and config.getenv("MOROK_ONNX_CHANNELS_LAST", "1") != "0":
+        _mark_channels_last(nodes, g.outputs)
     used = {x for n in nodes for x in n.input} | g.outputs
     for n in nodes:         # names read inside subgraphs (If, Loop, Scan) count as used
         for attr in n.attribute:
@@ -638,9 +688,56 @@ def _choose_plan(ctx, geo, epi, x, w, extra, out):
                        static_batch=not ctx.k.symbolic_outer)
 
 
+def _is_nhwc(v: View) -> bool:
+    """A 4-D view stored channels-last from its buffer's start (the layout `_conv_nhwc` writes)."""
+    return v.ndim == 4 and v.offset == 0 and tuple(v.strides) == KN.nhwc_strides(*v.shape)
+
+
+def _conv_nhwc(ctx, ins, a, geo, form: str, epi, has_bias: bool) -> list[View]:
+    """A channels-last convolution (kernels_nhwc): the output an [N, C, OH, OW] view stored [N, OH, OW, C]."""
+    x = ins[0]
+    if form == "im2col" and not _is_nhwc(x):
+        x = _dense(ctx, x)          # an NCHW input (a layout's edge): the columns read it through its strides
+    strides = tuple(x.strides)
+    out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
+    out = out.with_(out.shape, KN.nhwc_strides(*out.shape))
+    extra = ([ins[2]] if has_bias else []) + [_nhwc_operand(ctx, v, out.shape) for v in ins[2 + has_bias:]]
+    width = _caps(ctx).register_tile[1]
+    _say(ctx.name, f"conv: channels-last {form}, epilogue {epi}" + ("" if _is_nhwc(ins[0]) else ", input NCHW"))
+    bufs = {"x": x.buf, "w": ins[1].buf, "out": out.buf}
+    for st in KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides):
+        if st.weights_only:
+            bufs[st.output] = _weights_output(ctx, st, ins[1].buf)
+            continue
+        if st.output != "out":
+            bufs[st.output] = _scratch_buffer(ctx.k, st.elements, st.dtype or x.dtype, st.output)
+        args = []
+        for role in st.inputs:
+            args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
+        ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]], **dict(st.vars))
+    return [out]
+
+
+def _nhwc_operand(ctx, v: View, shape: tuple) -> View:
+    """An epilogue's tensor operand for a channels-last output of `shape`: stored channels-last (a copy where
+    it is not)."""
+    if tuple(v.shape) != tuple(shape):
+        raise OnnxError(f"{ctx.name}: epilogue operand of shape {v.shape} for an output of shape {tuple(shape)}")
+    if _is_nhwc(v):
+        return v
+    t = copy_view(ctx.k, ctx.n("channels_last"), v.permute((0, 2, 3, 1)))      # [N, H, W, C], contiguous
+    return t.with_(v.shape, KN.nhwc_strides(*v.shape), 0)
+
+
 def _conv(ctx, ins, a):
-    x, w = _dense(ctx, ins[0]), ins[1]
     epi = _epilogue(a)
+    if a.get("channels_last", 0) and not ctx.k.symbolic_outer and ins[0].ndim == 4 and ins[0].dtype == dtypes.float32:
+        has_bias = len(ins) > 2 and epi.operands[:1] == ("bias",)
+        geo = _conv_geometry(ins[0], ins[1], a)
+        form = channels_last_plan(geo, _caps(ctx), 4, _is_nhwc(ins[0]))
+        if form is not None:
+            return _conv_nhwc(ctx, ins, a, geo, form, epi, has_bias)
+    x, w = _dense(ctx, ins[0]), ins[1]
     has_bias = len(ins) > 2 and epi.operands[:1] == ("bias",)
     geo = _conv_geometry(x, w, a)
     out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
@@ -723,8 +820,14 @@ def _pool2d(ctx, ins, a):
 
 
 def _global_pool(ctx, ins, a):
-    x = _dense(ctx, ins[0])
     kind = a["kind"].decode() if isinstance(a["kind"], bytes) else a["kind"]
+    if _is_nhwc(ins[0]) and not ins[0].is_contiguous() and not ctx.k.symbolic_outer:
+        x = ins[0]
+        N, C, H, W = x.shape
+        out = ctx.k.empty([N, C, 1, 1], x.dtype)
+        ctx.k.launch(ctx.n(), KN.global_pool_nhwc(kind, N, H * W, C, x.dtype), [x.buf, out.buf])
+        return [out]
+    x = _dense(ctx, ins[0])
     rows = x.shape[0] * x.shape[1]
     out = ctx.k.empty(list(x.shape[:2]) + [1] * (x.ndim - 2), x.dtype)
     sym = ctx.k.symbolic_outer

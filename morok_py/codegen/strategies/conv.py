@@ -550,6 +550,31 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
     return _contraction("pointwise" if geo.pointwise else "im2col_gemm", caps, geo)
 
 
+# channels-last (kernels_nhwc.py): the forms of a one-group float32 layer whose activations are stored [N, H, W, C]
+# on a CPU with a register tile of lane vectors: "pointwise" (a stride-1 1x1 layer over a channels-last input: the
+# input itself is the contraction's left operand), "winograd" (F(2x2, 3x3) for stride-1 3x3 layers whose output
+# sides are even and whose input has at least CHANNELS_LAST_WINOGRAD_MIN_CHANNELS channels) and "im2col" (every
+# other layer: the [pixels, taps x channels] columns, then the contraction)
+CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
+CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col")
+
+
+def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
+                       input_channels_last: bool = True) -> "str | None":
+    """The channels-last form of this layer (one of CHANNELS_LAST_FORMS), or None where there is none: a GPU,
+    groups, 16-bit elements, output channels the register tile's width does not divide."""
+    if caps.has_local or not caps.register_tile or not caps.tile_lanes or itemsize != 4 or geo.groups != 1:
+        return None
+    if geo.CO % caps.register_tile[1]:
+        return None
+    if (geo.pointwise and geo.stride == (1, 1) and not any(geo.pads) and input_channels_last):
+        return "pointwise"
+    if (geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.OH % 2 == 0 \
+            and geo.OW % 2 == 0 and geo.C >= CHANNELS_LAST_WINOGRAD_MIN_CHANNELS and input_channels_last:
+        return "winograd"
+    return "im2col"
+
+
 # a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels and at least DIRECT_PHASES_MIN_TAPS
 # taps whose output rows are at least the register tile's width: the direct sum over phase planes, whose copy of the input is its size where im2col's
 # columns are KH*KW times it (resnet50's stem: 49x, 7.4 MB, written cold once an inference). resnet50's stem in the
