@@ -70,8 +70,6 @@ def test_every_form_matches_numpy_at_every_level(cpu_level, rng, case):
     got = run_nhwc(cpu_level, geo, form, x, w, K.Epilogue.of("bias", "add", "relu"),
                    (b, np.ascontiguousarray(r.transpose(0, 2, 3, 1))), nchw_input)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # the choice for the same layer, given the input's layout
-    assert channels_last_plan(geo, cpu_level.dev.renderer.caps, 4, not nchw_input) == form
 
 
 def test_plan_choice_and_refusals():
@@ -80,8 +78,14 @@ def test_plan_choice_and_refusals():
     assert channels_last_plan(ConvGeometry(1, 64, 56, 56, 256, 1, 1), cpu, input_channels_last=False) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 64, 56, 56, 64, 3, 3, pads=(1, 1, 1, 1)), cpu) == "winograd"
     # odd output sides, a stride, few channels: the columns
-    assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
+    assert channels_last_plan(ConvGeometry(1, 128, 15, 15, 128, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 128, 56, 56, 128, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "im2col"
+    # columns of few pixels (resnet50's 7x7 3x3 layers: 9 row tiles): NCHW; pointwise ones stay channels-last
+    assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) is None
+    assert channels_last_plan(ConvGeometry(1, 512, 14, 14, 512, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) is None
+    assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
+    assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu) == "pointwise"
+    assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu, input_channels_last=False) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 8, 16, 16, 64, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     # none: a GPU, no register tile, groups, 16-bit elements, output channels the tile width does not divide
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 64, 1, 1), Capabilities(has_local=True)) is None
@@ -203,6 +207,26 @@ def test_marking_follows_the_readers(rng):
     for tail in ("concat", "output"):
         m = _marked(_bottleneck_model(rng, tail=tail))
         assert not any(m.values()), (tail, m)
+
+
+def test_short_chains_from_nchw_layers_stay_nchw(rng):
+    """Two 1x1 layers after a depthwise one (NCHW: no channels-last form), the second with the depthwise
+    layer's input as its residual: two NCHW reads for two layers, fewer than CHANNELS_LAST_LAYERS_PER_EDGE each."""
+    from morok_py.onnx.fuse import CHANNELS_LAST_LAYERS_PER_EDGE
+    assert CHANNELS_LAST_LAYERS_PER_EDGE > 1
+    C = 64
+    w = lambda co, ci, k: numpy_helper.from_array(rng.standard_normal((co, ci, k, k)).astype(np.float32) * 0.1)  # noqa: E731
+    inits = [w(C, 1, 3), w(C, C, 1), w(C, C, 1)]
+    for t, name in zip(inits, ("wd", "w1", "w2")):
+        t.name = name
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], name="dw", group=C, kernel_shape=[3, 3], pads=[1] * 4),
+             helper.make_node("Conv", ["d", "w1"], ["p1"], name="p1", kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["p1", "w2"], ["p2c"], name="p2", kernel_shape=[1, 1]),
+             helper.make_node("Add", ["p2c", "x"], ["p2"]),
+             helper.make_node("GlobalAveragePool", ["p2"], ["y"])]
+    g = helper.make_graph(nodes, "short", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, 9, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, 1, 1])], inits)
+    assert not any(_marked(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).values())
 
 
 def test_whole_plane_average_pool_is_global(rng):

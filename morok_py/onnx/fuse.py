@@ -19,6 +19,7 @@ node it absorbs, so a residual operand computed later in the original order is r
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import threading
@@ -421,13 +422,20 @@ def _fuse_pool(g: _Graph, i: int) -> None:
 # convolutions whose activations can stay channels-last are marked so (the executor runs them so on a CPU with a
 # register tile of lane vectors); MOROK_ONNX_CHANNELS_LAST=0 leaves every one NCHW
 CHANNELS_LAST = True
+# ... where a connected set of such layers has at least this many layers for each NCHW tensor its layers read (the
+# model's input, a depthwise layer's output): on the 16-core Xeon the MobileNet stack's last two 1x1 layers (one
+# input and one residual from NCHW layers) ran channels-last 0.889x as fast, slower in 11 of 11 rounds
+# (benchmarks/model_variants.py, cpu-xeon-avx512-16c/model_variants-channels-last-mobilenet.json); resnet50's 52
+# layers read the max pool's output twice
+CHANNELS_LAST_LAYERS_PER_EDGE = 4
 
 
-def _mark_channels_last(nodes: list, outputs: set[str]) -> None:
+def _mark_channels_last(nodes: list, outputs: set[str], consts: set[str]) -> None:
     """Mark (attribute channels_last=1) each one-group 2-D MorokConv whose output is no graph output and is
     read only by marked convolutions (as input or epilogue operand) or global pooling: the largest such set,
     found by unmarking until nothing changes. The input of a marked layer may come from anywhere (its first
-    kernel reads any layout); its output then needs no copy back to NCHW."""
+    kernel reads any layout); its output then needs no copy back to NCHW. Of those, the connected sets with
+    CHANNELS_LAST_LAYERS_PER_EDGE layers for each NCHW tensor they read keep the mark."""
     readers: dict[str, list] = {}
     for n in nodes:
         for x in n.input:
@@ -449,8 +457,32 @@ def _mark_channels_last(nodes: list, outputs: set[str]) -> None:
             if not ok:
                 marked.discard(id(n))
                 changed = True
+    # a connected set of marked layers pays for the NCHW tensors it reads (each turned around by the layer that
+    # reads it): kept where it has CHANNELS_LAST_LAYERS_PER_EDGE layers for each such read
+    producer = {n.output[0]: n for n in nodes if id(n) in marked}
+    parent = {k: k for k in marked}
+
+    def root(k):
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+    edges: dict[int, int] = {}
+    for n in nodes:
+        if id(n) not in marked:
+            continue
+        for x in [n.input[0]] + list(n.input[2:]):
+            p = producer.get(x)
+            if p is not None:
+                parent[root(id(p))] = root(id(n))
     for n in nodes:
         if id(n) in marked:
+            edges.setdefault(root(id(n)), 0)
+            edges[root(id(n))] += sum(1 for x in [n.input[0]] + list(n.input[2:])
+                                      if x and x not in producer and x not in consts)
+    size = collections.Counter(root(k) for k in marked)
+    for n in nodes:
+        if id(n) in marked and size[root(id(n))] >= CHANNELS_LAST_LAYERS_PER_EDGE * edges[root(id(n))]:
             n.attribute.append(helper.make_attribute("channels_last", 1))
 
 
@@ -481,7 +513,7 @@ def fuse(model: onnx.ModelProto) -> onnx.ModelProto:
             _fuse_pool(g, i)
     nodes = [n for i, n in enumerate(g.nodes) if i not in g.dead]
     if CHANNELS_LAST and config.getenv("MOROK_ONNX_CHANNELS_LAST", "1") != "0":
-        _mark_channels_last(nodes, g.outputs)
+        _mark_channels_last(nodes, g.outputs, set(g.inits) | set(g.new))
     used = {x for n in nodes for x in n.input} | g.outputs
     for n in nodes:         # names read inside subgraphs (If, Loop, Scan) count as used
         for attr in n.attribute:

@@ -557,12 +557,21 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
 # other layer: the [pixels, taps x channels] columns, then the contraction)
 CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
 CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col")
+# ... and none for a layer through columns whose pixels fill fewer than this many of the register tile's rows: its
+# contraction is few row tiles over a long reduction (resnet50's 7x7 3x3 layers: 49 pixels, 9 row tiles of 6, 4608
+# steps), which the NCHW plans split better. On the 16-core Xeon, resnet50 in launch order (profile_layers at
+# b839d26, channels-last): the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53,
+# against 0.32 / 0.32 / 0.35 for the NCHW plans (profile_layers at 1155f76); alone and hot the 7x7 one 0.41
+# against phases_flat's 0.33 (0.90x of it on the 2-vCPU Xeon)
+CHANNELS_LAST_MIN_ROW_TILES = 16
 
 
 def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
                        input_channels_last: bool = True) -> "str | None":
     """The channels-last form of this layer (one of CHANNELS_LAST_FORMS), or None where there is none: a GPU,
-    groups, 16-bit elements, output channels the register tile's width does not divide."""
+    groups, 16-bit elements, output channels the register tile's width does not divide, columns of too few
+    pixels (CHANNELS_LAST_MIN_ROW_TILES). A pointwise layer over an NCHW input takes the columns (turning the
+    input around)."""
     if caps.has_local or not caps.register_tile or not caps.tile_lanes or itemsize != 4 or geo.groups != 1:
         return None
     if geo.CO % caps.register_tile[1]:
@@ -572,6 +581,8 @@ def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     if (geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.OH % 2 == 0 \
             and geo.OW % 2 == 0 and geo.C >= CHANNELS_LAST_WINOGRAD_MIN_CHANNELS and input_channels_last:
         return "winograd"
+    if -(-geo.N * geo.OH * geo.OW // caps.register_tile[0]) < CHANNELS_LAST_MIN_ROW_TILES and not geo.pointwise:
+        return None
     return "im2col"
 
 
