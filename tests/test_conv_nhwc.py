@@ -86,6 +86,7 @@ def test_plan_choice_and_refusals():
     assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu) == "pointwise"
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu, input_channels_last=False) == "im2col"
+    assert channels_last_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 8, 16, 16, 64, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     # none: a GPU, no register tile, groups, 16-bit elements, output channels the tile width does not divide
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 64, 1, 1), Capabilities(has_local=True)) is None

@@ -557,12 +557,14 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
 # other layer: the [pixels, taps x channels] columns, then the contraction)
 CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
 CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col")
-# ... and none for a layer through columns whose pixels fill fewer than this many of the register tile's rows: its
-# contraction is few row tiles over a long reduction (resnet50's 7x7 3x3 layers: 49 pixels, 9 row tiles of 6, 4608
-# steps), which the NCHW plans split better. On the 16-core Xeon, resnet50 in launch order (profile_layers at
-# b839d26, channels-last): the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53,
+# ... and none for a layer of several taps whose pixels fill fewer than this many of the register tile's rows: its
+# columns' contraction is few row tiles over a long reduction (resnet50's 7x7 3x3 layers: 49 pixels, 9 row tiles of
+# 6, 4608 steps), which the NCHW plans split better. On the 16-core Xeon, resnet50 in launch order (profile_layers
+# at b839d26, channels-last): the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53,
 # against 0.32 / 0.32 / 0.35 for the NCHW plans (profile_layers at 1155f76); alone and hot the 7x7 one 0.41
-# against phases_flat's 0.33 (0.90x of it on the 2-vCPU Xeon)
+# against phases_flat's 0.33 (0.90x of it on the 2-vCPU Xeon). A 1x1 layer keeps the form: the stride-2 one into
+# 7x7 took 0.33 ms channels-last, and 0.36 as NCHW plus 0.11 turning its input and its reader's residual around
+# (profile_layers at 68bf954)
 CHANNELS_LAST_MIN_ROW_TILES = 16
 
 
@@ -581,7 +583,7 @@ def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     if (geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.OH % 2 == 0 \
             and geo.OW % 2 == 0 and geo.C >= CHANNELS_LAST_WINOGRAD_MIN_CHANNELS and input_channels_last:
         return "winograd"
-    if -(-geo.N * geo.OH * geo.OW // caps.register_tile[0]) < CHANNELS_LAST_MIN_ROW_TILES and not geo.pointwise:
+    if -(-geo.N * geo.OH * geo.OW // caps.register_tile[0]) < CHANNELS_LAST_MIN_ROW_TILES and geo.KH * geo.KW > 1:
         return None
     return "im2col"
 
