@@ -252,34 +252,3 @@ def test_models_match_the_nchw_executor(rng, monkeypatch, tail, wide):
     nchw = np.asarray(OnnxExecutor(model, "CPU").run({"x": x})[0])
     for g in got + [nchw]:
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
-
-
-def test_rows_first_split_rule_and_result(cpu_level, rng):
-    """A contraction over column panels splits its rows first where the rule says so (many rows, few panels),
-    and gives matmul's answer either way."""
-    from morok_py.codegen.opt import ROWS_FIRST_MIN_ROW_TILES, rows_first_split
-    wd, threads = _width(cpu_level), cpu_level.dev.renderer.caps.threads
-
-    def decide(M, N, Kd, th, tile=(6, 64)):
-        ast = K.matmul_panels(M, N, Kd, tile[1])
-        st = ast.src[0]
-        ranges = sorted(st.free_ranges, key=lambda r: r.axis)      # p, i, c
-        return rows_first_split(st, ranges[1], [ranges[0]], M, N // tile[1], 1, tile[1], th, M // tile[0])
-    # AVX-512's 6x64 tile on 16 workers: resnet50's 56x56 pointwise layers split rows first, 14x14 and 28x28 not
-    assert decide(3136, 256, 64, 16) and decide(3136, 128, 256, 16)
-    assert not decide(196, 1024, 256, 16) and not decide(784, 512, 128, 16)
-    assert not decide(6 * ROWS_FIRST_MIN_ROW_TILES * 16 - 6, 128, 8, 16)     # too few row tiles a worker
-    assert not decide(3136, 256, 64, 0)                                        # workers unknown
-    # the batched Winograd form (its planes index the left operand too) keeps the blocks outermost
-    wa = K.matmul_panels(3136, 128, 64, 64, batch=16)
-    st = wa.src[0]
-    rs = sorted(st.free_ranges, key=lambda r: r.axis)                          # s, p, i, c
-    assert not rows_first_split(st, rs[2], rs[:2], 3136, 32, 1, 64, 16, 522)
-    # a shape this host's workers split rows first (when it has more than one), then against numpy
-    M = max(6 * ROWS_FIRST_MIN_ROW_TILES * max(threads, 1), max(threads, 1) * wd) + 13
-    a = random_array(rng, (M, 19), np.float32)
-    b = random_array(rng, (19, 2 * wd), np.float32)
-    panels = np.ascontiguousarray(b.reshape(19, 2, wd).transpose(1, 0, 2))
-    out = cpu_level.empty(M * 2 * wd, dtypes.float32)
-    cpu_level.compile(K.matmul_panels(M, 2 * wd, 19, wd), "rows_first")(cpu_level.buf(a), cpu_level.buf(panels), out)
-    np.testing.assert_allclose(out.numpy().reshape(M, 2 * wd), a @ b, rtol=1e-4, atol=1e-4)

@@ -396,24 +396,14 @@ def tile_with_lanes(ast: UOp, tile: tuple[int, int], lanes: int, pack: bool = Fa
     extents = [_const(r.src[0]) for r in others]
     E = None if None in extents else math.prod(extents)
     batched = bool(others) and E is not None and threads > 0 and n_static is not None and m_static is not None
-    rows_first = batched and rows_first_split(st, i, others, m_static, E, _const(Cj), tj, threads, _const(full))
-    if rows_first:
-        P = UOp.const(threads, dtypes.index)
-    elif _const(full) is not None and _const(Cj) is not None:
+    if _const(full) is not None and _const(Cj) is not None:
         P = UOp.const(_partitions(_const(full), _const(Cj), -(-threads // E) if batched else threads,
                                   packed=plan is not None and n_static is not None), dtypes.index)
     else:
         P = (UOp.const(SPLIT_UNITS, dtypes.index) // Cj.maximum(1)).minimum(full // 4).maximum(1)
     Q = full // P
     fused: dict[UOp, UOp] = {}
-    if rows_first:
-        # units row-partition-major: a worker's contiguous chunk is one partition's every column block
-        u_all = axes.range(E * Cj * P, AxisType.GLOBAL)
-        u, outer = u_all // E, u_all % E
-        for r in reversed(others):
-            fused[r] = outer % r.src[0] if r is not others[0] else outer
-            outer = outer // r.src[0]
-    elif batched:
+    if batched:
         u_all = axes.range(E * Cj * P, AxisType.GLOBAL)
         u, outer = u_all % (Cj * P), u_all // (Cj * P)
         for r in reversed(others):
@@ -595,31 +585,6 @@ def _remainder_columns(st: UOp, i: UOp, j: UOp, axes: _Axes, u: UOp, units: UOp,
             row = row.minimum(M - 1)
         out += [substitute(st, {i: row, j: c}) for c in cols]
     return out
-
-
-# the thread split of a contraction whose other GLOBAL ranges are blocks of its columns (channels-last convolutions'
-# weights in column panels, kernels.matmul_panels): by default a worker takes one block's rows (the blocks outermost),
-# so each of a pixel's output channel blocks is written by another worker and the next layer's worker reads its
-# pixels from every one of them. `rows_first_split` gives each worker one partition of the rows (ROWS_FIRST_MIN_ROW_TILES
-# row tiles or more) and every block of them instead, where re-reading the blocks' whole right-hand operand in every
-# worker moves less than reading the left-hand rows once per block in all: threads x blocks x width < rows x
-# min(blocks, threads) (the reduction length on both sides). resnet50's 56x56 pointwise layers (3136 rows, 2 or 4
-# blocks of 64) on the 16-core Xeon took 0.13-0.29 ms in launch order channels-last against 0.11-0.17 in NCHW
-# (profile_layers at 29365fd and at 1155f76); the 14x14 and 7x7 ones (4-32 blocks of few rows) keep the blocks
-ROWS_FIRST_MIN_ROW_TILES = 4
-
-
-def rows_first_split(st: UOp, i: UOp, others: list, M: int | None, E: int | None, Cj: int | None, tj: int,
-                     threads: int, full: int | None) -> bool:
-    """Whether a batched register tile's units go row partition first (the rule above): the other GLOBAL ranges
-    index no load that reads the rows i (they are column blocks of the right-hand operand), one column tile per
-    block, static sizes, known workers."""
-    if not threads or M is None or E is None or Cj != 1 or full is None or full < ROWS_FIRST_MIN_ROW_TILES * threads:
-        return False
-    for n in st.toposort():
-        if n.op is Ops.LOAD and i in n.free_ranges and any(r in n.free_ranges for r in others):
-            return False
-    return threads * E * tj < M * min(E, threads)
 
 
 def _partitions(full: int | None, col_tiles: int | None, threads: int = 0, packed: bool = True) -> int:
