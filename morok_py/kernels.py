@@ -1512,15 +1512,18 @@ def global_pool(kind: str, rows: int | None, cols: int, dtype=dtypes.float32) ->
     r = ax(size(rows, "rows"))
     k = ax(cols, AxisType.REDUCE)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
-    v = x.load(r * cols + k)
+    return UOp.sink(out.store(r, pool_reduce(kind, x.load(r * cols + k), k, cols, dt)))
+
+
+def pool_reduce(kind: str, v: UOp, k: UOp, count: int, dt: DType) -> UOp:
+    """The max or mean ("max", "avg") of `v` over reduce range `k` of `count` steps (a constant k: v itself),
+    the mean summed in the accumulation dtype."""
     if not (isinstance(k, UOp) and k.op is Ops.RANGE):
-        red = v
-    elif kind == "max":
-        red = v.reduce(k, op=Ops.MAX)
-    else:
-        acc = accumulation_dtype(dt)
-        red = (v.cast(acc).reduce(k) * UOp.const(1.0 / cols, acc)).cast(dt)
-    return UOp.sink(out.store(r, red))
+        return v
+    if kind == "max":
+        return v.reduce(k, op=Ops.MAX)
+    acc = accumulation_dtype(dt)
+    return (v.cast(acc).reduce(k) * UOp.const(1.0 / count, acc)).cast(dt)
 
 
 # direct_masked: input channels a multiple of this (every tensor-core and tile k depth up to 32 divides it) run

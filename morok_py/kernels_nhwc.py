@@ -19,11 +19,11 @@ slot order, inputs first and the output last, as in `kernels`.
 """
 from __future__ import annotations
 
-from .dtypes import accumulation_dtype, as_dtype, dtypes
+from .dtypes import as_dtype, dtypes
 from .errors import ArgumentError, UnknownNameError
-from .ir import AxisType, Ops, UOp
+from .ir import AxisType, UOp
 from .codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry
-from .kernels import (Epilogue, KernelStep, _Axes, _out_size, _sandwich, _winograd, matmul_panels,
+from .kernels import (Epilogue, KernelStep, _Axes, _out_size, _sandwich, _winograd, matmul_panels, pool_reduce,
                       winograd_plane_pad)
 
 __all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "im2col_nhwc", "winograd_input_nhwc", "winograd_weights_panels",
@@ -191,15 +191,7 @@ def global_pool_nhwc(kind: str, N: int, P: int, C: int, dtype=dtypes.float32) ->
     n, c = ax(N), ax(C)
     k = ax(P, AxisType.REDUCE)
     x, out = UOp.param(0, dt), UOp.param(1, dt)
-    v = x.load((n * P + k) * C + c)
-    if not (isinstance(k, UOp) and k.op is Ops.RANGE):
-        red = v
-    elif kind == "max":
-        red = v.reduce(k, op=Ops.MAX)
-    else:
-        acc = accumulation_dtype(dt)
-        red = (v.cast(acc).reduce(k) * UOp.const(1.0 / P, acc)).cast(dt)
-    return UOp.sink(out.store(n * C + c, red))
+    return UOp.sink(out.store(n * C + c, pool_reduce(kind, x.load((n * P + k) * C + c), k, P, dt)))
 
 
 NHWC_WINOGRAD_TILE = 2      # F(2x2, 3x3), the CPU's NCHW tile (codegen/strategies/conv.py, CPU_WINOGRAD_TILE)

@@ -649,9 +649,15 @@ def _weights_output(ctx, st, w_buf):
 def _plan_launches(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View) -> list[tuple]:
     """(kernel step, its buffers) of a convolution plan on these views, its scratch buffers taken; a step that
     reads the weights alone runs once here (`_weights_output`) instead of at every run."""
+    steps = K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer)
+    return _step_launches(ctx, steps, x, w, extra, out)
+
+
+def _step_launches(ctx, steps, x: View, w: View, extra: list[View], out: View) -> list[tuple]:
+    """(kernel step, its buffers) of a convolution's steps: scratch buffers taken, weights-only steps run once."""
     bufs = {"x": x.buf, "w": w.buf, "out": out.buf}
     launches = []
-    for st in K.conv2d_kernels(geo, plan, dtypes.float32, epi, symbolic_batch=ctx.k.symbolic_outer):
+    for st in steps:
         if st.weights_only:
             bufs[st.output] = _weights_output(ctx, st, w.buf)
             continue
@@ -736,17 +742,9 @@ def _conv_nhwc(ctx, ins, a, geo, form: str, epi, has_bias: bool) -> list[View]:
     extra = ([ins[2]] if has_bias else []) + [_nhwc_operand(ctx, v, out.shape) for v in ins[2 + has_bias:]]
     width = _caps(ctx).register_tile[1]
     _say(ctx.name, f"conv: channels-last {form}, epilogue {epi}" + ("" if _is_nhwc(ins[0]) else ", input NCHW"))
-    bufs = {"x": x.buf, "w": ins[1].buf, "out": out.buf}
-    for st in KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides):
-        if st.weights_only:
-            bufs[st.output] = _weights_output(ctx, st, ins[1].buf)
-            continue
-        if st.output != "out":
-            bufs[st.output] = _scratch_buffer(ctx.k, st.elements, st.dtype or x.dtype, st.output)
-        args = []
-        for role in st.inputs:
-            args += [v.buf for v in extra] if role == "epilogue" else [bufs[role]]
-        ctx.k.launch(ctx.n(st.name), st.ast, args + [bufs[st.output]], **dict(st.vars))
+    steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides)
+    for st, args in _step_launches(ctx, steps, x, ins[1], extra, out):
+        ctx.k.launch(ctx.n(st.name), st.ast, args, **dict(st.vars))
     return [out]
 
 
