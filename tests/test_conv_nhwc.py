@@ -252,3 +252,25 @@ def test_models_match_the_nchw_executor(rng, monkeypatch, tail, wide):
     nchw = np.asarray(OnnxExecutor(model, "CPU").run({"x": x})[0])
     for g in got + [nchw]:
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
+
+
+def test_morok_beam_times_the_channels_last_forms(rng, monkeypatch, capfd):
+    """Under MOROK_BEAM a channels-last stride-1 3x3 layer times its Winograd and columns forms (stand-in
+    inputs, as the NCHW plans' search), MOROK_DEBUG prints both times, and the model still matches."""
+    from onnx.reference import ReferenceEvaluator
+
+    from morok_py.codegen.strategies.conv import channels_last_candidates
+    from morok_py.onnx.executor import OnnxExecutor
+    cpu = Capabilities(register_tile=(6, 64), tile_lanes=16)
+    assert channels_last_candidates(ConvGeometry(1, 64, 14, 14, 64, 3, 3, pads=(1, 1, 1, 1)), cpu) == ["winograd", "im2col"]
+    assert channels_last_candidates(ConvGeometry(1, 64, 14, 14, 64, 1, 1), cpu) == ["pointwise"]
+    assert channels_last_candidates(ConvGeometry(1, 64, 14, 14, 96, 1, 1), cpu) == []
+    model = _bottleneck_model(rng, tail="pool")
+    x = rng.standard_normal((1, 3, 20, 20)).astype(np.float32)
+    monkeypatch.setenv("MOROK_BEAM", "2")
+    monkeypatch.setenv("MOROK_DEBUG", "1")
+    got = np.asarray(OnnxExecutor(model, "CPU").run({"x": x})[0])
+    np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    err = capfd.readouterr().err
+    line = next(ln for ln in err.splitlines() if "b0b conv: channels-last" in ln)
+    assert "; searched winograd " in line and " ms, im2col " in line, line

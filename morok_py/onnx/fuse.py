@@ -35,7 +35,7 @@ from morok_py import config, kernels as K, kernels_nhwc as KN
 from morok_py.buffer import Buffer
 from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.schedule import conv_plan, search_plan
-from morok_py.codegen.strategies.conv import ConvGeometry, channels_last_plan
+from morok_py.codegen.strategies.conv import ConvGeometry, channels_last_candidates, channels_last_plan
 from morok_py.dtypes import dtypes
 
 from morok_py.onnx.errors import OnnxError
@@ -678,8 +678,13 @@ def _run_plan(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: Vie
 def _plan_timer(ctx, plan, geo, epi, x: View, w: View, extra: list[View], out: View):
     """A function that runs the plan's kernels once and waits: its steps built and compiled once here, so
     that a search times the launches, not the Python that builds their kernels."""
+    return _launches_timer(ctx, _plan_launches(ctx, plan, geo, epi, x, w, extra, out))
+
+
+def _launches_timer(ctx, launches: list[tuple]):
+    """A function that runs `launches` ((kernel step, buffers)) once and waits, each compiled here first."""
     calls = []
-    for st, args in _plan_launches(ctx, plan, geo, epi, x, w, extra, out):
+    for st, args in launches:
         prog = ctx.k.programs.get(st.ast.key)
         if prog is None:
             prog = ctx.k.programs[st.ast.key] = ctx.k.dev.compile(st.ast, ctx.n(st.name))
@@ -697,33 +702,56 @@ def _timing_copy(v: View, rng: np.random.Generator) -> View:
     return View(Buffer.from_numpy(arr, v.buf.device), v.shape, v.strides, v.offset, v.const)
 
 
-def _choose_plan(ctx, geo, epi, x, w, extra, out):
-    """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's weights and
-    output with stand-ins for its runtime inputs."""
-    caps = _caps(ctx)
-    if config.getenv_int("MOROK_BEAM", 0) <= 0:
-        return conv_plan(geo, caps, static_batch=not ctx.k.symbolic_outer), None
+def _time_runs(run) -> float:
+    """The best of PLAN_SEARCH_RUNS timed runs of `run`, after one untimed."""
+    run()       # warm
+    best = float("inf")
+    for _ in range(PLAN_SEARCH_RUNS):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
+
+def _stand_ins(x: View, extra: list[View]) -> tuple[View, list[View]]:
+    """Random normal stand-ins, in their layouts, for a convolution's runtime inputs (a plan search's)."""
     # timed on random inputs, not on this node's: during the first run its input is still to be computed (the
     # launches wait in a queue), so the buffer holds whatever was there, denormals and NaNs included, which run
     # many times slower on Intel cores. The searched times (those MOROK_DEBUG=1 prints) of the light resnet50's
     # convolutions on the 16-core Xeon: its 1x1 256 -> 128 layer at 56x56 4.8 ms on the node's buffer, 0.27 on
     # random inputs (0.23 in the model, launch by launch)
     rng = np.random.default_rng(0)
-    tx = _timing_copy(x, rng)
-    textra = [v if v.const else _timing_copy(v, rng) for v in extra]
+    return _timing_copy(x, rng), [v if v.const else _timing_copy(v, rng) for v in extra]
+
+
+def _choose_plan(ctx, geo, epi, x, w, extra, out):
+    """The heuristic plan; under MOROK_BEAM the fastest of the candidates, timed on this node's weights and
+    output with stand-ins for its runtime inputs."""
+    caps = _caps(ctx)
+    if config.getenv_int("MOROK_BEAM", 0) <= 0:
+        return conv_plan(geo, caps, static_batch=not ctx.k.symbolic_outer), None
+    tx, textra = _stand_ins(x, extra)
 
     def time_plan(plan) -> float:
-        run = _plan_timer(ctx, plan, geo, epi, tx, w, textra, out)
-        run()       # warm
-        best = float("inf")
-        for _ in range(PLAN_SEARCH_RUNS):
-            t0 = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return _time_runs(_plan_timer(ctx, plan, geo, epi, tx, w, textra, out))
     return search_plan(geo, caps, time_plan, (str(epi), getattr(ctx.k.dev, "name", "")),
                        static_batch=not ctx.k.symbolic_outer)
+
+
+def _choose_form(ctx, geo, epi, x: View, w: View, extra: list[View], out: View, width: int):
+    """The channels-last form `channels_last_plan` names; under MOROK_BEAM the fastest of
+    `channels_last_candidates`, timed as `_choose_plan` times NCHW plans. Returns (form, times or None)."""
+    caps = _caps(ctx)
+    forms = channels_last_candidates(geo, caps, 4, _is_nhwc(x))
+    if config.getenv_int("MOROK_BEAM", 0) <= 0 or len(forms) < 2:
+        return forms[0], None
+    tx, textra = _stand_ins(x, extra)
+
+    def time_form(form: str) -> float:
+        steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, tuple(tx.strides))
+        return _time_runs(_launches_timer(ctx, _step_launches(ctx, steps, tx, w, textra, out)))
+    return search_plan(geo, caps, time_form, ("channels-last", str(epi), getattr(ctx.k.dev, "name", "")),
+                       candidates=forms)
 
 
 def _is_nhwc(v: View) -> bool:
@@ -731,17 +759,19 @@ def _is_nhwc(v: View) -> bool:
     return v.ndim == 4 and v.offset == 0 and tuple(v.strides) == KN.nhwc_strides(*v.shape)
 
 
-def _conv_nhwc(ctx, ins, a, geo, form: str, epi, has_bias: bool) -> list[View]:
+def _conv_nhwc(ctx, ins, a, geo, epi, has_bias: bool) -> list[View]:
     """A channels-last convolution (kernels_nhwc): the output an [N, C, OH, OW] view stored [N, OH, OW, C]."""
     x = ins[0]
-    if form == "im2col" and not _is_nhwc(x):
+    if not _is_nhwc(x):
         x = _dense(ctx, x)          # an NCHW input (a layout's edge): the columns read it through its strides
     strides = tuple(x.strides)
     out = ctx.k.empty([geo.N, geo.CO, geo.OH, geo.OW], x.dtype)
     out = out.with_(out.shape, KN.nhwc_strides(*out.shape))
     extra = ([ins[2]] if has_bias else []) + [_nhwc_operand(ctx, v, out.shape) for v in ins[2 + has_bias:]]
     width = _caps(ctx).register_tile[1]
-    _say(ctx.name, f"conv: channels-last {form}, epilogue {epi}" + ("" if _is_nhwc(ins[0]) else ", input NCHW"))
+    form, times = _choose_form(ctx, geo, epi, x, ins[1], extra, out, width)
+    _say(ctx.name, f"conv: channels-last {form}, epilogue {epi}" + ("" if _is_nhwc(ins[0]) else ", input NCHW") + (
+        "; searched " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()) if times else ""))
     steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides)
     for st, args in _step_launches(ctx, steps, x, ins[1], extra, out):
         ctx.k.launch(ctx.n(st.name), st.ast, args, **dict(st.vars))
@@ -764,9 +794,8 @@ def _conv(ctx, ins, a):
     if a.get("channels_last", 0) and not ctx.k.symbolic_outer and ins[0].ndim == 4 and ins[0].dtype == dtypes.float32:
         has_bias = len(ins) > 2 and epi.operands[:1] == ("bias",)
         geo = _conv_geometry(ins[0], ins[1], a)
-        form = channels_last_plan(geo, _caps(ctx), 4, _is_nhwc(ins[0]))
-        if form is not None:
-            return _conv_nhwc(ctx, ins, a, geo, form, epi, has_bias)
+        if channels_last_plan(geo, _caps(ctx), 4, _is_nhwc(ins[0])) is not None:
+            return _conv_nhwc(ctx, ins, a, geo, epi, has_bias)
     x, w = _dense(ctx, ins[0]), ins[1]
     has_bias = len(ins) > 2 and epi.operands[:1] == ("bias",)
     geo = _conv_geometry(x, w, a)

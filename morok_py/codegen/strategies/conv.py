@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from ...errors import ArgumentError
 from ..capabilities import Capabilities
@@ -588,6 +588,16 @@ def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     return "im2col"
 
 
+def channels_last_candidates(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
+                             input_channels_last: bool = True) -> list[str]:
+    """The channels-last forms MOROK_BEAM times for this layer, `channels_last_plan`'s first ([] where there is
+    none): a Winograd layer also through columns."""
+    form = channels_last_plan(geo, caps, itemsize, input_channels_last)
+    if form is None:
+        return []
+    return [form, "im2col"] if form == "winograd" else [form]
+
+
 # a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels and at least DIRECT_PHASES_MIN_TAPS
 # taps whose output rows are at least the register tile's width: the direct sum over phase planes, whose copy of the input is its size where im2col's
 # columns are KH*KW times it (resnet50's stem: 49x, 7.4 MB, written cold once an inference). resnet50's stem in the
@@ -777,16 +787,17 @@ _searched_lock = threading.Lock()
 
 
 def search_plan(geo: ConvGeometry, caps: Capabilities, time_plan: Callable[[ConvPlan], float],
-                key: tuple = (), static_batch: bool = True) -> tuple[ConvPlan, dict[str, float]]:
-    """The fastest of `candidate_plans` by `time_plan` (seconds; it raises for a plan that cannot run)
-    and every candidate's time, once per (geometry, target, `key`) in this process; the default stays
-    unless a candidate is PLAN_SWITCH_MARGIN faster."""
-    k = (geo, caps, key, static_batch)
+                key: tuple = (), static_batch: bool = True, candidates: "Sequence | None" = None):
+    """The fastest of `candidate_plans` (or of `candidates`, the default first: channels-last forms) by
+    `time_plan` (seconds; it raises for a plan that cannot run) and every candidate's time, once per
+    (geometry, target, `key`, candidates) in this process; the default stays unless a candidate is
+    PLAN_SWITCH_MARGIN faster."""
+    k = (geo, caps, key, static_batch, None if candidates is None else tuple(candidates))
     with _searched_lock:
         hit = _searched.get(k)
     if hit is not None:
         return hit
-    plans = candidate_plans(geo, caps, static_batch=static_batch)
+    plans = list(candidates) if candidates is not None else candidate_plans(geo, caps, static_batch=static_batch)
     times: dict[str, float] = {}
     for p in plans:
         try:
