@@ -7,6 +7,7 @@ is then the block the next layer reads (benchmarks/cpu_layouts.py), where in NCH
 reads the channel planes every partition of the last layer wrote. The kernels here:
 
   - `conv_weights_panels`: w [CO, C, KH, KW] as the panels of B [(kh, kw, c), co] (a weights-only step);
+  - `pointwise_nhwc`: a strided 1x1 layer reading its input's pixels in place;
   - `im2col_nhwc`: the [pixels, (kh, kw, c)] left operand of any convolution, from an input of any strides
     (NHWC, or NCHW at a layout's edge), copying runs of contiguous channels;
   - `winograd_input_nhwc`, `winograd_weights_panels`, `winograd_output_nhwc`: Winograd F(2x2, 3x3) whose
@@ -26,7 +27,7 @@ from .codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry
 from .kernels import (Epilogue, KernelStep, _Axes, _out_size, _sandwich, _winograd, matmul_panels, pool_reduce,
                       winograd_plane_pad)
 
-__all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "im2col_nhwc", "winograd_input_nhwc", "winograd_weights_panels",
+__all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "pointwise_nhwc", "im2col_nhwc", "winograd_input_nhwc", "winograd_weights_panels",
            "winograd_output_nhwc", "global_pool_nhwc", "winograd_plane_pad"]
 
 
@@ -215,6 +216,8 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
     epi = epilogue or Epilogue()
     nhwc = nhwc_strides(g.N, g.C, g.H, g.W)
     strides = tuple(in_strides) if in_strides is not None else nhwc
+    if form == "pointwise" and ((g.KH, g.KW) != (1, 1) or any(g.pads)):
+        raise ArgumentError(f"channels-last pointwise is for unpadded 1x1 layers, not {g}")
     if form in ("pointwise", "winograd") and strides != nhwc:
         raise ArgumentError(f"channels-last {form} reads a channels-last input; strides {strides} are not {nhwc}")
     P, out_n = g.N * g.OH * g.OW, g.N * g.CO * g.OH * g.OW
@@ -239,5 +242,33 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
         steps.append(KernelStep("im2col", im2col_nhwc(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads,
                                                       strides, dt), ("x",), "col", P * K))
         src = "col"
-    return steps + [KernelStep("gemm", matmul_panels(P, g.CO, K, width, dt, epi), (src, "wt", "epilogue"), "out",
-                               out_n)]
+    if form == "pointwise" and g.stride != (1, 1):
+        gemm = pointwise_nhwc(g.N, g.C, g.H, g.W, g.CO, g.stride, width, dt, epi)
+    else:
+        gemm = matmul_panels(P, g.CO, K, width, dt, epi)
+    return steps + [KernelStep("gemm", gemm, (src, "wt", "epilogue"), "out", out_n)]
+
+
+def pointwise_nhwc(N: int, C: int, H: int, W: int, CO: int, stride: tuple[int, int], width: int,
+                   dtype=dtypes.float32, epilogue: Epilogue | None = None) -> UOp:
+    """out[(n, oy, ox), co] = sum over c of x[n, oy * sh, ox * sw, c] * panels[co // width, c, co % width], then
+    `epilogue`: an unpadded strided 1x1 convolution over a channels-last input read in place (`kernels.matmul_panels`
+    whose row i is output pixel i's input pixel: its address is computed once per row of a register tile, outside
+    the reduction), the weights as `conv_weights_panels` lays them out. Params: x, panels, the epilogue's
+    operands, out."""
+    if width < 1 or CO % width:
+        raise ArgumentError(f"pointwise_nhwc: a width of {width} does not divide {CO} output channels")
+    dt = as_dtype(dtype)
+    sh, sw = stride
+    OH, OW = _out_size(H, 1, sh, 1, 0, 0), _out_size(W, 1, sw, 1, 0, 0)
+    epi = epilogue or Epilogue()
+    a, b = UOp.param(0, dt), UOp.param(1, dt)
+    ax = _Axes()
+    p, i, c = ax(CO // width), ax(N * OH * OW), ax(width)
+    k = ax(C, AxisType.REDUCE)
+    n, oy, ox = i // (OH * OW), (i // OW) % OH, i % OW
+    acc = (a.load(((n * H + oy * sh) * W + ox * sw) * C + k) * b.load((p * C + k) * width + c)).reduce(k)
+    col = p * width + c
+    at = i * CO + col
+    v, nxt = epi.apply(acc, 2, dt, col, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))

@@ -47,6 +47,8 @@ CASES = [
     (lambda wd: ConvGeometry(2, 5, 7, 9, wd, 1, 1), "pointwise", False),
     (lambda wd: ConvGeometry(1, 37, 13, 11, 2 * wd, 1, 1), "pointwise", False),
     (lambda wd: ConvGeometry(2, 7, 9, 11, wd, 1, 1, (2, 2)), "im2col", False),                  # 1x1 stride 2
+    (lambda wd: ConvGeometry(2, 7, 9, 11, wd, 1, 1, (2, 2)), "pointwise", False),               # ... in place
+    (lambda wd: ConvGeometry(1, 13, 10, 7, 2 * wd, 1, 1, (3, 2)), "pointwise", False),
     (lambda wd: ConvGeometry(2, 5, 7, 9, wd, 1, 1), "im2col", True),                            # NCHW input
     (lambda wd: ConvGeometry(2, 3, 11, 10, wd, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), "im2col", False),
     (lambda wd: ConvGeometry(1, 4, 13, 12, wd, 3, 2, (1, 2), (2, 1), (2, 0, 1, 3)), "im2col", False),
@@ -86,7 +88,9 @@ def test_plan_choice_and_refusals():
     assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu) == "pointwise"
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu, input_channels_last=False) == "im2col"
-    assert channels_last_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), cpu) == "im2col"
+    assert channels_last_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), cpu) == "pointwise"
+    assert channels_last_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), cpu, input_channels_last=False) == "im2col"
+    assert channels_last_plan(ConvGeometry(1, 64, 14, 14, 64, 1, 1, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 8, 16, 16, 64, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     # none: a GPU, no register tile, groups, 16-bit elements, output channels the tile width does not divide
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 64, 1, 1), Capabilities(has_local=True)) is None
@@ -107,6 +111,8 @@ def test_kernel_arguments_are_checked():
         KN.conv2d_nhwc_kernels(g, "winograd", 64, in_strides=_nchw_strides(g))
     with pytest.raises(ArgumentError, match="whole 2x2 tiles"):
         KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 7, 7, 64, 3, 3, pads=(1, 1, 1, 1)), "winograd", 64)
+    with pytest.raises(ArgumentError, match="unpadded 1x1"):
+        KN.conv2d_nhwc_kernels(g, "pointwise", 64)
     with pytest.raises(ArgumentError, match="stride-1 3x3"):
         KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 8, 8, 64, 1, 1), "winograd", 64)
     with pytest.raises(ArgumentError, match="one group"):

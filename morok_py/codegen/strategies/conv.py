@@ -551,11 +551,14 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
 
 
 # channels-last (kernels_nhwc.py): the forms of a one-group float32 layer whose activations are stored [N, H, W, C]
-# on a CPU with a register tile of lane vectors: "pointwise" (a stride-1 1x1 layer over a channels-last input: the
-# input itself is the contraction's left operand), "winograd" (F(2x2, 3x3) for stride-1 3x3 layers whose output
+# on a CPU with a register tile of lane vectors: "pointwise" (an unpadded 1x1 layer over a channels-last input: the
+# input itself is the contraction's left operand, a strided layer's rows every stride-th pixel's), "winograd" (F(2x2, 3x3) for stride-1 3x3 layers whose output
 # sides are even and whose input has at least CHANNELS_LAST_WINOGRAD_MIN_CHANNELS channels) and "im2col" (every
 # other layer: the [pixels, taps x channels] columns, then the contraction)
 CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
+# a strided 1x1 layer reads its input's pixels in place (a row's address computed once per row of the tile) instead
+# of copying them into columns first
+CHANNELS_LAST_STRIDED_POINTWISE = True
 CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col")
 # ... and none for a layer of several taps whose pixels fill fewer than this many of the register tile's rows: its
 # columns' contraction is few row tiles over a long reduction (resnet50's 7x7 3x3 layers: 49 pixels, 9 row tiles of
@@ -578,7 +581,8 @@ def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
         return None
     if geo.CO % caps.register_tile[1]:
         return None
-    if (geo.pointwise and geo.stride == (1, 1) and not any(geo.pads) and input_channels_last):
+    if (geo.KH, geo.KW) == (1, 1) and not any(geo.pads) and input_channels_last and (
+            geo.stride == (1, 1) or CHANNELS_LAST_STRIDED_POINTWISE):
         return "pointwise"
     if (geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.OH % 2 == 0 \
             and geo.OW % 2 == 0 and geo.C >= CHANNELS_LAST_WINOGRAD_MIN_CHANNELS and input_channels_last:
