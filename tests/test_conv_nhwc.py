@@ -280,3 +280,37 @@ def test_morok_beam_times_the_channels_last_forms(rng, monkeypatch, capfd):
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "b0b conv: channels-last" in ln)
     assert "; searched winograd " in line and " ms, im2col " in line, line
+
+
+def test_a_dynamic_batch_keeps_nchw(rng, monkeypatch):
+    """A model whose batch is a dynamic dimension compiles one program for every batch size: its marked layers
+    run their NCHW plans (the channels-last forms are built for a static batch), at two batch sizes."""
+    from onnx.reference import ReferenceEvaluator
+
+    from morok_py.onnx.executor import OnnxExecutor
+    C, inits, nodes, x = 64, [], [], "x"
+    for i, (ci, k) in enumerate([(3, 3), (C, 1), (C, 3), (C, 1)]):
+        inits.append(numpy_helper.from_array((rng.standard_normal((C, ci, k, k)) * np.sqrt(2 / (ci * k * k)))
+                                             .astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"c{i}", kernel_shape=[k, k], pads=[k // 2] * 4),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        x = f"r{i}"
+    nodes.append(helper.make_node("GlobalAveragePool", [x], ["y"]))
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", C, 1, 1])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert all(_marked(model).values())
+    import morok_py.onnx.fuse as fuse
+    ran = []
+    conv_nhwc = fuse._conv_nhwc
+    monkeypatch.setattr(fuse, "_conv_nhwc", lambda *a, **k: (ran.append(1), conv_nhwc(*a, **k))[1])
+    ex = OnnxExecutor(model, "CPU")
+    assert ex.k.symbolic_outer
+    for n in (1, 3):
+        x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(ex.run({"x": x})[0]), ReferenceEvaluator(model).run(None, {"x": x})[0],
+                                   rtol=1e-4, atol=1e-4)
+    assert not ran
+    # the same model with a static batch runs its layers channels-last
+    OnnxExecutor(model, "CPU", symbolic_outer=False).run({"x": x})
+    assert len(ran) == 4
