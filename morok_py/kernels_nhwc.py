@@ -27,8 +27,9 @@ from .codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry
 from .kernels import (Epilogue, KernelStep, _Axes, _out_size, _sandwich, _winograd, matmul_panels, pool_reduce,
                       winograd_plane_pad)
 
-__all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "pointwise_nhwc", "im2col_nhwc", "winograd_input_nhwc", "winograd_weights_panels",
-           "winograd_output_nhwc", "global_pool_nhwc", "winograd_plane_pad"]
+__all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "pointwise_nhwc", "im2col_nhwc",
+           "winograd_input_nhwc", "winograd_weights_panels", "winograd_output_nhwc", "global_pool_nhwc",
+           "winograd_plane_pad"]
 
 
 def nhwc_strides(N: int, C: int, H: int, W: int) -> tuple[int, int, int, int]:
