@@ -134,11 +134,7 @@ def main() -> None:
                   + (f"  {peer / med[k]:5.2f}x onnxruntime ({peer * 1e3:.3f} ms)" if peer else ""), flush=True)
     doc = {"machine": H.machine(dev), "width": width, "repeat": a.repeat, "rounds": a.rounds, "block": a.block,
            "results": results}
-    if a.json:
-        import json
-        Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    else:
-        H.write_result("cpu_layouts", doc)
+    H.save_result("cpu_layouts", doc, a.json)
 
 
 if __name__ == "__main__":

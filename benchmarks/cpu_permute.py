@@ -95,11 +95,7 @@ def main() -> None:
               f"{rec['ratio']:5.2f}x numpy" + (f"  {rec['vs_torch']:5.2f}x torch" if torch is not None else "")
               + f"   {spec.linear.schedule}", flush=True)
     doc = {"machine": H.machine(dev), "rounds": a.rounds, "reps": a.reps, "results": results}
-    if a.json:
-        import json
-        Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    else:
-        H.write_result("cpu_permute", doc)
+    H.save_result("cpu_permute", doc, a.json)
 
 
 if __name__ == "__main__":

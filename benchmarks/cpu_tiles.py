@@ -18,7 +18,6 @@ writes benchmarks/results/<machine kind>/cpu_tiles[-TAG].json (--json PATH: ther
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -152,11 +151,7 @@ def main() -> None:
         out["shapes"][shape] = {"numpy_s": med["numpy"], "numpy_rounds": rounds["numpy"], "variants": rows}
         if torch is not None:
             out["shapes"][shape].update({"torch_s": med["torch"], "torch_rounds": rounds["torch"], "torch": torch.__version__})
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-    else:
-        H.write_result(H.result_name("cpu_tiles", None, a.tag), out)
+    H.save_result(H.result_name("cpu_tiles", None, a.tag), out, a.json)
 
 
 if __name__ == "__main__":

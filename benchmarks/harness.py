@@ -486,6 +486,18 @@ def write_result(name: str, doc: dict, dev=None, root: Path | str | None = None,
     return path
 
 
+def save_result(name: str, doc: dict, json_path: str | None = None, dev=None) -> Path:
+    """A benchmark's result: to `json_path` as it is where the caller names a file (--json), else
+    `write_result(name, doc, dev)` (the results tree, the current file for this machine kind)."""
+    if not json_path:
+        return write_result(name, doc, dev)
+    path = Path(json_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    note(f"wrote {_show(path)}")
+    return path
+
+
 def _show(path: Path) -> str:
     return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
 

@@ -21,7 +21,6 @@ over rounds, the ratio onnxruntime / it (higher is better), and every round.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -90,10 +89,7 @@ def main() -> None:
     from morok_py import Device
     doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds, "block": a.block,
            "instances": a.instances, "onnxruntime_rounds_s": rounds["onnxruntime"], "results": results}
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    else:
-        H.write_result(H.result_name("model_variants", tag=a.tag), doc)
+    H.save_result(H.result_name("model_variants", tag=a.tag), doc, a.json)
 
 
 if __name__ == "__main__":

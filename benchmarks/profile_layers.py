@@ -216,10 +216,7 @@ def main() -> None:
     doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds,
            "threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0)),
            "onnxruntime": ort.__version__, "results": results}
-    if a.json:
-        Path(a.json).write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    else:
-        H.write_result(H.result_name("profile_layers", tag="-".join(p for p in (a.model, a.tag) if p)), doc)
+    H.save_result(H.result_name("profile_layers", tag="-".join(p for p in (a.model, a.tag) if p)), doc, a.json)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ writes benchmarks/results/<machine kind>/search_context-<case>-<pair>.json (--js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -108,11 +107,7 @@ def main() -> None:
     out["marks"] = marks
     if smi is not None:
         smi.terminate()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-    else:
-        H.write_result(H.result_name("search_context", dev, a.case), out, dev)
+    H.save_result(H.result_name("search_context", dev, a.case), out, a.json, dev)
 
 
 if __name__ == "__main__":

@@ -78,3 +78,20 @@ def test_onnx_models_chart_draws_a_result_with_and_without_per_process_compariso
     png = tmp_path / "onnx_models.png"
     onnx_models.chart(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_save_result_writes_the_named_file_or_the_results_tree(tmp_path, monkeypatch):
+    """--json PATH: the document as it is at PATH (its folder made); otherwise the results tree's file for the
+    machine kind, with the benchmark's name, kind, commit and date first."""
+    import json
+    doc = {"results": [{"name": "x", "value": 1.5, "path": Path("a")}]}
+    path = harness.save_result("demo_bench", doc, str(tmp_path / "sub" / "out.json"))
+    assert path == tmp_path / "sub" / "out.json" and json.loads(path.read_text()) == {
+        "results": [{"name": "x", "value": 1.5, "path": "a"}]}
+    monkeypatch.setattr(harness, "RESULTS", tmp_path / "tree")
+    monkeypatch.setattr(harness, "kind_of", lambda dev=None: "cpu-test-kind")
+    path = harness.save_result("demo_bench", doc)
+    assert path == tmp_path / "tree" / "cpu-test-kind" / "demo_bench.json"
+    saved = json.loads(path.read_text())
+    assert list(saved)[:4] == ["benchmark", "machine_kind", "commit", "date"] and saved["benchmark"] == "demo_bench"
+    assert saved["results"][0]["value"] == 1.5
