@@ -26,7 +26,7 @@ os.environ.pop("MOROK_CACHE", None)
 os.environ.pop("MOROK_DEBUG", None)
 os.environ.pop("MOROK_VALIDATE_WITH_CPU", None)
 
-from morok_py import Buffer, Device, DeviceUnavailableError, MorokError, RuntimeStackConflictError  # noqa: E402
+from morok_py import Buffer, Device, DeviceUnavailableError, MorokError, RuntimeStackConflictError, dtypes  # noqa: E402
 from morok_py.registry import get_device  # noqa: E402
 
 
@@ -229,3 +229,15 @@ def cuda_compile_pair(key: str, arch: str = "sm_90"):
     if why is not None:
         pytest.skip(f"{key} is not usable here: {why}")
     return pairs[key]
+
+
+def run_steps(target, steps, arrays: dict, epilogue_arrays=()):
+    """Launch a plan's kernels in order with scratch buffers between them; the output as numpy."""
+    bufs = {k: target.buf(v) for k, v in arrays.items()}
+    for st in steps:
+        ins = []
+        for role in st.inputs:
+            ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
+        bufs[st.output] = target.empty(st.elements, dtypes.float32)
+        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
+    return bufs["out"].numpy()

@@ -15,21 +15,9 @@ from morok_py.codegen.strategies.conv import (CPU_WINOGRAD_PARTIAL_MAX_THREADS, 
                                               candidate_plans, check_plan, conv_plan, k_run)
 from morok_py.errors import ArgumentError
 
-from conftest import conv_ref, random_array
+from conftest import conv_ref, random_array, run_steps
 
 
-
-
-def run_steps(target, steps, arrays: dict, epilogue_arrays=()):
-    """Launch a plan's kernels in order with scratch buffers between them; the output as numpy."""
-    bufs = {k: target.buf(v) for k, v in arrays.items()}
-    for st in steps:
-        ins = []
-        for role in st.inputs:
-            ins += [target.buf(a) for a in epilogue_arrays] if role == "epilogue" else [bufs[role]]
-        bufs[st.output] = target.empty(st.elements, dtypes.float32)
-        target.compile(st.ast, f"conv_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
-    return bufs["out"].numpy()
 
 
 GEOMETRIES = [

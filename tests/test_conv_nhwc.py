@@ -6,7 +6,6 @@ channels-last, and models through it against the NCHW executor and numpy."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -15,7 +14,7 @@ from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry, channels_last_plan
 from morok_py.errors import ArgumentError, UnknownNameError
 
-from conftest import conv_ref, random_array
+from conftest import conv_ref, random_array, run_steps
 
 
 def _width(target) -> int:
@@ -28,18 +27,12 @@ def _nchw_strides(g: ConvGeometry) -> tuple[int, int, int, int]:
 
 def run_nhwc(target, geo: ConvGeometry, form: str, x: np.ndarray, w: np.ndarray, epilogue=None, operands=(),
              nchw_input: bool = False) -> np.ndarray:
-    """The form's kernels launched in order (scratch buffers between them); the output as NCHW numpy."""
+    """The form's kernels launched in order (conftest.run_steps); the output as NCHW numpy."""
     xs = x if nchw_input else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     steps = KN.conv2d_nhwc_kernels(geo, form, _width(target), dtypes.float32, epilogue,
                                    _nchw_strides(geo) if nchw_input else None)
-    bufs = {"x": target.buf(xs), "w": target.buf(w)}
-    for st in steps:
-        ins = []
-        for role in st.inputs:
-            ins += [target.buf(a) for a in operands] if role == "epilogue" else [bufs[role]]
-        bufs[st.output] = target.empty(st.elements, dtypes.float32)
-        target.compile(st.ast, f"nhwc_{st.name}")(*ins, bufs[st.output], **dict(st.vars))
-    return bufs["out"].numpy().reshape(geo.N, geo.OH, geo.OW, geo.CO).transpose(0, 3, 1, 2)
+    out = run_steps(target, steps, {"x": xs, "w": w}, operands)
+    return out.reshape(geo.N, geo.OH, geo.OW, geo.CO).transpose(0, 3, 1, 2)
 
 
 # (geometry builder from the register tile's width, form, NCHW input): output channels are whole tile widths
