@@ -1,7 +1,7 @@
 """Where a model's CPU replay spends its time, layer by layer, beside onnxruntime's own profiler: which layers lose,
 and how much of each layer's time is its data arriving cold.
 
-    python benchmarks/profile_layers.py [--model resnet50] [--rounds 15] [--tag TAG] [--json OUT.json]
+    python benchmarks/profile_layers.py [--model resnet50] [--rounds 15] [--tag TAG] [--json OUT.json] [--set M.NAME=V]
 
 writes benchmarks/results/<machine kind>/profile_layers-<model>[-TAG].json (--json PATH: there instead).
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import statistics
@@ -158,6 +159,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--tag", default="")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--set", default="", help="';'-separated MODULE.NAME=VALUE (MODULE under morok_py): the executor "
+                                              "built with those constants set (harness.constants)")
     a = ap.parse_args()
     import onnxruntime as ort
 
@@ -165,7 +168,8 @@ def main() -> None:
     model = _named(model)
     data = model.SerializeToString()
     owners, described = _owners(model), _describe(model)
-    nodes, parts, times, ex = morok_launches(model, feeds, a.rounds)
+    with H.constants(a.set) if a.set else contextlib.nullcontext():
+        nodes, parts, times, ex = morok_launches(model, feeds, a.rounds)
     peer = onnxruntime_nodes(data, feeds, a.rounds)
 
     ours: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
@@ -213,7 +217,7 @@ def main() -> None:
               f"{p * 1e3 if p else float('nan'):8.3f} ms  {r['ratio'] or float('nan'):5.2f}x{extra}", flush=True)
 
     from morok_py import Device
-    doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds,
+    doc = {"machine": H.machine(Device["CPU"]), "model": a.model, "rounds": a.rounds, "set": a.set or None,
            "threads": os.environ.get("MOROK_CPU_THREADS"), "cpus": len(os.sched_getaffinity(0)),
            "onnxruntime": ort.__version__, "results": results}
     H.save_result(H.result_name("profile_layers", tag="-".join(p for p in (a.model, a.tag) if p)), doc, a.json)

@@ -326,19 +326,29 @@ def column_panels(K: int, N: int, width: int, ldb: int | None = None, dtype=dtyp
 
 
 def matmul_panels(M: int, N: int, K: int, width: int, dtype=dtypes.float32, epilogue: "Epilogue | None" = None,
-                  batch: int = 1, plane_pads: tuple[int, int] = (0, 0)) -> UOp:
+                  batch: int = 1, plane_pads: tuple[int, int] = (0, 0), splits: int = 1) -> UOp:
     """`matmul` with B stored as column panels ([N / width, K, width], `column_panels`): out[i, p * width + c]
     = sum over k of A[i, k] * panels[p, k, c], then `epilogue` as `matmul`'s. On the CPU `width` is the register
     tile's width: each thread-split unit's tiles read one contiguous panel, a constant right-hand matrix laid out
     so once, where `matmul` reads B's rows in place (a step a row apart) or copies each panel first at every
     launch. `batch` > 1: that many independent products, the outermost range (channels-last Winograd's planes):
     A's planes `plane_pads[0]` elements apart beyond [M, K], the panels' [N / width, K, width] planes adjacent,
-    the outputs' `plane_pads[1]` apart beyond [M, N] (an epilogue then takes no operands). Params: A, panels, the
-    epilogue's operands, C."""
+    the outputs' `plane_pads[1]` apart beyond [M, N] (an epilogue then takes no operands). `splits` > 1: the
+    reduction cut into that many equal runs, part[s, i, col] the sum over run s (the outermost range: each
+    thread-split unit one run of one panel, where a few rows leave fewer panels than workers), no epilogue;
+    `split_rows_sum` adds the runs. Params: A, panels, the epilogue's operands, C (part)."""
     if width < 1 or N % width:
         raise ArgumentError(f"matmul_panels: a width of {width} does not divide {N} columns")
     if batch < 1:
         raise ArgumentError(f"matmul_panels: a batch of {batch}")
+    if splits > 1:
+        if batch > 1 or epilogue:
+            raise ArgumentError(f"matmul_panels: {splits} runs of the reduction take no batch and no epilogue")
+        if not isinstance(K, int) or K % splits:
+            raise ArgumentError(f"matmul_panels: {splits} runs do not divide the reduction of {K}")
+        return _matmul_panels_split(M, N, K, width, as_dtype(dtype), splits)
+    if splits < 1:
+        raise ArgumentError(f"matmul_panels: {splits} runs of the reduction")
     epi = epilogue or Epilogue()
     if batch > 1 and epi.operands:
         raise ArgumentError(f"matmul_panels: a batch of products takes an epilogue without operands, got {epi}")
@@ -360,6 +370,39 @@ def matmul_panels(M: int, N: int, K: int, width: int, dtype=dtypes.float32, epil
         col = p * width + c
         at = s * (_end(M) * N + plane_pads[1]) + i * N + col
     v, nxt = epi.apply(acc, 2, dt, col, at)
+    return UOp.sink(UOp.param(nxt, dt).store(at, v))
+
+
+def _matmul_panels_split(M: int, N: int, K: int, width: int, dt, splits: int) -> UOp:
+    """part[s, i, col] = sum over k in run s of A[i, k] * panels[col // width, k, col % width] (`matmul_panels`)."""
+    M = size(M, "M")
+    Ks = K // splits
+    a, b = UOp.param(0, dt), UOp.param(1, dt)
+    ax = _Axes()
+    s, p, i, c = ax(splits), ax(N // width), ax(M), ax(width)
+    k = ax(Ks, AxisType.REDUCE)
+    kk = s * Ks + k
+    acc = (a.load(i * K + kk) * b.load((p * K + kk) * width + c)).reduce(k)
+    return UOp.sink(UOp.param(2, dt).store((s * _end(M) + i) * N + p * width + c, acc))
+
+
+def split_rows_sum(M: int, N: int, splits: int, dtype=dtypes.float32, epilogue: "Epilogue | None" = None) -> UOp:
+    """out[i, col] = sum over s of part[s, i, col], then `epilogue` (bias per column, tensor operands of out's
+    shape [M, N]): the runs of `matmul_panels(splits=)` added, each row's columns contiguous. Params: part,
+    the epilogue's operands, out."""
+    if splits < 1:
+        raise ArgumentError(f"split_rows_sum: {splits} runs")
+    dt = as_dtype(dtype)
+    M = size(M, "M")
+    ax = _Axes()
+    i, col = ax(M), ax(N)
+    part = UOp.param(0, dt)
+    v = None
+    for s in range(splits):
+        t = part.load((s * _end(M) + i) * N + col)
+        v = t if v is None else v + t
+    at = i * N + col
+    v, nxt = (epilogue or Epilogue()).apply(v, 1, dt, col, at)
     return UOp.sink(UOp.param(nxt, dt).store(at, v))
 
 

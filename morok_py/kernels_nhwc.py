@@ -25,11 +25,11 @@ from .errors import ArgumentError, UnknownNameError
 from .ir import AxisType, UOp
 from .codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry
 from .kernels import (Epilogue, KernelStep, _Axes, _out_size, _sandwich, _winograd, matmul_panels, pool_reduce,
-                      winograd_plane_pad)
+                      split_rows_sum, winograd_plane_pad)
 
 __all__ = ["nhwc_strides", "conv2d_nhwc_kernels", "conv_weights_panels", "pointwise_nhwc", "im2col_nhwc",
            "winograd_input_nhwc", "winograd_weights_panels", "winograd_output_nhwc", "global_pool_nhwc",
-           "winograd_plane_pad"]
+           "winograd_plane_pad", "pad_nhwc", "taps_nhwc"]
 
 
 def nhwc_strides(N: int, C: int, H: int, W: int) -> tuple[int, int, int, int]:
@@ -85,6 +85,51 @@ def im2col_nhwc(N: int, C: int, H: int, W: int, KH: int, KW: int, stride: tuple[
         v = ok.where(v, UOp.const(0, dt))
     K = KH * KW * C
     return UOp.sink(col.store((q * OW + ow) * K + (kh * KW + kw) * C + c, v))
+
+
+def pad_nhwc(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int],
+             in_strides: tuple[int, int, int, int] | None = None, dtype=dtypes.float32) -> UOp:
+    """xp[n, y, x, c] = x[n, c, y - top, x - left], zero outside x: a channels-last copy of x with its
+    padding, [N, H + top + bottom, W + left + right, C], x read through `in_strides` (its (n, c, h, w)
+    element strides; default channels-last). The (image, row) pairs are the outermost range, the channels
+    the innermost. Params: x, xp."""
+    dt = as_dtype(dtype)
+    pt, pl, pb, pr = pads
+    HP, WP = H + pt + pb, W + pl + pr
+    sn, sc, shh, sww = in_strides if in_strides is not None else nhwc_strides(N, C, H, W)
+    ax = _Axes()
+    q, xx, c = ax(N * HP), ax(WP), ax(C)
+    n, y = (q // HP, q % HP) if N > 1 else (UOp.const(0, dtypes.index), q)
+    yi, xi = y - pt, xx - pl
+    ok = (yi >= 0) & (yi < H) & (xi >= 0) & (xi < W)
+    v = UOp.param(0, dt).load(n * sn + c * sc + yi.clamp(0, H - 1) * shh + xi.clamp(0, W - 1) * sww)
+    return UOp.sink(UOp.param(1, dt).store((q * WP + xx) * C + c, ok.where(v, UOp.const(0, dt))))
+
+
+def taps_nhwc(N: int, C: int, HP: int, WP: int, KH: int, KW: int, CO: int, stride: tuple[int, int],
+              dilation: tuple[int, int], width: int, dtype=dtypes.float32) -> UOp:
+    """part[t, (n, oy, ox), co] = sum over c of xp[n, oy * sh + kh * dh, ox * sw + kw * dw, c] *
+    panels[co // width, t * C + c, co % width], t = kh * KW + kw: each tap's contraction over a padded
+    channels-last input ([N, HP, WP, C], `pad_nhwc`) read in place (the row's address computed once per row of
+    a register tile, as `pointwise_nhwc`'s), the weights as `conv_weights_panels` lays them out. The taps are
+    the outermost range: each thread-split unit one tap of one column panel. `kernels.split_rows_sum` adds
+    the taps. Params: xp, panels, part."""
+    if width < 1 or CO % width:
+        raise ArgumentError(f"taps_nhwc: a width of {width} does not divide {CO} output channels")
+    dt = as_dtype(dtype)
+    (sh, sw), (dh, dw) = stride, dilation
+    OH, OW = _out_size(HP, KH, sh, dh, 0, 0), _out_size(WP, KW, sw, dw, 0, 0)
+    if OH < 1 or OW < 1:
+        raise ArgumentError(f"taps_nhwc: a {KH}x{KW} window leaves no output of a {HP}x{WP} input")
+    ax = _Axes()
+    t, p, i, c = ax(KH * KW), ax(CO // width), ax(N * OH * OW), ax(width)
+    k = ax(C, AxisType.REDUCE)
+    n, oy, ox = i // (OH * OW), (i // OW) % OH, i % OW
+    kh, kw = t // KW, t % KW
+    a, b = UOp.param(0, dt), UOp.param(1, dt)
+    at = ((n * HP + oy * sh + kh * dh) * WP + ox * sw + kw * dw) * C + k
+    acc = (a.load(at) * b.load((p * (KH * KW * C) + t * C + k) * width + c)).reduce(k)
+    return UOp.sink(UOp.param(2, dt).store((t * (N * OH * OW) + i) * CO + p * width + c, acc))
 
 
 def winograd_weights_panels(CO: int, C: int, m: int, width: int, dtype=dtypes.float32) -> UOp:
@@ -201,13 +246,14 @@ NHWC_WINOGRAD_TILE = 2      # F(2x2, 3x3), the CPU's NCHW tile (codegen/strategi
 
 def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.float32,
                         epilogue: Epilogue | None = None,
-                        in_strides: tuple[int, int, int, int] | None = None) -> list[KernelStep]:
+                        in_strides: tuple[int, int, int, int] | None = None, runs: int = 1) -> list[KernelStep]:
     """The kernels of a one-group 2-D convolution whose output is stored channels-last ([N, OH, OW, CO]), in
     `form` (codegen/strategies/conv.py's CHANNELS_LAST_FORMS; `channels_last_plan` chooses), the register
     tile `width` columns wide (it divides CO). The input is read through `in_strides` (default
     channels-last; "pointwise" and "winograd" take only that). `epilogue`'s tensor operands are channels-last
     like the output. Steps as `kernels.conv2d_kernels`'s: a weights-only step first (the weights as column
-    panels, or Winograd's transformed panels)."""
+    panels, or Winograd's transformed panels). `runs` > 1 (`channels_last_runs`; the columns form and the stride-1
+    pointwise one): the contraction's reduction cut into that many runs, added by a last step with the epilogue."""
     g = geo
     if form not in CHANNELS_LAST_FORMS:
         raise UnknownNameError(f"unknown channels-last form {form!r}; known: {', '.join(CHANNELS_LAST_FORMS)}")
@@ -238,11 +284,25 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
                            ("prod", "epilogue"), "out", out_n)]
     K = g.C * g.KH * g.KW
     steps = [KernelStep("weights", conv_weights_panels(g.CO, g.C, g.KH, g.KW, width, dt), ("w",), "wt", g.CO * K)]
+    if form == "taps":
+        T = g.KH * g.KW
+        HP, WP = g.H + g.pads[0] + g.pads[2], g.W + g.pads[1] + g.pads[3]
+        return steps + [
+            KernelStep("pad", pad_nhwc(g.N, g.C, g.H, g.W, g.pads, strides, dt), ("x",), "pad", g.N * HP * WP * g.C),
+            KernelStep("gemm", taps_nhwc(g.N, g.C, HP, WP, g.KH, g.KW, g.CO, g.stride, g.dilation, width, dt),
+                       ("pad", "wt"), "part", T * out_n),
+            KernelStep("sum", split_rows_sum(P, g.CO, T, dt, epi), ("part", "epilogue"), "out", out_n)]
     src = "x"
     if form == "im2col":
         steps.append(KernelStep("im2col", im2col_nhwc(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads,
                                                       strides, dt), ("x",), "col", P * K))
         src = "col"
+    if runs > 1:
+        if form == "pointwise" and g.stride != (1, 1):
+            raise ArgumentError(f"channels-last: a strided pointwise layer's contraction is one run, not {runs}")
+        return steps + [KernelStep("gemm", matmul_panels(P, g.CO, K, width, dt, splits=runs), (src, "wt"), "part",
+                                   runs * out_n),
+                        KernelStep("sum", split_rows_sum(P, g.CO, runs, dt, epi), ("part", "epilogue"), "out", out_n)]
     if form == "pointwise" and g.stride != (1, 1):
         gemm = pointwise_nhwc(g.N, g.C, g.H, g.W, g.CO, g.stride, width, dt, epi)
     else:

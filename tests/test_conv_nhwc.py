@@ -11,7 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from morok_py import dtypes, kernels as K, kernels_nhwc as KN
 from morok_py.codegen.capabilities import Capabilities
-from morok_py.codegen.strategies.conv import CHANNELS_LAST_FORMS, ConvGeometry, channels_last_plan
+from morok_py.codegen.strategies import conv as conv_strategy
+from morok_py.codegen.strategies.conv import (CHANNELS_LAST_FORMS, ConvGeometry, channels_last_candidates,
+                                             channels_last_plan, channels_last_runs)
 from morok_py.errors import ArgumentError, UnknownNameError
 
 from conftest import conv_ref, random_array, run_steps
@@ -26,11 +28,11 @@ def _nchw_strides(g: ConvGeometry) -> tuple[int, int, int, int]:
 
 
 def run_nhwc(target, geo: ConvGeometry, form: str, x: np.ndarray, w: np.ndarray, epilogue=None, operands=(),
-             nchw_input: bool = False) -> np.ndarray:
+             nchw_input: bool = False, runs: int = 1) -> np.ndarray:
     """The form's kernels launched in order (conftest.run_steps); the output as NCHW numpy."""
     xs = x if nchw_input else np.ascontiguousarray(x.transpose(0, 2, 3, 1))
     steps = KN.conv2d_nhwc_kernels(geo, form, _width(target), dtypes.float32, epilogue,
-                                   _nchw_strides(geo) if nchw_input else None)
+                                   _nchw_strides(geo) if nchw_input else None, runs)
     out = run_steps(target, steps, {"x": xs, "w": w}, operands)
     return out.reshape(geo.N, geo.OH, geo.OW, geo.CO).transpose(0, 3, 1, 2)
 
@@ -50,12 +52,21 @@ CASES = [
     (lambda wd: ConvGeometry(1, 19, 14, 14, 2 * wd, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)), "winograd", False),
     (lambda wd: ConvGeometry(1, 16, 9, 13, wd, 3, 3, (1, 1), (1, 1), (0, 1, 1, 0)), "winograd", False),
     (lambda wd: ConvGeometry(3, 16, 8, 8, wd, 3, 3, (1, 1), (1, 1), (0, 0, 0, 0)), "winograd", False),
+    # each tap's contraction over a padded copy, the taps added (resnet50's 7x7 stage)
+    (lambda wd: ConvGeometry(1, 37, 7, 7, 2 * wd, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)), "taps", False),
+    (lambda wd: ConvGeometry(2, 21, 13, 13, wd, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), "taps", False),
+    (lambda wd: ConvGeometry(1, 9, 11, 10, wd, 3, 2, (2, 1), (2, 1), (2, 0, 1, 3)), "taps", True),
+    (lambda wd: ConvGeometry(1, 11, 5, 6, wd, 2, 2), "taps", False),
+    # the contraction in runs of its reduction, added with the epilogue
+    (lambda wd: ConvGeometry(1, 24, 7, 7, wd, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)), "im2col", False, 3),
+    (lambda wd: ConvGeometry(2, 40, 5, 3, 2 * wd, 1, 1), "pointwise", False, 5),
+    (lambda wd: ConvGeometry(1, 16, 9, 7, wd, 3, 3, (2, 2), (1, 1), (0, 1, 1, 0)), "im2col", True, 2),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_every_form_matches_numpy_at_every_level(cpu_level, rng, case):
-    build, form, nchw_input = CASES[case]
+    build, form, nchw_input, *runs = CASES[case]
     geo = build(_width(cpu_level))
     x = random_array(rng, (geo.N, geo.C, geo.H, geo.W), np.float32)
     w = random_array(rng, (geo.CO, geo.C, geo.KH, geo.KW), np.float32)
@@ -63,11 +74,11 @@ def test_every_form_matches_numpy_at_every_level(cpu_level, rng, case):
     r = random_array(rng, (geo.N, geo.CO, geo.OH, geo.OW), np.float32)
     want = np.maximum(conv_ref(x, w, None, geo) + b.reshape(1, -1, 1, 1) + r, 0)
     got = run_nhwc(cpu_level, geo, form, x, w, K.Epilogue.of("bias", "add", "relu"),
-                   (b, np.ascontiguousarray(r.transpose(0, 2, 3, 1))), nchw_input)
+                   (b, np.ascontiguousarray(r.transpose(0, 2, 3, 1))), nchw_input, *runs)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_plan_choice_and_refusals():
+def test_plan_choice_and_refusals(monkeypatch):
     cpu = Capabilities(register_tile=(6, 64), tile_lanes=16)
     assert channels_last_plan(ConvGeometry(1, 64, 56, 56, 256, 1, 1), cpu) == "pointwise"
     assert channels_last_plan(ConvGeometry(1, 64, 56, 56, 256, 1, 1), cpu, input_channels_last=False) == "im2col"
@@ -75,10 +86,25 @@ def test_plan_choice_and_refusals():
     # odd output sides, a stride, few channels: the columns
     assert channels_last_plan(ConvGeometry(1, 128, 15, 15, 128, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 128, 56, 56, 128, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "im2col"
-    # columns of few pixels (resnet50's 7x7 3x3 layers: 9 row tiles): NCHW; pointwise ones stay channels-last
-    assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) is None
-    assert channels_last_plan(ConvGeometry(1, 512, 14, 14, 512, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) is None
+    # several taps over few pixels (resnet50's 7x7 3x3 layers: 9 row tiles): each tap's contraction, the taps
+    # added; past CHANNELS_LAST_RUN_MAX input channels the columns in runs; pointwise ones stay one run
+    few7 = ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
+    few14 = ConvGeometry(1, 512, 14, 14, 512, 3, 3, (2, 2), pads=(1, 1, 1, 1))
+    assert channels_last_plan(few7, cpu) == channels_last_plan(few14, cpu) == "taps"
+    assert channels_last_candidates(few7, cpu) == ["taps", "im2col"]
+    assert channels_last_runs(few7, cpu, "taps") == 1 and channels_last_runs(few7, cpu, "im2col") == 8
+    wide = ConvGeometry(1, 1024, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
+    assert channels_last_plan(wide, cpu) == "im2col" and channels_last_runs(wide, cpu, "im2col") == 16
+    assert channels_last_runs(ConvGeometry(1, 2048, 7, 7, 512, 1, 1), cpu, "pointwise") == 1
     assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
+    assert channels_last_runs(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu, "im2col") == 1
+    with monkeypatch.context() as m:
+        m.setattr(conv_strategy, "CHANNELS_LAST_TAPS", False)
+        assert channels_last_plan(few7, cpu) == "im2col"
+    with monkeypatch.context() as m:
+        m.setattr(conv_strategy, "CHANNELS_LAST_RUN_MAX", 0)
+        assert channels_last_plan(few7, cpu) is None and channels_last_plan(few14, cpu) is None
+        assert channels_last_runs(few7, cpu, "im2col") == 1
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu) == "pointwise"
     assert channels_last_plan(ConvGeometry(1, 512, 7, 7, 2048, 1, 1), cpu, input_channels_last=False) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 1024, 14, 14, 2048, 1, 1, (2, 2)), cpu) == "pointwise"
@@ -91,7 +117,7 @@ def test_plan_choice_and_refusals():
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 64, 3, 3, groups=2), cpu) is None
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 64, 1, 1), cpu, itemsize=2) is None
     assert channels_last_plan(ConvGeometry(1, 64, 8, 8, 96, 1, 1), cpu) is None
-    assert set(CHANNELS_LAST_FORMS) == {"pointwise", "winograd", "im2col"}
+    assert set(CHANNELS_LAST_FORMS) == {"pointwise", "winograd", "im2col", "taps"}
 
 
 def test_kernel_arguments_are_checked():
@@ -106,6 +132,16 @@ def test_kernel_arguments_are_checked():
         KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 7, 7, 64, 3, 3, pads=(1, 1, 1, 1)), "winograd", 64)
     with pytest.raises(ArgumentError, match="unpadded 1x1"):
         KN.conv2d_nhwc_kernels(g, "pointwise", 64)
+    with pytest.raises(ArgumentError, match="does not divide"):
+        KN.conv2d_nhwc_kernels(g, "taps", 48)
+    with pytest.raises(ArgumentError, match="one run"):
+        KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 8, 8, 64, 1, 1, (2, 2)), "pointwise", 64, runs=2)
+    with pytest.raises(ArgumentError, match="3 runs do not divide"):
+        K.matmul_panels(4, 64, 8, 64, splits=3)
+    with pytest.raises(ArgumentError, match="no batch and no epilogue"):
+        K.matmul_panels(4, 64, 8, 64, splits=2, epilogue=K.Epilogue.of("relu"))
+    with pytest.raises(ArgumentError, match="0 runs"):
+        K.matmul_panels(4, 64, 8, 64, splits=0)
     with pytest.raises(ArgumentError, match="stride-1 3x3"):
         KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 8, 8, 64, 1, 1), "winograd", 64)
     with pytest.raises(ArgumentError, match="one group"):

@@ -35,7 +35,8 @@ from morok_py import config, kernels as K, kernels_nhwc as KN
 from morok_py.buffer import Buffer
 from morok_py.codegen.capabilities import Capabilities
 from morok_py.codegen.schedule import conv_plan, search_plan
-from morok_py.codegen.strategies.conv import ConvGeometry, channels_last_candidates, channels_last_plan
+from morok_py.codegen.strategies.conv import (ConvGeometry, channels_last_candidates, channels_last_plan,
+                                             channels_last_runs)
 from morok_py.dtypes import dtypes
 
 from morok_py.onnx.errors import OnnxError
@@ -748,7 +749,8 @@ def _choose_form(ctx, geo, epi, x: View, w: View, extra: list[View], out: View, 
     tx, textra = _stand_ins(x, extra)
 
     def time_form(form: str) -> float:
-        steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, tuple(tx.strides))
+        steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, tuple(tx.strides),
+                                       channels_last_runs(geo, caps, form))
         return _time_runs(_launches_timer(ctx, _step_launches(ctx, steps, tx, w, textra, out)))
     return search_plan(geo, caps, time_form, ("channels-last", str(epi), getattr(ctx.k.dev, "name", "")),
                        candidates=forms)
@@ -770,9 +772,11 @@ def _conv_nhwc(ctx, ins, a, geo, epi, has_bias: bool) -> list[View]:
     extra = ([ins[2]] if has_bias else []) + [_nhwc_operand(ctx, v, out.shape) for v in ins[2 + has_bias:]]
     width = _caps(ctx).register_tile[1]
     form, times = _choose_form(ctx, geo, epi, x, ins[1], extra, out, width)
-    _say(ctx.name, f"conv: channels-last {form}, epilogue {epi}" + ("" if _is_nhwc(ins[0]) else ", input NCHW") + (
+    runs = channels_last_runs(geo, _caps(ctx), form)
+    _say(ctx.name, f"conv: channels-last {form}" + (f" in {runs} runs" if runs > 1 else "") + f", epilogue {epi}" + (
+        "" if _is_nhwc(ins[0]) else ", input NCHW") + (
         "; searched " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()) if times else ""))
-    steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides)
+    steps = KN.conv2d_nhwc_kernels(geo, form, width, dtypes.float32, epi, strides, runs)
     for st, args in _step_launches(ctx, steps, x, ins[1], extra, out):
         ctx.k.launch(ctx.n(st.name), st.ast, args, **dict(st.vars))
     return [out]

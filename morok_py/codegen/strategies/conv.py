@@ -300,13 +300,15 @@ K_RUN_MIN_K = 4096
 K_RUN_MAX = 576
 
 
-def k_run(K: int) -> int:
-    """The run length of a pixel_rows reduction of K steps: K cut into the fewest equal runs of at most
-    K_RUN_MAX steps (a multiple of 8 each), or 0 (one run) where K is that short or no such cut exists."""
-    if K <= K_RUN_MAX:
+def k_run(K: int, most: int = 0) -> int:
+    """The run length of a reduction of K steps: K cut into the fewest equal runs of at most `most` steps
+    (default K_RUN_MAX, pixel_rows'; a multiple of 8 each), or 0 (one run) where K is that short or no such
+    cut exists."""
+    most = most or K_RUN_MAX
+    if K <= most:
         return 0
     for runs in range(2, K // 8 + 1):
-        if K % runs == 0 and K // runs <= K_RUN_MAX and (K // runs) % 8 == 0:
+        if K % runs == 0 and K // runs <= most and (K // runs) % 8 == 0:
             return K // runs
     return 0
 
@@ -553,30 +555,42 @@ def conv_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4, static_b
 # channels-last (kernels_nhwc.py): the forms of a one-group float32 layer whose activations are stored [N, H, W, C]
 # on a CPU with a register tile of lane vectors: "pointwise" (an unpadded 1x1 layer over a channels-last input: the
 # input itself is the contraction's left operand, a strided layer's rows every stride-th pixel's), "winograd" (F(2x2, 3x3) for stride-1 3x3 layers whose output
-# sides are even and whose input has at least CHANNELS_LAST_WINOGRAD_MIN_CHANNELS channels) and "im2col" (every
-# other layer: the [pixels, taps x channels] columns, then the contraction)
+# sides are even and whose input has at least CHANNELS_LAST_WINOGRAD_MIN_CHANNELS channels), "taps" (a layer of
+# several taps and few pixels, below) and "im2col" (every other layer: the [pixels, taps x channels] columns, then
+# the contraction)
 CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
 # a strided 1x1 layer reads its input's pixels in place (a row's address computed once per row of the tile) instead
 # of copying them into columns first
 CHANNELS_LAST_STRIDED_POINTWISE = True
-CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col")
-# ... and none for a layer of several taps whose pixels fill fewer than this many of the register tile's rows: its
-# columns' contraction is few row tiles over a long reduction (resnet50's 7x7 3x3 layers: 49 pixels, 9 row tiles of
-# 6, 4608 steps), which the NCHW plans split better. On the 16-core Xeon, resnet50 in launch order (profile_layers
-# at b839d26, channels-last): the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53,
-# against 0.32 / 0.32 / 0.35 for the NCHW plans (profile_layers at 1155f76); alone and hot the 7x7 one 0.41
-# against phases_flat's 0.33 (0.90x of it on the 2-vCPU Xeon). A 1x1 layer keeps the form: the stride-2 one into
-# 7x7 took 0.33 ms channels-last, and 0.36 as NCHW plus 0.11 turning its input and its reader's residual around
-# (profile_layers at 68bf954)
+CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col", "taps")
+# ... a layer of several taps whose pixels fill fewer than CHANNELS_LAST_MIN_ROW_TILES rows of the register tile
+# (resnet50's 7x7 stage: 49 pixels, 9 row tiles of 6, 4608 steps) does not contract its columns whole: few row tiles
+# over a long reduction left most workers idle or re-reading their weight panel from L3 (on the 16-core Xeon, in
+# launch order: the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53 ms, profile_layers
+# at b839d26). It takes "taps" where it has at most CHANNELS_LAST_RUN_MAX input channels: a zero-padded
+# channels-last copy of its input, each tap's contraction over it read in place (every thread-split unit one tap of
+# one column panel: a panel run of C steps that stays in the core's L2, every weight read once), the taps added by
+# a last kernel with the epilogue; else (CHANNELS_LAST_TAPS off, or more channels) its columns are contracted in
+# runs of at most CHANNELS_LAST_RUN_MAX steps the same way (`channels_last_runs`). benchmarks/model_variants.py,
+# resnet50 (model_variants-runs.json): on the 16-core Xeon the taps' replay 1.056x of the NCHW plans' these layers
+# had before (CHANNELS_LAST_RUN_MAX 0; 17 rounds, faster in 12), the columns in runs 1.002x of the taps (a tie);
+# the same on the 2-vCPU Xeon 1.010x and 1.000x (11 rounds). Per layer on the 16-core Xeon in launch order
+# (profile_layers): the 3x3 512 -> 512 layers at 7x7 0.29 / 0.28 ms against onnxruntime's 0.31 / 0.33, the stride-2
+# one 0.29 against 0.27. A 1x1 layer's contraction stays one run: its 4 runs were 0.989x of one on the 16-core Xeon
+# (noise) and 1.038x on the 2-vCPU one (each of 8 column panels already a worker's; the runs' partial sums cost).
+# CHANNELS_LAST_RUN_MAX 0: neither, such layers run NCHW
 CHANNELS_LAST_MIN_ROW_TILES = 16
+CHANNELS_LAST_RUN_MAX = 576
+CHANNELS_LAST_TAPS = True
 
 
 def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
                        input_channels_last: bool = True) -> "str | None":
     """The channels-last form of this layer (one of CHANNELS_LAST_FORMS), or None where there is none: a GPU,
-    groups, 16-bit elements, output channels the register tile's width does not divide, columns of too few
-    pixels (CHANNELS_LAST_MIN_ROW_TILES). A pointwise layer over an NCHW input takes the columns (turning the
-    input around)."""
+    groups, 16-bit elements, output channels the register tile's width does not divide, a layer of several taps
+    and few pixels (CHANNELS_LAST_MIN_ROW_TILES) where CHANNELS_LAST_RUN_MAX is 0. A pointwise layer over an NCHW
+    input takes the columns (turning the input around), and so does a layer of few pixels whose taps the "taps"
+    form does not take (`channels_last_runs` cuts its contraction into runs)."""
     if caps.has_local or not caps.register_tile or not caps.tile_lanes or itemsize != 4 or geo.groups != 1:
         return None
     if geo.CO % caps.register_tile[1]:
@@ -587,19 +601,37 @@ def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
     if (geo.KH, geo.KW) == (3, 3) and geo.stride == (1, 1) and geo.dilation == (1, 1) and geo.OH % 2 == 0 \
             and geo.OW % 2 == 0 and geo.C >= CHANNELS_LAST_WINOGRAD_MIN_CHANNELS and input_channels_last:
         return "winograd"
-    if -(-geo.N * geo.OH * geo.OW // caps.register_tile[0]) < CHANNELS_LAST_MIN_ROW_TILES and geo.KH * geo.KW > 1:
-        return None
+    if _few_rows(geo, caps) and geo.KH * geo.KW > 1:
+        if not CHANNELS_LAST_RUN_MAX:
+            return None
+        if CHANNELS_LAST_TAPS and geo.C <= CHANNELS_LAST_RUN_MAX:
+            return "taps"
     return "im2col"
+
+
+def _few_rows(geo: ConvGeometry, caps: Capabilities) -> bool:
+    return -(-geo.N * geo.OH * geo.OW // caps.register_tile[0]) < CHANNELS_LAST_MIN_ROW_TILES
+
+
+def channels_last_runs(geo: ConvGeometry, caps: Capabilities, form: str) -> int:
+    """The runs a channels-last layer's contraction is cut into (1: none): for the columns of a layer of
+    several taps and few pixels (CHANNELS_LAST_MIN_ROW_TILES), the fewest equal runs of at most
+    CHANNELS_LAST_RUN_MAX steps (`k_run`)."""
+    if not CHANNELS_LAST_RUN_MAX or not caps.register_tile or form != "im2col" or geo.KH * geo.KW == 1 \
+            or not _few_rows(geo, caps):
+        return 1
+    run = k_run(geo.C * geo.KH * geo.KW, CHANNELS_LAST_RUN_MAX)
+    return geo.C * geo.KH * geo.KW // run if run else 1
 
 
 def channels_last_candidates(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
                              input_channels_last: bool = True) -> list[str]:
     """The channels-last forms MOROK_BEAM times for this layer, `channels_last_plan`'s first ([] where there is
-    none): a Winograd layer also through columns."""
+    none): a Winograd or taps layer also through columns."""
     form = channels_last_plan(geo, caps, itemsize, input_channels_last)
     if form is None:
         return []
-    return [form, "im2col"] if form == "winograd" else [form]
+    return [form, "im2col"] if form in ("winograd", "taps") else [form]
 
 
 # a strided one-group layer of at most DIRECT_PHASES_MAX_CHANNELS input channels and at least DIRECT_PHASES_MIN_TAPS
