@@ -86,14 +86,14 @@ def test_plan_choice_and_refusals(monkeypatch):
     # odd output sides, a stride, few channels: the columns
     assert channels_last_plan(ConvGeometry(1, 128, 17, 17, 128, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(1, 128, 56, 56, 128, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "im2col"
-    # several taps over few pixels (resnet50's 7x7 3x3 layers: 9 row tiles; its stride-2 ones into 7x7 and 14x14):
+    # several taps over few pixels (resnet50's 7x7 3x3 layers: 9 row tiles; the stride-2 one into 7x7):
     # each tap's contraction, the taps added; past CHANNELS_LAST_RUN_MAX input channels the columns in runs;
     # pointwise ones stay one run
     few7 = ConvGeometry(1, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
     few14 = ConvGeometry(1, 512, 14, 14, 512, 3, 3, (2, 2), pads=(1, 1, 1, 1))
     assert channels_last_plan(few7, cpu) == channels_last_plan(few14, cpu) == "taps"
-    assert channels_last_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "taps"
-    assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "taps"
+    assert channels_last_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "im2col"
+    assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_candidates(few7, cpu) == ["taps", "im2col"]
     assert channels_last_runs(few7, cpu, "taps") == 1 and channels_last_runs(few7, cpu, "im2col") == 8
     wide = ConvGeometry(1, 1024, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))

@@ -564,8 +564,7 @@ CHANNELS_LAST_WINOGRAD_MIN_CHANNELS = 16
 CHANNELS_LAST_STRIDED_POINTWISE = True
 CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col", "taps")
 # ... a layer of several taps whose pixels fill fewer than CHANNELS_LAST_MIN_ROW_TILES rows of the register tile
-# (resnet50's 7x7 stage, 9 row tiles of 6 over 4608 steps, and its stride-2 layer into 14x14, 33 row tiles over
-# 2304 steps) does not contract its columns whole: few row tiles
+# (resnet50's 7x7 stage: 49 pixels, 9 row tiles of 6, 4608 steps) does not contract its columns whole: few row tiles
 # over a long reduction left most workers idle or re-reading their weight panel from L3 (on the 16-core Xeon, in
 # launch order: the 512 -> 512 3x3 layers at 7x7 0.60 / 0.58 ms and the stride-2 one into 7x7 0.53 ms, profile_layers
 # at b839d26). It takes "taps" where it has at most CHANNELS_LAST_RUN_MAX input channels: a zero-padded
@@ -573,17 +572,19 @@ CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col", "taps")
 # one column panel: a panel run of C steps that stays in the core's L2, every weight read once), the taps added by
 # a last kernel with the epilogue; else (CHANNELS_LAST_TAPS off, or more channels) its columns are contracted in
 # runs of at most CHANNELS_LAST_RUN_MAX steps the same way (`channels_last_runs`). benchmarks/model_variants.py,
-# resnet50 (model_variants-runs.json): on the 16-core Xeon the taps' replay 1.056x of the NCHW plans' these layers
-# had before (CHANNELS_LAST_RUN_MAX 0; 17 rounds, faster in 12), the columns in runs 1.002x of the taps (a tie);
-# the same on the 2-vCPU Xeon 1.010x and 1.000x (11 rounds). Per layer on the 16-core Xeon in launch order
-# (profile_layers): the 3x3 512 -> 512 layers at 7x7 0.29 / 0.28 ms against onnxruntime's 0.31 / 0.33, the stride-2
-# one 0.29 against 0.27. Up to 40 row tiles (the stride-2 layer into 14x14 too; 16 before): 1.021x of 16 on the
-# 16-core Xeon (17 rounds, faster in 14), the layer alone and hot 1.09x-1.11x of its columns on the 2-vCPU Xeon
-# (whole replays there 1.010x, the host's noise); 140 (the stride-2 layer into 28x28 too) 1.010x on the 16-core
-# Xeon, 1.036x on the 2-vCPU one. A 1x1 layer's contraction stays one run: its 4 runs were 0.989x of one on the 16-core Xeon
-# (noise) and 1.038x on the 2-vCPU one (each of 8 column panels already a worker's; the runs' partial sums cost).
+# resnet50's replay on the 16-core Xeon (model_variants-runs.json, at 837cf5e): against CHANNELS_LAST_RUN_MAX 0 (the
+# NCHW plans these layers had) 1.008x in 17 rounds (faster in 11; 1.056x and, at 068231a, 1.095x in 21 rounds on
+# other instances), the columns in runs instead of taps 0.993x (a tie; 1.000x on the 2-vCPU Xeon, where RUN_MAX 0
+# read 0.994x-1.010x). Per layer on the 16-core Xeon in launch order (profile_layers): the 3x3 512 -> 512 layers at
+# 7x7 0.29 / 0.28 ms against onnxruntime's 0.31 / 0.33, the stride-2 one into 7x7 0.29 against 0.27 (NCHW before:
+# 0.32-0.39). Up to 40 row tiles (the stride-2 layer into 14x14 as taps too) read as noise: at 837cf5e 40 took
+# 0.979x of 16's time on the 16-core Xeon (17 rounds); at 068231a, 40 the default (model_variants-min-row-tiles.json
+# for each Xeon), 16 took 0.976x of 40's there (21 rounds) and 0.956x on the 2-vCPU one (11 rounds, faster in 7), that
+# layer alone and hot ran 1.09x-1.11x faster as taps there. A 1x1 layer's contraction stays one run: 4 runs took
+# 0.989x of one on the 16-core Xeon (noise) and 1.038x on the 2-vCPU one (each of 8 column panels already a
+# worker's; the runs' partial sums cost).
 # CHANNELS_LAST_RUN_MAX 0: neither, such layers run NCHW
-CHANNELS_LAST_MIN_ROW_TILES = 40
+CHANNELS_LAST_MIN_ROW_TILES = 16
 CHANNELS_LAST_RUN_MAX = 576
 CHANNELS_LAST_TAPS = True
 
