@@ -107,13 +107,14 @@ def pad_nhwc(N: int, C: int, H: int, W: int, pads: tuple[int, int, int, int],
 
 
 def taps_nhwc(N: int, C: int, HP: int, WP: int, KH: int, KW: int, CO: int, stride: tuple[int, int],
-              dilation: tuple[int, int], width: int, dtype=dtypes.float32) -> UOp:
+              dilation: tuple[int, int], width: int, dtype=dtypes.float32, runs: int = 0) -> UOp:
     """part[t, (n, oy, ox), co] = sum over c of xp[n, oy * sh + kh * dh, ox * sw + kw * dw, c] *
     panels[co // width, t * C + c, co % width], t = kh * KW + kw: each tap's contraction over a padded
     channels-last input ([N, HP, WP, C], `pad_nhwc`) read in place (the row's address computed once per row of
     a register tile, as `pointwise_nhwc`'s), the weights as `conv_weights_panels` lays them out. The taps are
-    the outermost range: each thread-split unit one tap of one column panel. `kernels.split_rows_sum` adds
-    the taps. Params: xp, panels, part."""
+    the outermost range: each thread-split unit one tap of one column panel. `runs` KH (a horizontal dilation
+    of 1): a kernel row's taps are one run, part[kh, ...] the sum over (kw, c), KW * C neighbouring input
+    elements; 0 or KH * KW: a run a tap. `kernels.split_rows_sum` adds the runs. Params: xp, panels, part."""
     if width < 1 or CO % width:
         raise ArgumentError(f"taps_nhwc: a width of {width} does not divide {CO} output channels")
     dt = as_dtype(dtype)
@@ -121,14 +122,19 @@ def taps_nhwc(N: int, C: int, HP: int, WP: int, KH: int, KW: int, CO: int, strid
     OH, OW = _out_size(HP, KH, sh, dh, 0, 0), _out_size(WP, KW, sw, dw, 0, 0)
     if OH < 1 or OW < 1:
         raise ArgumentError(f"taps_nhwc: a {KH}x{KW} window leaves no output of a {HP}x{WP} input")
+    T = runs or KH * KW
+    if T not in (KH * KW, KH) or (T != KH * KW and dilation[1] != 1):
+        raise ArgumentError(f"taps_nhwc: {T} runs of a {KH}x{KW} kernel (a tap each, or a kernel row each where the "
+                            f"row's taps are neighbours)")
+    run = KH * KW * C // T
     ax = _Axes()
-    t, p, i, c = ax(KH * KW), ax(CO // width), ax(N * OH * OW), ax(width)
-    k = ax(C, AxisType.REDUCE)
+    t, p, i, c = ax(T), ax(CO // width), ax(N * OH * OW), ax(width)
+    k = ax(run, AxisType.REDUCE)
     n, oy, ox = i // (OH * OW), (i // OW) % OH, i % OW
-    kh, kw = t // KW, t % KW
+    kh, kw = (t, 0) if T == KH and KW > 1 else (t // KW, t % KW)
     a, b = UOp.param(0, dt), UOp.param(1, dt)
     at = ((n * HP + oy * sh + kh * dh) * WP + ox * sw + kw * dw) * C + k
-    acc = (a.load(at) * b.load((p * (KH * KW * C) + t * C + k) * width + c)).reduce(k)
+    acc = (a.load(at) * b.load((p * (KH * KW * C) + t * run + k) * width + c)).reduce(k)
     return UOp.sink(UOp.param(2, dt).store((t * (N * OH * OW) + i) * CO + p * width + c, acc))
 
 
@@ -253,7 +259,8 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
     channels-last; "pointwise" and "winograd" take only that). `epilogue`'s tensor operands are channels-last
     like the output. Steps as `kernels.conv2d_kernels`'s: a weights-only step first (the weights as column
     panels, or Winograd's transformed panels). `runs` > 1 (`channels_last_runs`; the columns form and the stride-1
-    pointwise one): the contraction's reduction cut into that many runs, added by a last step with the epilogue."""
+    pointwise one): the contraction's reduction cut into that many runs, added by a last step with the epilogue;
+    the taps form's partial sums (`taps_nhwc`: KH, one a kernel row, or 1 or KH * KW, one a tap)."""
     g = geo
     if form not in CHANNELS_LAST_FORMS:
         raise UnknownNameError(f"unknown channels-last form {form!r}; known: {', '.join(CHANNELS_LAST_FORMS)}")
@@ -285,11 +292,11 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
     K = g.C * g.KH * g.KW
     steps = [KernelStep("weights", conv_weights_panels(g.CO, g.C, g.KH, g.KW, width, dt), ("w",), "wt", g.CO * K)]
     if form == "taps":
-        T = g.KH * g.KW
+        T = runs if runs > 1 else g.KH * g.KW
         HP, WP = g.H + g.pads[0] + g.pads[2], g.W + g.pads[1] + g.pads[3]
         return steps + [
             KernelStep("pad", pad_nhwc(g.N, g.C, g.H, g.W, g.pads, strides, dt), ("x",), "pad", g.N * HP * WP * g.C),
-            KernelStep("gemm", taps_nhwc(g.N, g.C, HP, WP, g.KH, g.KW, g.CO, g.stride, g.dilation, width, dt),
+            KernelStep("gemm", taps_nhwc(g.N, g.C, HP, WP, g.KH, g.KW, g.CO, g.stride, g.dilation, width, dt, T),
                        ("pad", "wt"), "part", T * out_n),
             KernelStep("sum", split_rows_sum(P, g.CO, T, dt, epi), ("part", "epilogue"), "out", out_n)]
     src = "x"

@@ -57,6 +57,10 @@ CASES = [
     (lambda wd: ConvGeometry(2, 21, 13, 13, wd, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), "taps", False),
     (lambda wd: ConvGeometry(1, 9, 11, 10, wd, 3, 2, (2, 1), (2, 1), (2, 0, 1, 3)), "taps", True),
     (lambda wd: ConvGeometry(1, 11, 5, 6, wd, 2, 2), "taps", False),
+    (lambda wd: ConvGeometry(1, 37, 7, 7, 2 * wd, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)), "taps", False, 3),  # a row a run
+    (lambda wd: ConvGeometry(2, 21, 13, 13, wd, 3, 3, (2, 2), (1, 1), (1, 1, 1, 1)), "taps", False, 3),
+    (lambda wd: ConvGeometry(1, 9, 11, 10, wd, 3, 2, (2, 1), (2, 1), (2, 0, 1, 3)), "taps", True, 3),
+    (lambda wd: ConvGeometry(1, 6, 9, 12, wd, 2, 3, (1, 2), (1, 2), (1, 2, 0, 2)), "taps", False, 6),
     # the contraction in runs of its reduction, added with the epilogue
     (lambda wd: ConvGeometry(1, 24, 7, 7, wd, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1)), "im2col", False, 3),
     (lambda wd: ConvGeometry(2, 40, 5, 3, 2 * wd, 1, 1), "pointwise", False, 5),
@@ -95,7 +99,8 @@ def test_plan_choice_and_refusals(monkeypatch):
     assert channels_last_plan(ConvGeometry(1, 256, 28, 28, 256, 3, 3, (2, 2), pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_candidates(few7, cpu) == ["taps", "im2col"]
-    assert channels_last_runs(few7, cpu, "taps") == 1 and channels_last_runs(few7, cpu, "im2col") == 8
+    assert channels_last_runs(few7, cpu, "taps") == 3 and channels_last_runs(few7, cpu, "im2col") == 8
+    assert channels_last_runs(ConvGeometry(1, 64, 7, 7, 64, 3, 3, dilation=(1, 2), pads=(1, 2, 1, 2)), cpu, "taps") == 9
     wide = ConvGeometry(1, 1024, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
     assert channels_last_plan(wide, cpu) == "im2col" and channels_last_runs(wide, cpu, "im2col") == 16
     assert channels_last_runs(ConvGeometry(1, 2048, 7, 7, 512, 1, 1), cpu, "pointwise") == 1
@@ -104,6 +109,9 @@ def test_plan_choice_and_refusals(monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(conv_strategy, "CHANNELS_LAST_TAPS", False)
         assert channels_last_plan(few7, cpu) == "im2col"
+    with monkeypatch.context() as m:
+        m.setattr(conv_strategy, "CHANNELS_LAST_TAP_ROWS", False)
+        assert channels_last_runs(few7, cpu, "taps") == 9
     with monkeypatch.context() as m:
         m.setattr(conv_strategy, "CHANNELS_LAST_RUN_MAX", 0)
         assert channels_last_plan(few7, cpu) is None and channels_last_plan(few14, cpu) is None
@@ -137,6 +145,8 @@ def test_kernel_arguments_are_checked():
         KN.conv2d_nhwc_kernels(g, "pointwise", 64)
     with pytest.raises(ArgumentError, match="does not divide"):
         KN.conv2d_nhwc_kernels(g, "taps", 48)
+    with pytest.raises(ArgumentError, match="a kernel row each where"):
+        KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 8, 8, 64, 3, 3, dilation=(1, 2), pads=(1, 2, 1, 2)), "taps", 64, runs=3)
     with pytest.raises(ArgumentError, match="one run"):
         KN.conv2d_nhwc_kernels(ConvGeometry(1, 8, 8, 8, 64, 1, 1, (2, 2)), "pointwise", 64, runs=2)
     with pytest.raises(ArgumentError, match="3 runs do not divide"):

@@ -587,6 +587,7 @@ CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col", "taps")
 CHANNELS_LAST_MIN_ROW_TILES = 16
 CHANNELS_LAST_RUN_MAX = 576
 CHANNELS_LAST_TAPS = True
+CHANNELS_LAST_TAP_ROWS = True
 
 
 def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
@@ -622,6 +623,8 @@ def channels_last_runs(geo: ConvGeometry, caps: Capabilities, form: str) -> int:
     """The runs a channels-last layer's contraction is cut into (1: none): for the columns of a layer of
     several taps and few pixels (CHANNELS_LAST_MIN_ROW_TILES), the fewest equal runs of at most
     CHANNELS_LAST_RUN_MAX steps (`k_run`)."""
+    if form == "taps":
+        return geo.KH if CHANNELS_LAST_TAP_ROWS and geo.dilation[1] == 1 else geo.KH * geo.KW
     if not CHANNELS_LAST_RUN_MAX or not caps.register_tile or form != "im2col" or geo.KH * geo.KW == 1 \
             or not _few_rows(geo, caps):
         return 1
