@@ -5,6 +5,8 @@ runs, with the epilogue's bias and a channels-last residual; the choice of form 
 channels-last, and models through it against the NCHW executor and numpy."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -100,6 +102,9 @@ def test_plan_choice_and_refusals(monkeypatch):
     assert channels_last_plan(ConvGeometry(2, 512, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1)), cpu) == "im2col"
     assert channels_last_candidates(few7, cpu) == ["taps", "im2col"]
     assert channels_last_runs(few7, cpu, "taps") == 3 and channels_last_runs(few7, cpu, "im2col") == 8
+    # a kernel row a run where its units (8 panels x 3 rows) are at least 2 per worker; else a tap a run
+    assert channels_last_runs(few7, replace(cpu, threads=12), "taps") == 3
+    assert channels_last_runs(few7, replace(cpu, threads=16), "taps") == 9
     assert channels_last_runs(ConvGeometry(1, 64, 7, 7, 64, 3, 3, dilation=(1, 2), pads=(1, 2, 1, 2)), cpu, "taps") == 9
     wide = ConvGeometry(1, 1024, 7, 7, 512, 3, 3, pads=(1, 1, 1, 1))
     assert channels_last_plan(wide, cpu) == "im2col" and channels_last_runs(wide, cpu, "im2col") == 16

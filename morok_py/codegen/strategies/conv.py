@@ -587,7 +587,16 @@ CHANNELS_LAST_FORMS = ("pointwise", "winograd", "im2col", "taps")
 CHANNELS_LAST_MIN_ROW_TILES = 16
 CHANNELS_LAST_RUN_MAX = 576
 CHANNELS_LAST_TAPS = True
+# the taps form's runs: a kernel row's taps one run (KH partial sums, not KH * KW: less to write and add) where its
+# pixels are neighbours and the rows' units, column panels x KH, are at least CHANNELS_LAST_TAP_ROW_UNITS per worker;
+# fewer, a run a tap (more units to balance). benchmarks/model_variants.py on the 16-core Xeon
+# (model_variants-taps.json, at 112c5e6 where every taps layer took rows): a run a tap 0.978x of rows' time (17
+# rounds, faster in 10; resnet50's 7x7 3x3 layers, 24 row units for 16 workers, alone and hot 0.195 against 0.224
+# ms); on the 2-vCPU Xeon (two workers, 12 row units each), each layer's kernels alone and hot, interleaved, best of
+# 9 (no file kept): rows 1.31 against 1.34 ms for the stride-2 512-channel layer into 7x7, 1.21 against 1.22 for a
+# 7x7 one, 1.25 against 1.47 for the stride-2 256-channel one into 14x14
 CHANNELS_LAST_TAP_ROWS = True
+CHANNELS_LAST_TAP_ROW_UNITS = 2
 
 
 def channels_last_plan(geo: ConvGeometry, caps: Capabilities, itemsize: int = 4,
@@ -622,9 +631,12 @@ def _few_rows(geo: ConvGeometry, caps: Capabilities) -> bool:
 def channels_last_runs(geo: ConvGeometry, caps: Capabilities, form: str) -> int:
     """The runs a channels-last layer's contraction is cut into (1: none): for the columns of a layer of
     several taps and few pixels (CHANNELS_LAST_MIN_ROW_TILES), the fewest equal runs of at most
-    CHANNELS_LAST_RUN_MAX steps (`k_run`)."""
+    CHANNELS_LAST_RUN_MAX steps (`k_run`); for the taps form KH (a kernel row each) or KH * KW (a tap each),
+    CHANNELS_LAST_TAP_ROWS' rule for the target's workers."""
     if form == "taps":
-        return geo.KH if CHANNELS_LAST_TAP_ROWS and geo.dilation[1] == 1 else geo.KH * geo.KW
+        units = geo.CO // caps.register_tile[1] * geo.KH if caps.register_tile else 0
+        rows = CHANNELS_LAST_TAP_ROWS and geo.dilation[1] == 1 and units >= CHANNELS_LAST_TAP_ROW_UNITS * caps.threads
+        return geo.KH if rows else geo.KH * geo.KW
     if not CHANNELS_LAST_RUN_MAX or not caps.register_tile or form != "im2col" or geo.KH * geo.KW == 1 \
             or not _few_rows(geo, caps):
         return 1
