@@ -308,8 +308,9 @@ def test_models_match_the_nchw_executor(rng, monkeypatch, tail, wide):
 
 
 def test_morok_beam_times_the_channels_last_forms(rng, monkeypatch, capfd):
-    """Under MOROK_BEAM a channels-last stride-1 3x3 layer times its Winograd and columns forms (stand-in
-    inputs, as the NCHW plans' search), MOROK_DEBUG prints both times, and the model still matches."""
+    """Under MOROK_BEAM a channels-last stride-1 3x3 layer times its Winograd and columns forms, and a layer of
+    few pixels its taps and columns (stand-in inputs, as the NCHW plans' search), MOROK_DEBUG prints both times,
+    and the model still matches."""
     from onnx.reference import ReferenceEvaluator
 
     from morok_py.codegen.strategies.conv import channels_last_candidates
@@ -327,6 +328,9 @@ def test_morok_beam_times_the_channels_last_forms(rng, monkeypatch, capfd):
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "b0b conv: channels-last" in ln)
     assert "; searched winograd " in line and " ms, im2col " in line, line
+    # the stride-2 3x3 layer into 5x5 (a few row tiles of pixels): its taps against its columns in runs
+    line = next(ln for ln in err.splitlines() if "b1b conv: channels-last" in ln)
+    assert "; searched taps " in line and " ms, im2col " in line, line
 
 
 def test_a_dynamic_batch_keeps_nchw(rng, monkeypatch):
