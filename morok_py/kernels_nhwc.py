@@ -294,11 +294,9 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
     if form == "taps":
         T = runs if runs > 1 else g.KH * g.KW
         HP, WP = g.H + g.pads[0] + g.pads[2], g.W + g.pads[1] + g.pads[3]
-        return steps + [
-            KernelStep("pad", pad_nhwc(g.N, g.C, g.H, g.W, g.pads, strides, dt), ("x",), "pad", g.N * HP * WP * g.C),
-            KernelStep("gemm", taps_nhwc(g.N, g.C, HP, WP, g.KH, g.KW, g.CO, g.stride, g.dilation, width, dt, T),
-                       ("pad", "wt"), "part", T * out_n),
-            KernelStep("sum", split_rows_sum(P, g.CO, T, dt, epi), ("part", "epilogue"), "out", out_n)]
+        pad = KernelStep("pad", pad_nhwc(g.N, g.C, g.H, g.W, g.pads, strides, dt), ("x",), "pad", g.N * HP * WP * g.C)
+        gemm = taps_nhwc(g.N, g.C, HP, WP, g.KH, g.KW, g.CO, g.stride, g.dilation, width, dt, T)
+        return steps + [pad] + _runs_added(gemm, "pad", T, P, g.CO, dt, epi)
     src = "x"
     if form == "im2col":
         steps.append(KernelStep("im2col", im2col_nhwc(g.N, g.C, g.H, g.W, g.KH, g.KW, g.stride, g.dilation, g.pads,
@@ -307,14 +305,19 @@ def conv2d_nhwc_kernels(geo: ConvGeometry, form: str, width: int, dtype=dtypes.f
     if runs > 1:
         if form == "pointwise" and g.stride != (1, 1):
             raise ArgumentError(f"channels-last: a strided pointwise layer's contraction is one run, not {runs}")
-        return steps + [KernelStep("gemm", matmul_panels(P, g.CO, K, width, dt, splits=runs), (src, "wt"), "part",
-                                   runs * out_n),
-                        KernelStep("sum", split_rows_sum(P, g.CO, runs, dt, epi), ("part", "epilogue"), "out", out_n)]
+        return steps + _runs_added(matmul_panels(P, g.CO, K, width, dt, splits=runs), src, runs, P, g.CO, dt, epi)
     if form == "pointwise" and g.stride != (1, 1):
         gemm = pointwise_nhwc(g.N, g.C, g.H, g.W, g.CO, g.stride, width, dt, epi)
     else:
         gemm = matmul_panels(P, g.CO, K, width, dt, epi)
     return steps + [KernelStep("gemm", gemm, (src, "wt", "epilogue"), "out", out_n)]
+
+
+def _runs_added(gemm: UOp, src: str, runs: int, P: int, CO: int, dt, epi: Epilogue) -> list[KernelStep]:
+    """A contraction of `src` and the weight panels into `runs` partial sums [runs, P, CO] ("part"), then their
+    sum with the epilogue into the output (`kernels.split_rows_sum`)."""
+    return [KernelStep("gemm", gemm, (src, "wt"), "part", runs * P * CO),
+            KernelStep("sum", split_rows_sum(P, CO, runs, dt, epi), ("part", "epilogue"), "out", P * CO)]
 
 
 def pointwise_nhwc(N: int, C: int, H: int, W: int, CO: int, stride: tuple[int, int], width: int,
